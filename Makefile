@@ -1,0 +1,44 @@
+# Two commands for a learner: `make lab` and `make test`. Everything lives in .venv/.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.fusionlab-installed
+PORT   ?= 8888
+NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=900
+
+.PHONY: env lab test test-unit test-notebooks notebooks bench clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "fusionlab needs Python 3.10 or newer")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+## make lab: JupyterLab on notebooks/, bound to 127.0.0.1 (headless-safe: prints its URL).
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) \
+		--ServerApp.root_dir=notebooks $(if $(DISPLAY),,--no-browser)
+
+## make test: unit tests and strict nbval over every notebook.
+test: $(STAMP)
+	$(PY) -m pytest -q tests notebooks $(NBVAL)
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests
+
+test-notebooks: $(STAMP)
+	$(PY) -m pytest -q notebooks $(NBVAL)
+
+## make notebooks: rebuild notebooks/*.ipynb from notebooks/src/*.py and execute them.
+notebooks: $(STAMP)
+	$(PY) tools/nbbuild.py notebooks/src/*.py
+
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .cache

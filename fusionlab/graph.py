@@ -1,0 +1,437 @@
+"""Loading models safely, and the graph queries every pass needs.
+
+`load` is the one door untrusted models come through: it checks the file, the protobuf, the opset and
+every external-data location before anything else touches the model, and raises `ModelError` (a
+`ValueError`) with a one-line message naming the file and the problem.  The input file is only read.
+
+The returned `Graph` wraps an `onnx_ir.Model` (use-def chains, no protobuf index juggling) and adds
+the handful of queries fusion passes ask again and again: who produces a value, who consumes it, what
+constant it holds (seen through `Identity`), the topological order, and the graph outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+__all__ = ["ModelError", "Graph", "load", "save_model", "MAX_OPSET", "MIN_OPSET", "PROTOBUF_LIMIT"]
+
+#: Oldest default-domain opset we accept (BatchNormalization-7 and Conv-1 semantics onward).
+MIN_OPSET = 7
+#: Newest default-domain opset this onnx build knows.
+MAX_OPSET = onnx.defs.onnx_opset_version()
+#: protobuf cannot serialise a message of 2 GiB or more; bigger models must use external data.
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+class ModelError(ValueError):
+    """A model that cannot be loaded or processed; the message is one line naming the file and the problem."""
+
+    def __init__(self, source: str, problem: str):
+        self.source = source
+        self.problem = problem
+        super().__init__(f"{source}: {problem}")
+
+
+# --------------------------------------------------------------------------------------------------
+# loading
+# --------------------------------------------------------------------------------------------------
+
+def _describe(source) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return str(source)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return f"<{len(source)} bytes>"
+    if isinstance(source, onnx.ModelProto):
+        return f"<ModelProto {source.graph.name or 'unnamed'}>"
+    return f"<{type(source).__name__}>"
+
+
+def _parse_bytes(data: bytes, name: str) -> onnx.ModelProto:
+    if len(data) == 0:
+        raise ModelError(name, "file is empty, not an ONNX model")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except DecodeError as exc:
+        raise ModelError(name, f"not a valid ONNX protobuf (truncated or corrupt: {exc})") from None
+    except Exception as exc:  # protobuf may raise RuntimeError for deeply nested junk
+        raise ModelError(name, f"not a valid ONNX protobuf ({type(exc).__name__}: {exc})") from None
+    return proto
+
+
+def _check_header(proto: onnx.ModelProto, name: str) -> None:
+    # protobuf parses many random byte strings "successfully" into an almost empty message,
+    # so a real model is recognised by its content, not by the absence of a parse error.
+    if proto.ir_version <= 0 or not proto.HasField("graph"):
+        raise ModelError(name, "not an ONNX model (no ir_version or no graph)")
+    if proto.ir_version > onnx.IR_VERSION:
+        raise ModelError(name, f"IR version {proto.ir_version} is newer than supported ({onnx.IR_VERSION})")
+    opsets = {o.domain: o.version for o in proto.opset_import}
+    if proto.ir_version >= 3 and "" not in opsets and "ai.onnx" not in opsets:
+        raise ModelError(name, "model imports no default ONNX opset")
+    version = opsets.get("", opsets.get("ai.onnx"))
+    if version is not None and not MIN_OPSET <= version <= MAX_OPSET:
+        raise ModelError(name, f"unsupported opset {version} (supported: {MIN_OPSET}..{MAX_OPSET})")
+
+
+def _tensors_with_external_data(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto in a graph and its subgraphs that points at external data."""
+    for t in graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            yield t
+    for sp in graph.sparse_initializer:
+        for t in (sp.values, sp.indices):
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                yield t
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t") and attr.t.data_location == onnx.TensorProto.EXTERNAL:
+                yield attr.t
+            for t in attr.tensors:
+                if t.data_location == onnx.TensorProto.EXTERNAL:
+                    yield t
+            if attr.HasField("g"):
+                yield from _tensors_with_external_data(attr.g)
+            for g in attr.graphs:
+                yield from _tensors_with_external_data(g)
+
+
+def _check_external_data(proto: onnx.ModelProto, base_dir: Path | None, name: str) -> None:
+    """Every external-data location must be a plain file inside the model's own folder."""
+    tensors = list(_tensors_with_external_data(proto.graph))
+    if not tensors:
+        return
+    if base_dir is None:
+        raise ModelError(name, "model refers to external data but was not loaded from a file")
+    root = base_dir.resolve()
+    for t in tensors:
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        unknown = set(info) - {"location", "offset", "length", "checksum", "basepath"}
+        if unknown:
+            raise ModelError(name, f"tensor {t.name!r}: unknown external-data keys {sorted(unknown)}")
+        if not location:
+            raise ModelError(name, f"tensor {t.name!r}: external data without a location")
+        if os.path.isabs(location) or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":"):
+            raise ModelError(name, f"tensor {t.name!r}: external data location {location!r} is an absolute path")
+        parts = Path(location.replace("\\", "/")).parts
+        if ".." in parts:
+            raise ModelError(name, f"tensor {t.name!r}: external data location {location!r} leaves the model's folder")
+        # Walk every component: a symlink anywhere on the way could point outside the folder.
+        current = base_dir
+        for part in parts:
+            current = current / part
+            if current.is_symlink():
+                raise ModelError(name, f"tensor {t.name!r}: external data location {location!r} goes through a symlink")
+        target = current
+        try:
+            resolved = target.resolve(strict=True)
+        except (FileNotFoundError, RuntimeError, OSError):
+            raise ModelError(name, f"tensor {t.name!r}: external data file {location!r} not found") from None
+        if root != resolved and root not in resolved.parents:
+            raise ModelError(name, f"tensor {t.name!r}: external data location {location!r} leaves the model's folder")
+        st = resolved.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelError(name, f"tensor {t.name!r}: external data {location!r} is not a regular file")
+        if st.st_nlink > 1:
+            raise ModelError(name, f"tensor {t.name!r}: external data {location!r} is a hard link (refused)")
+        try:
+            offset = int(info.get("offset", 0) or 0)
+            length = int(info["length"]) if info.get("length") not in (None, "") else st.st_size - offset
+        except ValueError:
+            raise ModelError(name, f"tensor {t.name!r}: external data offset/length are not integers") from None
+        if offset < 0 or length < 0 or offset + length > st.st_size:
+            raise ModelError(
+                name,
+                f"tensor {t.name!r}: external data range [{offset}, {offset + length}) "
+                f"exceeds {location!r} ({st.st_size} bytes)",
+            )
+
+
+def _from_path(path: Path) -> tuple[onnx.ModelProto, Path]:
+    name = str(path)
+    if not path.exists():
+        raise ModelError(name, "no such file")
+    if path.is_dir():
+        raise ModelError(name, "is a directory, not an ONNX file")
+    size = path.stat().st_size
+    if size > PROTOBUF_LIMIT:
+        raise ModelError(name, f"file is {size} bytes, over protobuf's 2 GiB limit; store weights as external data")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ModelError(name, f"cannot read file ({exc.strerror})") from None
+    return _parse_bytes(data, name), path.parent
+
+
+def load(source, *, check: bool = True) -> "Graph":
+    """Load an ONNX model from a path, bytes or ModelProto into a checked `Graph`."""
+    name = _describe(source)
+    base_dir: Path | None = None
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        proto, base_dir = _from_path(path)
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        proto = _parse_bytes(bytes(source), name)
+    elif isinstance(source, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(source)  # never alias the caller's model
+    elif isinstance(source, ir.Model):
+        return Graph(source, name=name)
+    else:
+        raise TypeError(f"load() takes a path, bytes or onnx.ModelProto, not {type(source).__name__}")
+    _check_header(proto, name)
+    _check_external_data(proto, base_dir, name)
+    if check:
+        try:
+            onnx.checker.check_model(proto)
+        except onnx.checker.ValidationError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelError(name, f"invalid ONNX model: {first}") from None
+        except ValueError as exc:  # e.g. "too large" from the checker
+            raise ModelError(name, f"invalid ONNX model: {str(exc).splitlines()[0]}") from None
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as exc:
+        raise ModelError(name, f"cannot build the graph ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    if base_dir is not None:
+        ir.external_data.set_base_dir(model.graph, str(base_dir))
+    return Graph(model, name=name, path=Path(source) if base_dir is not None else None)
+
+
+# --------------------------------------------------------------------------------------------------
+# saving (atomic, never onto the input)
+# --------------------------------------------------------------------------------------------------
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def save_model(model: "Graph | ir.Model | onnx.ModelProto", path, *, source: Path | str | None = None,
+               external_data_threshold: int = PROTOBUF_LIMIT) -> Path:
+    """Write a model atomically (temp file + rename); refuse to overwrite `source`.
+
+    Models whose tensors add up to more than `external_data_threshold` bytes are written with their
+    weights in `<name>.data` beside the model, as protobuf cannot hold 2 GiB.
+    """
+    path = Path(path)
+    if source is not None and (_same_file(Path(source), path) or Path(source).resolve() == path.resolve()):
+        raise ModelError(str(path), "refusing to overwrite the input model; choose another output path")
+    if isinstance(model, Graph):
+        model = model.model
+    if isinstance(model, onnx.ModelProto):
+        model = ir.serde.deserialize_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    total = sum(
+        (v.const_value.nbytes if v.const_value is not None else 0) for v in model.graph.initializers.values()
+    )
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        if total > external_data_threshold:
+            ir.save(model, tmp, format="protobuf", external_data=f"{path.name}.data")
+        else:
+            proto = ir.serde.serialize_model(model)
+            with open(tmp, "wb") as f:
+                f.write(proto.SerializeToString())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# the graph object and its queries
+# --------------------------------------------------------------------------------------------------
+
+class Graph:
+    """A loaded model plus the queries passes need. `graph.model` is the underlying `onnx_ir.Model`."""
+
+    def __init__(self, model: ir.Model, *, name: str = "<model>", path: Path | None = None):
+        self.model = model
+        self.name = name
+        self.path = path
+
+    # -- basic views -------------------------------------------------------------------------------
+    @property
+    def graph(self) -> ir.Graph:
+        return self.model.graph
+
+    @property
+    def opset(self) -> int:
+        imports = self.model.graph.opset_imports
+        return imports.get("", imports.get("ai.onnx", 0))
+
+    def __iter__(self) -> Iterator[ir.Node]:
+        return iter(self.model.graph)
+
+    def __len__(self) -> int:
+        return len(self.model.graph)
+
+    def __repr__(self) -> str:
+        return f"Graph({self.name}, {len(self)} nodes, opset {self.opset})"
+
+    def nodes(self) -> list[ir.Node]:
+        """Nodes in their stored order."""
+        return list(self.model.graph)
+
+    def node(self, name: str) -> ir.Node:
+        """The node with this name (KeyError if none)."""
+        for n in self.model.graph:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def value(self, name: str) -> ir.Value:
+        """The value (tensor) with this name: an input, initializer or node output."""
+        g = self.model.graph
+        for v in g.inputs:
+            if v.name == name:
+                return v
+        if name in g.initializers:
+            return g.initializers[name]
+        for n in g:
+            for v in n.outputs:
+                if v.name == name:
+                    return v
+        raise KeyError(name)
+
+    def op_counts(self) -> dict[str, int]:
+        """How many nodes of each op type (domain-qualified for non-default domains), sorted by name."""
+        counts: dict[str, int] = {}
+        for n in self.model.graph:
+            key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}:{n.op_type}"
+            counts[key] = counts.get(key, 0) + 1
+        return dict(sorted(counts.items()))
+
+    # -- use-def queries ---------------------------------------------------------------------------
+    @staticmethod
+    def producer(value: ir.Value) -> ir.Node | None:
+        """The node that computes `value` (None for graph inputs and initializers)."""
+        return value.producer()
+
+    @staticmethod
+    def consumers(value: ir.Value) -> list[ir.Node]:
+        """Distinct nodes that read `value`, in use order (subgraph uses count too)."""
+        seen: list[ir.Node] = []
+        for use in value.uses():
+            if use.node not in seen:
+                seen.append(use.node)
+        return seen
+
+    def is_graph_output(self, value: ir.Value) -> bool:
+        return value.is_graph_output()
+
+    def is_overridable(self, value: ir.Value) -> bool:
+        """An initializer that is also a graph input can be replaced at run time: not a constant."""
+        return value.is_graph_input()
+
+    def constant(self, value: ir.Value | None) -> np.ndarray | None:
+        """The constant a value holds, seen through Identity and Constant nodes; None if not constant."""
+        seen = 0
+        while value is not None and seen < 64:
+            seen += 1
+            if value.is_graph_input():
+                return None  # an overridable initializer is not a constant
+            if value.const_value is not None:
+                return value.const_value.numpy()
+            node = value.producer()
+            if node is None:
+                return None
+            if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.inputs:
+                value = node.inputs[0]
+                continue
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                attr = node.attributes.get("value")
+                if attr is not None and attr.type == ir.AttributeType.TENSOR:
+                    return attr.as_tensor().numpy()
+                for key, dtype in (("value_float", np.float32), ("value_int", np.int64)):
+                    if key in node.attributes:
+                        return np.array(node.attributes[key].value, dtype=dtype)
+                for key, dtype in (("value_floats", np.float32), ("value_ints", np.int64)):
+                    if key in node.attributes:
+                        return np.array(list(node.attributes[key].value), dtype=dtype)
+                return None
+            return None
+        return None
+
+    def topological_order(self) -> list[ir.Node]:
+        """Nodes ordered so that every producer precedes its consumers (stable for a sorted graph)."""
+        graph = self.model.graph
+        nodes = list(graph)
+        index = {id(n): i for i, n in enumerate(nodes)}
+        indeg = {id(n): 0 for n in nodes}
+        succ: dict[int, list[ir.Node]] = {id(n): [] for n in nodes}
+        for n in nodes:
+            preds = {id(p) for p in _predecessors(n) if id(p) in index}
+            indeg[id(n)] = len(preds)
+            for p in preds:
+                succ[p].append(n)
+        import heapq
+
+        ready = [(index[id(n)], n) for n in nodes if indeg[id(n)] == 0]
+        heapq.heapify(ready)
+        order: list[ir.Node] = []
+        while ready:
+            _, n = heapq.heappop(ready)
+            order.append(n)
+            for s in succ[id(n)]:
+                indeg[id(s)] -= 1
+                if indeg[id(s)] == 0:
+                    heapq.heappush(ready, (index[id(s)], s))
+        if len(order) != len(nodes):
+            raise ModelError(self.name, "graph has a cycle")
+        return order
+
+    def outputs(self) -> list[ir.Value]:
+        return list(self.model.graph.outputs)
+
+    def inputs(self) -> list[ir.Value]:
+        """Graph inputs that are real inputs (not overridable initializers)."""
+        g = self.model.graph
+        return [v for v in g.inputs if v.name not in g.initializers]
+
+    # -- conversion --------------------------------------------------------------------------------
+    def to_proto(self) -> onnx.ModelProto:
+        return ir.serde.serialize_model(self.model)
+
+    def copy(self) -> "Graph":
+        """A deep copy that passes may rewrite without touching this graph."""
+        model = ir.serde.deserialize_model(self.to_proto())
+        if self.path is not None:
+            ir.external_data.set_base_dir(model.graph, str(self.path.parent))
+        return Graph(model, name=self.name, path=self.path)
+
+    def save(self, path, **kw) -> Path:
+        return save_model(self, path, source=self.path, **kw)
+
+
+def _predecessors(node: ir.Node) -> Iterable[ir.Node]:
+    """Producers of a node's inputs, including values captured by its subgraphs."""
+    for v in node.inputs:
+        if v is not None and v.producer() is not None:
+            yield v.producer()
+    for attr in node.attributes.values():
+        graphs = []
+        if attr.type == ir.AttributeType.GRAPH:
+            graphs = [attr.value]
+        elif attr.type == ir.AttributeType.GRAPHS:
+            graphs = list(attr.value)
+        for g in graphs:
+            for inner in ir.traversal.RecursiveGraphIterator(g):
+                for v in inner.inputs:
+                    if v is not None and v.producer() is not None and v.producer().graph is node.graph:
+                        yield v.producer()

@@ -1,0 +1,298 @@
+"""onnxruntime sessions, random feeds and the verification oracle.
+
+Every fusion is checked the same way: run the original and the fused model on the same random inputs
+and compare every output with per-dtype tolerances. The reference run uses onnxruntime with graph
+optimisations off (`level="disable"`), so onnxruntime's own fusions cannot hide a wrong rewrite.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+from .graph import Graph, ModelError, load
+
+__all__ = [
+    "LEVELS", "TOLERANCES", "session", "model_bytes", "make_feeds", "run", "verify", "VerifyReport",
+    "OutputCheck", "quiet_onnxruntime",
+]
+
+LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+#: (rtol, atol) per dtype, after onnxruntime's and onnxoptimizer's defaults.
+TOLERANCES = {
+    np.dtype(np.float64): (1e-7, 1e-7),
+    np.dtype(np.float32): (1e-4, 1e-5),
+    np.dtype(np.float16): (1e-3, 2.5e-3),
+}
+
+
+def quiet_onnxruntime() -> None:
+    """Silence onnxruntime's C++ warnings (they would land in notebook stderr)."""
+    ort.set_default_logger_severity(3)
+
+
+quiet_onnxruntime()
+
+
+def model_bytes(model) -> bytes:
+    """Serialised bytes of a Graph, onnx_ir.Model, ModelProto, path or bytes."""
+    if isinstance(model, (bytes, bytearray)):
+        return bytes(model)
+    if isinstance(model, (str, os.PathLike)):
+        return Path(model).read_bytes()
+    if isinstance(model, Graph):
+        model = model.model
+    if isinstance(model, ir.Model):
+        model = ir.serde.serialize_model(model)
+    if isinstance(model, onnx.ModelProto):
+        return model.SerializeToString()
+    raise TypeError(f"cannot make a model from {type(model).__name__}")
+
+
+def session(model, level: str = "disable", threads: int = 1, *, optimized_path: str | os.PathLike | None = None,
+            inter_threads: int = 1, parallel: bool = False, enable_profiling: bool = False,
+            profile_prefix: str | None = None, mem_arena: bool = True, custom_ops_library: str | None = None,
+            session_options: ort.SessionOptions | None = None) -> ort.InferenceSession:
+    """An onnxruntime CPU session at a graph-optimisation level ('disable', 'basic', 'extended', 'all')."""
+    if level not in LEVELS:
+        raise ValueError(f"unknown optimisation level {level!r}; choose from {sorted(LEVELS)}")
+    so = session_options or ort.SessionOptions()
+    so.graph_optimization_level = LEVELS[level]
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = inter_threads
+    so.execution_mode = ort.ExecutionMode.ORT_PARALLEL if parallel else ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    so.enable_cpu_mem_arena = mem_arena
+    if threads == 1:
+        # Without this a single-threaded session still spins a worker: keep measurements honest.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if optimized_path is not None:
+        so.optimized_model_filepath = str(optimized_path)
+    if enable_profiling:
+        so.enable_profiling = True
+        if profile_prefix:
+            so.profile_file_prefix = profile_prefix
+    if custom_ops_library:
+        so.register_custom_ops_library(custom_ops_library)
+    if isinstance(model, (str, os.PathLike)):
+        src = str(model)
+    else:
+        src = model_bytes(model)
+    try:
+        return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own exception types
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(str(model) if isinstance(model, (str, os.PathLike)) else "<model>",
+                         f"onnxruntime cannot load it: {msg}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# feeds
+# --------------------------------------------------------------------------------------------------
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_, "tensor(int16)": np.int16, "tensor(uint16)": np.uint16,
+    "tensor(uint32)": np.uint32, "tensor(uint64)": np.uint64,
+}
+
+
+def _default_dim(name: str, defaults: dict[str, int]) -> int:
+    if name in defaults:
+        return defaults[name]
+    low = name.lower()
+    if "batch" in low or low in ("n", "b"):
+        return defaults.get("batch", 1)
+    if "seq" in low or "len" in low or "token" in low:
+        return defaults.get("sequence", 8)
+    return 1
+
+
+def _index_bound(graph: Graph | None, input_name: str) -> int | None:
+    """For an integer input feeding Gather(data, indices), the size of the gathered axis."""
+    if graph is None:
+        return None
+    try:
+        value = graph.value(input_name)
+    except KeyError:
+        return None
+    bounds = []
+    for use in value.uses():
+        node = use.node
+        if node.op_type == "Gather" and use.idx == 1:
+            data = node.inputs[0]
+            axis = node.attributes.get("axis")
+            axis = axis.value if axis is not None else 0
+            if data is not None and data.shape is not None and len(data.shape) > axis:
+                dim = data.shape[axis]
+                if isinstance(dim, int):
+                    bounds.append(dim)
+    return min(bounds) if bounds else None
+
+
+def make_feeds(model, *, seed: int = 0, dims: dict[str, int] | None = None,
+               shapes: dict[str, tuple] | None = None, sess: ort.InferenceSession | None = None) -> dict:
+    """Random inputs for every model input, respecting dtypes.
+
+    Floats are standard normal; integer inputs that index a Gather stay in range (token ids); inputs
+    named like masks are all ones; dynamic dimensions get `dims[name]` or a sensible default (batch 1,
+    sequence 8); `shapes` overrides an input's whole shape.
+    """
+    rng = np.random.default_rng(seed)
+    dims = dict(dims or {})
+    shapes = dict(shapes or {})
+    graph = model if isinstance(model, Graph) else None
+    if graph is None and not isinstance(model, ort.InferenceSession):
+        try:
+            graph = load(model_bytes(model), check=False)
+        except Exception:
+            graph = None
+    sess = sess or (model if isinstance(model, ort.InferenceSession) else session(model))
+    feeds = {}
+    for inp in sess.get_inputs():
+        if inp.type not in _ORT_TYPES:
+            raise ModelError("<model>", f"input {inp.name!r} has unsupported type {inp.type}")
+        dtype = np.dtype(_ORT_TYPES[inp.type])
+        if inp.name in shapes:
+            shape = tuple(shapes[inp.name])
+        else:
+            shape = tuple(d if isinstance(d, int) and d >= 0 else _default_dim(str(d), dims) for d in inp.shape)
+        low = inp.name.lower()
+        if dtype.kind == "f":
+            arr = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            arr = np.ones(shape, dtype=dtype)
+        elif "mask" in low:
+            arr = np.ones(shape, dtype=dtype)
+        else:
+            bound = _index_bound(graph, inp.name)
+            hi = bound if bound else 8
+            lo = 0 if dtype.kind == "u" or bound else -hi
+            arr = rng.integers(lo, hi, size=shape).astype(dtype)
+        feeds[inp.name] = arr
+    return feeds
+
+
+def run(model, feeds: dict | None = None, *, level: str = "disable", threads: int = 1, seed: int = 0,
+        dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Run a model once; returns {output name: array}."""
+    sess = model if isinstance(model, ort.InferenceSession) else session(model, level, threads)
+    if feeds is None:
+        feeds = make_feeds(model, seed=seed, dims=dims, sess=sess)
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+# --------------------------------------------------------------------------------------------------
+# verification
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class OutputCheck:
+    name: str
+    shape: tuple
+    dtype: str
+    max_abs: float
+    max_rel: float
+    rtol: float
+    atol: float
+    ok: bool
+    problem: str = ""
+
+
+@dataclass
+class VerifyReport:
+    """Per-output errors of a fused model against the original."""
+
+    outputs: list[OutputCheck] = field(default_factory=list)
+    seed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.outputs) and all(o.ok for o in self.outputs)
+
+    @property
+    def max_abs(self) -> float:
+        return max((o.max_abs for o in self.outputs), default=0.0)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def table(self) -> str:
+        lines = [f"{'output':<24} {'shape':<18} {'dtype':<8} {'max abs err':>11} {'max rel err':>11}  within tol"]
+        for o in self.outputs:
+            shape = "x".join(map(str, o.shape)) or "scalar"
+            verdict = "yes" if o.ok else f"NO {o.problem}".strip()
+            lines.append(f"{o.name[:24]:<24} {shape[:18]:<18} {o.dtype:<8} {o.max_abs:>11.2e} {o.max_rel:>11.2e}  {verdict}")
+        lines.append("equivalent" if self.ok else "NOT equivalent")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _compare(name, a: np.ndarray, b: np.ndarray, rtol, atol) -> OutputCheck:
+    a = np.asarray(a)
+    b = np.asarray(b)
+    tol = TOLERANCES.get(a.dtype, (0.0, 0.0))
+    r = tol[0] if rtol is None else rtol
+    t = tol[1] if atol is None else atol
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return OutputCheck(name, a.shape, str(a.dtype), float("inf"), float("inf"), r, t, False,
+                           f"shape/dtype {b.shape}/{b.dtype} != {a.shape}/{a.dtype}")
+    if a.dtype.kind not in "fc":
+        equal = bool(np.array_equal(a, b))
+        diff = 0.0 if equal else float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
+        return OutputCheck(name, a.shape, str(a.dtype), diff, diff, 0.0, 0.0, equal, "" if equal else "values differ")
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    nan_a, nan_b = ~np.isfinite(a64), ~np.isfinite(b64)
+    if not np.array_equal(nan_a, nan_b) or not np.array_equal(a64[nan_a], b64[nan_b], equal_nan=True):
+        return OutputCheck(name, a.shape, str(a.dtype), float("nan"), float("nan"), r, t, False,
+                           "NaN/Inf at different positions")
+    fin = ~nan_a
+    diff = np.abs(a64[fin] - b64[fin])
+    max_abs = float(diff.max()) if diff.size else 0.0
+    rel = diff / np.maximum(np.abs(a64[fin]), np.finfo(np.float64).tiny)
+    max_rel = float(rel.max()) if rel.size else 0.0
+    ok = bool(np.all(diff <= t + r * np.abs(a64[fin])))
+    return OutputCheck(name, a.shape, str(a.dtype), max_abs, max_rel, r, t, ok, "" if ok else "outside tolerance")
+
+
+def verify(original, fused, *, rtol: float | None = None, atol: float | None = None, seed: int = 0,
+           dims: dict[str, int] | None = None, feeds: dict | None = None, fused_level: str = "disable",
+           custom_ops_library: str | None = None, fused_session: ort.InferenceSession | None = None) -> VerifyReport:
+    """Compare every output of `fused` with `original` on the same random inputs.
+
+    The original runs with onnxruntime's optimisations off. Tolerances default per dtype (fp32:
+    rtol 1e-4, atol 1e-5); NaN/Inf must appear at the same positions in both.
+    """
+    ref_sess = session(original, "disable")
+    if feeds is None:
+        feeds = make_feeds(original, seed=seed, dims=dims, sess=ref_sess)
+    ref = run(ref_sess, feeds)
+    sess = fused_session or session(fused, fused_level, custom_ops_library=custom_ops_library)
+    got_names = [o.name for o in sess.get_outputs()]
+    missing = [n for n in ref if n not in got_names]
+    report = VerifyReport(seed=seed)
+    needed = {i.name for i in sess.get_inputs()}
+    got = dict(zip(got_names, sess.run(got_names, {k: v for k, v in feeds.items() if k in needed})))
+    for name, expected in ref.items():
+        if name in missing:
+            report.outputs.append(OutputCheck(name, np.shape(expected), str(np.asarray(expected).dtype),
+                                              float("inf"), float("inf"), 0, 0, False, "output missing"))
+            continue
+        report.outputs.append(_compare(name, expected, got[name], rtol, atol))
+    return report

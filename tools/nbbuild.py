@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Build the workbook's notebooks from their reviewable sources, and execute them.
+
+Each notebook has a source `notebooks/src/NN_name.py` in the "percent" format:
+
+    # %% [markdown]
+    # # A title
+    # Some prose.
+
+    # %%
+    import fusionlab
+
+`python tools/nbbuild.py notebooks/src/01_conv_bn_folding.py [...]` writes
+`notebooks/01_conv_bn_folding.ipynb`, executed top to bottom in the notebooks/ folder (as nbval
+runs it), atomically. `--check` only verifies that every stored notebook's cells equal its source
+(tests call this, so a source edit without a rebuild fails CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+_MARK = re.compile(r"^# %%(?P<title>[^\[]*)(\[(?P<kind>\w+)\])?\s*$")
+
+
+def parse(source: str) -> list[tuple[str, str]]:
+    """[(cell_type, text)] from a percent-format script."""
+    cells: list[tuple[str, list[str]]] = []
+    for line in source.splitlines():
+        m = _MARK.match(line)
+        if m:
+            cells.append(("markdown" if m.group("kind") == "markdown" else "code", []))
+            continue
+        if not cells:
+            if line.strip():
+                cells.append(("code", [line]))
+            continue
+        cells[-1][1].append(line)
+    out = []
+    for kind, lines in cells:
+        while lines and not lines[-1].strip():
+            lines.pop()
+        while lines and not lines[0].strip():
+            lines.pop(0)
+        if kind == "markdown":
+            lines = [l[2:] if l.startswith("# ") else l[1:] if l.startswith("#") else l for l in lines]
+        if lines:
+            out.append((kind, "\n".join(lines)))
+    return out
+
+
+def to_notebook(cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    nb.metadata["language_info"] = {"name": "python"}
+    for i, (kind, text) in enumerate(cells):
+        cell = nbformat.v4.new_markdown_cell(text) if kind == "markdown" else nbformat.v4.new_code_cell(text)
+        cell["id"] = f"cell-{i:03d}"  # stable ids: clean diffs
+        nb.cells.append(cell)
+    return nb
+
+
+def target_for(src: Path) -> Path:
+    return NOTEBOOKS / (src.stem + ".ipynb")
+
+
+def build(src: Path, timeout: int = 1200) -> Path:
+    from nbclient import NotebookClient
+
+    nb = to_notebook(parse(src.read_text()))
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client.execute()
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)
+    out = target_for(src)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        nbformat.write(nb, tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+def out_of_sync(src: Path) -> str | None:
+    """None when the stored notebook's cells equal the source; else what differs."""
+    out = target_for(src)
+    if not out.exists():
+        return f"{out.name} missing (run: make notebooks)"
+    stored = nbformat.read(out, as_version=4)
+    want = parse(src.read_text())
+    have = [(c.cell_type, c.source) for c in stored.cells]
+    if want != have:
+        for i, (a, b) in enumerate(zip(want, have)):
+            if a != b:
+                return f"{out.name}: cell {i} differs from {src.name} (run: make notebooks)"
+        return f"{out.name}: {len(have)} cells, source has {len(want)} (run: make notebooks)"
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sources", nargs="+", type=Path)
+    ap.add_argument("--check", action="store_true", help="only check stored notebooks match their sources")
+    args = ap.parse_args(argv)
+    bad = 0
+    for src in args.sources:
+        if args.check:
+            problem = out_of_sync(src)
+            if problem:
+                print(problem)
+                bad += 1
+        else:
+            print(f"building {target_for(src).relative_to(ROOT)} ...", flush=True)
+            build(src)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""`fusionlab verify A.onnx B.onnx`: exit 0 when equivalent, 1 when not."""
+
+from __future__ import annotations
+
+from . import load_input
+
+
+def register(sub) -> None:
+    p = sub.add_parser("verify", help="check that two models compute the same outputs",
+                       description="Run both models on the same random inputs and compare every output.")
+    p.add_argument("a", help="reference model (run with onnxruntime optimisations off)")
+    p.add_argument("b", help="model to check (e.g. the fused one)")
+    p.add_argument("--rtol", type=float, default=None, help="relative tolerance (default per dtype; fp32 1e-4)")
+    p.add_argument("--atol", type=float, default=None, help="absolute tolerance (default per dtype; fp32 1e-5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                   help="size of a symbolic dimension, e.g. --dim batch=4 (repeatable)")
+    p.set_defaults(func=run)
+
+
+def parse_dims(items: list[str]) -> dict[str, int]:
+    from ..cli import UsageError
+
+    dims = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if not name or not value.isdigit() or int(value) <= 0:
+            raise UsageError(f"--dim expects NAME=N with N > 0, got {item!r}")
+        dims[name] = int(value)
+    return dims
+
+
+def run(args) -> int:
+    from ..runtime import verify
+
+    a, b = load_input(args.a), load_input(args.b)
+    report = verify(a, b, rtol=args.rtol, atol=args.atol, seed=args.seed, dims=parse_dims(args.dim))
+    print(report.table())
+    return 0 if report.ok else 1

@@ -1,0 +1,372 @@
+"""Honest timing: medians with confidence intervals, and interleaved A/B comparisons.
+
+A single number from one run says little on a shared machine. `bench` repeats a call and reports the
+median with a 95% confidence interval (order statistics: no distribution assumed). `compare` runs two
+candidates interleaved, ABAB... with the first one swapped every round so slow drift (turbo, other
+processes, thermal) hits both alike, and reports the median of the per-round ratios time_A / time_B.
+
+Sessions are pinned to one intra-op thread by default: fusion's effect is then not mixed with how well
+a kernel parallelises, and two cores shared with other work give stable numbers.
+"""
+
+from __future__ import annotations
+
+import gc
+import html
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Callable, Sequence
+
+__all__ = [
+    "Timing", "Comparison", "bench", "bench_session", "compare", "compare_models", "session_at_each_level",
+    "machine_info", "median_ci", "format_seconds",
+]
+
+Timer = Callable[[], float]
+
+
+# --------------------------------------------------------------------------------------------------
+# statistics
+# --------------------------------------------------------------------------------------------------
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    if n == 0:
+        raise ValueError("no samples")
+    mid = n // 2
+    return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def _order_stat_rank(n: int, confidence: float = 0.95) -> int:
+    """Largest k (1-based) with P(Binomial(n, 1/2) < k) <= alpha/2; the CI is [x_(k), x_(n+1-k)]."""
+    if n > 2000:  # the normal approximation is exact enough here and avoids huge integers
+        z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+        return max(1, int(math.floor(n / 2 - z * math.sqrt(n) / 2)))
+    limit = (1 - Fraction(str(confidence))) / 2 * 2**n  # exact: alpha/2 * 2^n
+    cum = 0  # P(X <= k-1) * 2^n
+    c = 1  # C(n, 0)
+    k = 0
+    while True:
+        # check whether rank k+1 still keeps P(X <= k) <= alpha/2
+        if cum + c > limit:
+            break
+        cum += c
+        k += 1
+        c = c * (n - k + 1) // k
+    return max(1, k)
+
+
+def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(median, low, high): the median and a distribution-free CI from order statistics."""
+    s = sorted(float(x) for x in samples)
+    if not s:
+        raise ValueError("no samples")
+    n = len(s)
+    k = _order_stat_rank(n, confidence)
+    # For n < 6 no pair of order statistics reaches 95%: the range [min, max] is the best there is.
+    return _median(s), s[k - 1], s[n - k]
+
+
+_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
+
+
+def _unit_for(seconds: float) -> tuple[float, str]:
+    a = abs(seconds)
+    for scale, unit in _UNITS:
+        if a >= scale:
+            return scale, unit
+    return _UNITS[-1]
+
+
+def _num(x: float) -> str:
+    """Three significant digits, no exponent."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    digits = max(0, 2 - int(math.floor(math.log10(abs(x)))))
+    return f"{x:.{digits}f}"
+
+
+def format_seconds(seconds: float, unit: str | None = None) -> str:
+    """A duration with a readable unit, e.g. '1.23 ms'."""
+    scale = dict((u, s) for s, u in _UNITS)[unit] if unit else _unit_for(seconds)[0]
+    name = unit or _unit_for(seconds)[1]
+    return f"{_num(seconds / scale)} {name}"
+
+
+# --------------------------------------------------------------------------------------------------
+# one candidate
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class Timing:
+    """Repeated measurements of one callable: median and its 95% confidence interval (seconds)."""
+
+    samples: list[float]
+    median: float
+    ci_low: float
+    ci_high: float
+    n: int
+    label: str = ""
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[float], label: str = "") -> "Timing":
+        """Summarise a list of per-call times in seconds."""
+        samples = [float(x) for x in samples]
+        med, lo, hi = median_ci(samples)
+        return cls(samples=samples, median=med, ci_low=lo, ci_high=hi, n=len(samples), label=label)
+
+    def _parts(self) -> tuple[str, str, str]:
+        scale, unit = _unit_for(self.median)
+        return (f"{_num(self.median / scale)} {unit}", f"{_num(self.ci_low / scale)}–{_num(self.ci_high / scale)} {unit}",
+                str(self.n))
+
+    def __str__(self) -> str:
+        med, ci, n = self._parts()
+        prefix = f"{self.label}: " if self.label else ""
+        return f"{prefix}median {med} (95% CI {ci}, n={n})"
+
+    def _repr_html_(self) -> str:
+        med, ci, n = self._parts()
+        head = "".join(f"<th>{h}</th>" for h in ("", "median", "95% CI", "n"))
+        row = "".join(f"<td>{html.escape(v)}</td>" for v in (self.label, med, ci, n))
+        return f"<table><thead><tr>{head}</tr></thead><tbody><tr>{row}</tr></tbody></table>"
+
+
+def bench(fn: Callable[[], object], *, label: str = "", warmup: int = 3, min_time: float = 0.2, min_repeats: int = 5,
+          max_repeats: int = 10_000, timer: Timer = time.perf_counter) -> Timing:
+    """Time `fn()` after `warmup` calls, repeating until `min_time` seconds and `min_repeats` calls."""
+    if min_repeats < 1 or max_repeats < min_repeats:
+        raise ValueError("need 1 <= min_repeats <= max_repeats")
+    for _ in range(warmup):
+        fn()
+    samples: list[float] = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # as timeit does: a collection in the middle of one call is noise, not the call's cost
+    try:
+        spent = 0.0
+        while len(samples) < max_repeats and (len(samples) < min_repeats or spent < min_time):
+            t0 = timer()
+            fn()
+            dt = timer() - t0
+            samples.append(dt)
+            spent += dt
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return Timing.from_samples(samples, label)
+
+
+def bench_session(sess, feeds: dict, **kw) -> Timing:
+    """`bench` of one onnxruntime `InferenceSession.run` on `feeds`; keywords go to `bench`."""
+    needed = {i.name for i in sess.get_inputs()}
+    feeds = {k: v for k, v in feeds.items() if k in needed}
+    names = [o.name for o in sess.get_outputs()]
+    kw.setdefault("label", "session")
+    return bench(lambda: sess.run(names, feeds), **kw)
+
+
+# --------------------------------------------------------------------------------------------------
+# two candidates
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    """An interleaved A/B measurement; `speedup` = median of per-round time_A / time_B (>1: B faster)."""
+
+    a: Timing
+    b: Timing
+    speedup: float
+    ci_low: float
+    ci_high: float
+    rounds: int
+    threads: dict = field(default_factory=dict)
+    label_a: str = "A"
+    label_b: str = "B"
+
+    @property
+    def ratios(self) -> list[float]:
+        """Per-round time_A / time_B."""
+        return [_ratio(x, y) for x, y in zip(self.a.samples, self.b.samples)]
+
+    def verdict(self) -> str:
+        """One sentence: which is faster, or that the interval cannot tell."""
+        if self.ci_low > 1:
+            return f"{self.label_b} is faster: {self.speedup:.2f}x (95% CI {self.ci_low:.2f}–{self.ci_high:.2f}x)"
+        if self.ci_high < 1:
+            inv = 1 / self.speedup
+            return (f"{self.label_a} is faster: {inv:.2f}x (95% CI {1 / self.ci_high:.2f}–{1 / self.ci_low:.2f}x)")
+        return f"no clear difference: ratio {self.speedup:.2f}x (95% CI {self.ci_low:.2f}–{self.ci_high:.2f}x includes 1)"
+
+    def _rows(self) -> list[list[str]]:
+        scale, unit = _unit_for(min(self.a.median, self.b.median) or self.a.median)
+        rows = []
+        for name, t in ((self.label_a, self.a), (self.label_b, self.b)):
+            rows.append([name, f"{_num(t.median / scale)} {unit}", f"{_num(t.ci_low / scale)}–{_num(t.ci_high / scale)} {unit}"])
+        return rows
+
+    def _footer(self) -> str:
+        threads = ", ".join(f"{k}={v}" for k, v in self.threads.items())
+        return f"{self.rounds} interleaved rounds" + (f"; threads: {threads}" if threads else "")
+
+    def table(self) -> str:
+        """Plain-text table: medians, CIs, the paired speedup and the verdict."""
+        header = ["", "median", "95% CI"]
+        rows = self._rows()
+        widths = [max(len(r[i]) for r in [header] + rows) for i in range(3)]
+        line = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()
+        out = [line(header)] + [line(r) for r in rows]
+        out.append(f"speedup {self.label_a}/{self.label_b} (median of paired ratios): {self.speedup:.2f}x "
+                   f"(95% CI {self.ci_low:.2f}–{self.ci_high:.2f}x)")
+        out.append(self.verdict())
+        out.append(self._footer())
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{h}</th>" for h in ("", "median", "95% CI"))
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in self._rows())
+        speed = (f"speedup {self.label_a}/{self.label_b} (median of paired ratios): <b>{self.speedup:.2f}x</b> "
+                 f"(95% CI {self.ci_low:.2f}–{self.ci_high:.2f}x)")
+        return (f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                f"<p>{html.escape(speed).replace('&lt;b&gt;', '<b>').replace('&lt;/b&gt;', '</b>')}<br>"
+                f"{html.escape(self.verdict())}<br><small>{html.escape(self._footer())}</small></p>")
+
+    @classmethod
+    def from_samples(cls, samples_a: Sequence[float], samples_b: Sequence[float], *, label_a: str = "A",
+                     label_b: str = "B", threads: dict | None = None) -> "Comparison":
+        """Build a comparison from paired per-round samples (same length)."""
+        if len(samples_a) != len(samples_b):
+            raise ValueError("paired samples must have the same length")
+        ratios = [_ratio(x, y) for x, y in zip(samples_a, samples_b)]
+        speedup, lo, hi = median_ci(ratios)
+        return cls(a=Timing.from_samples(samples_a, label_a), b=Timing.from_samples(samples_b, label_b),
+                   speedup=speedup, ci_low=lo, ci_high=hi, rounds=len(ratios), threads=dict(threads or {}),
+                   label_a=label_a, label_b=label_b)
+
+
+def _ratio(a: float, b: float) -> float:
+    if b > 0:
+        return a / b
+    return math.inf if a > 0 else 1.0
+
+
+def compare(fn_a: Callable[[], object], fn_b: Callable[[], object], *, label_a: str = "A", label_b: str = "B",
+            warmup: int = 3, min_time: float = 0.5, min_rounds: int = 10, max_rounds: int = 2000,
+            threads: dict | None = None, timer: Timer = time.perf_counter) -> Comparison:
+    """Interleaved A/B timing (AB, BA, AB, ...); the speedup is the median of per-round ratios A/B."""
+    if min_rounds < 1 or max_rounds < min_rounds:
+        raise ValueError("need 1 <= min_rounds <= max_rounds")
+    for _ in range(warmup):
+        fn_a()
+        fn_b()
+    ta: list[float] = []
+    tb: list[float] = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        spent = 0.0
+        r = 0
+        while r < max_rounds and (r < min_rounds or spent < min_time):
+            order = ((fn_a, ta), (fn_b, tb)) if r % 2 == 0 else ((fn_b, tb), (fn_a, ta))
+            for fn, out in order:
+                t0 = timer()
+                fn()
+                dt = timer() - t0
+                out.append(dt)
+                spent += dt
+            r += 1
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return Comparison.from_samples(ta, tb, label_a=label_a, label_b=label_b, threads=threads)
+
+
+def _threads_of(sess) -> dict:
+    so = sess.get_session_options()
+    return {"intra_op": so.intra_op_num_threads, "inter_op": so.inter_op_num_threads}
+
+
+def compare_models(model_a, model_b, *, level_a: str = "disable", level_b: str = "disable", threads: int = 1,
+                   feeds: dict | None = None, seed: int = 0, dims: dict[str, int] | None = None, **kw) -> Comparison:
+    """Interleaved comparison of two models' onnxruntime runs on the same inputs (1 intra-op thread by default)."""
+    from . import runtime
+
+    runtime.quiet_onnxruntime()
+    sa = runtime.session(model_a, level_a, threads, inter_threads=1)
+    sb = runtime.session(model_b, level_b, threads, inter_threads=1)
+    if feeds is None:
+        feeds = runtime.make_feeds(model_a, seed=seed, dims=dims, sess=sa)
+    fa = {k: v for k, v in feeds.items() if k in {i.name for i in sa.get_inputs()}}
+    fb = {k: v for k, v in feeds.items() if k in {i.name for i in sb.get_inputs()}}
+    na = [o.name for o in sa.get_outputs()]
+    nb = [o.name for o in sb.get_outputs()]
+    suffix = level_a != level_b
+    kw.setdefault("label_a", f"A ({level_a})" if suffix else "A")
+    kw.setdefault("label_b", f"B ({level_b})" if suffix else "B")
+    ta, tb = _threads_of(sa), _threads_of(sb)
+    reported = ta if ta == tb else {f"{k}_a": v for k, v in ta.items()} | {f"{k}_b": v for k, v in tb.items()}
+    kw.setdefault("threads", reported)
+    return compare(lambda: sa.run(na, fa), lambda: sb.run(nb, fb), **kw)
+
+
+def session_at_each_level(model, threads: int = 1) -> dict:
+    """{level: InferenceSession} for every onnxruntime optimisation level, log noise silenced."""
+    from . import runtime
+
+    runtime.quiet_onnxruntime()
+    return {level: runtime.session(model, level, threads, inter_threads=1) for level in runtime.LEVELS}
+
+
+# --------------------------------------------------------------------------------------------------
+# the machine
+# --------------------------------------------------------------------------------------------------
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_info() -> dict:
+    """CPU model, logical/usable cores, and the versions that matter (python, numpy, onnx, onnxruntime...)."""
+    import numpy
+    import onnx
+    import onnxruntime
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 1
+    info = {
+        "cpu": _cpu_model(),
+        "machine": platform.machine(),
+        "logical_cores": os.cpu_count() or 1,
+        "usable_cores": usable,
+        "os": platform.system(),
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "onnxruntime_providers": ", ".join(onnxruntime.get_available_providers()),
+    }
+    for dist, key in (("onnx-ir", "onnx_ir"), ("matplotlib", "matplotlib"), ("netron", "netron")):
+        try:
+            from importlib.metadata import version
+
+            info[key] = version(dist)
+        except Exception:  # not installed
+            info[key] = "not installed"
+    return info

@@ -22,7 +22,7 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-__all__ = ["ModelError", "Graph", "load", "save_model", "MAX_OPSET", "MIN_OPSET", "PROTOBUF_LIMIT"]
+__all__ = ["ModelError", "Graph", "load", "save_model", "has_external_tensors", "MAX_OPSET", "MIN_OPSET", "PROTOBUF_LIMIT"]
 
 #: Oldest default-domain opset we accept (BatchNormalization-7 and Conv-1 semantics onward).
 MIN_OPSET = 7
@@ -30,6 +30,8 @@ MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
 #: protobuf cannot serialise a message of 2 GiB or more; bigger models must use external data.
 PROTOBUF_LIMIT = 2**31 - 1
+#: External weights up to this size are read into memory at load; bigger ones stay on disk (lazy).
+IN_MEMORY_LIMIT = 2**30
 
 
 class ModelError(ValueError):
@@ -157,6 +159,19 @@ def _check_external_data(proto: onnx.ModelProto, base_dir: Path | None, name: st
             )
 
 
+def _external_total(proto: onnx.ModelProto) -> int:
+    total = 0
+    for t in _tensors_with_external_data(proto.graph):
+        info = {e.key: e.value for e in t.external_data}
+        total += int(info.get("length") or 0)
+    return total
+
+
+def has_external_tensors(model: ir.Model) -> bool:
+    """True when some initializer still lives in an external file (models over 2 GiB)."""
+    return any(isinstance(v.const_value, ir.ExternalTensor) for g in model.graphs() for v in g.initializers.values())
+
+
 def _from_path(path: Path) -> tuple[onnx.ModelProto, Path]:
     name = str(path)
     if not path.exists():
@@ -190,10 +205,12 @@ def load(source, *, check: bool = True) -> "Graph":
     else:
         raise TypeError(f"load() takes a path, bytes or onnx.ModelProto, not {type(source).__name__}")
     _check_header(proto, name)
+    has_external = any(True for _ in _tensors_with_external_data(proto.graph))
     _check_external_data(proto, base_dir, name)
     if check:
         try:
-            onnx.checker.check_model(proto)
+            # With external data the checker must see the files: check by path (also the >2 GiB route).
+            onnx.checker.check_model(str(source) if has_external else proto)
         except onnx.checker.ValidationError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ModelError(name, f"invalid ONNX model: {first}") from None
@@ -205,6 +222,9 @@ def load(source, *, check: bool = True) -> "Graph":
         raise ModelError(name, f"cannot build the graph ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     if base_dir is not None:
         ir.external_data.set_base_dir(model.graph, str(base_dir))
+        if has_external and _external_total(proto) < IN_MEMORY_LIMIT:
+            # Small enough to hold in memory: later passes and onnxruntime need no file paths.
+            ir.external_data.load_to_model(model)
     return Graph(model, name=name, path=Path(source) if base_dir is not None else None)
 
 

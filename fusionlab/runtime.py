@@ -8,6 +8,7 @@ optimisations off (`level="disable"`), so onnxruntime's own fusions cannot hide 
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from .graph import Graph, ModelError, load
+from .graph import Graph, ModelError, has_external_tensors, load, save_model
 
 __all__ = [
     "LEVELS", "TOLERANCES", "session", "model_bytes", "make_feeds", "run", "verify", "VerifyReport",
@@ -86,12 +87,20 @@ def session(model, level: str = "disable", threads: int = 1, *, optimized_path: 
             so.profile_file_prefix = profile_prefix
     if custom_ops_library:
         so.register_custom_ops_library(custom_ops_library)
+    tmpdir = None
     if isinstance(model, (str, os.PathLike)):
         src = str(model)
+    elif isinstance(model, (Graph, ir.Model)) and has_external_tensors(model.model if isinstance(model, Graph) else model):
+        # Weights over protobuf's 2 GiB limit: onnxruntime must read them from files beside the model.
+        tmpdir = tempfile.TemporaryDirectory(prefix="fusionlab-")
+        src = str(save_model(model, Path(tmpdir.name) / "model.onnx", external_data_threshold=0))
     else:
         src = model_bytes(model)
     try:
-        return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+        if tmpdir is not None:
+            sess._fusionlab_tmpdir = tmpdir  # weights stay on disk while the session lives
+        return sess
     except Exception as exc:  # onnxruntime raises its own exception types
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(str(model) if isinstance(model, (str, os.PathLike)) else "<model>",

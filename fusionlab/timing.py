@@ -197,11 +197,11 @@ class Comparison:
     def verdict(self) -> str:
         """One sentence: which is faster, or that the interval cannot tell."""
         if self.ci_low > 1:
-            return f"{self.label_b} is faster: {self.speedup:.2f}x (95% CI {self.ci_low:.2f}–{self.ci_high:.2f}x)"
+            return f"{self.label_b} is faster: {self.speedup:.2f}× (95% CI {self.ci_low:.2f}–{self.ci_high:.2f}×)"
         if self.ci_high < 1:
             inv = 1 / self.speedup
-            return (f"{self.label_a} is faster: {inv:.2f}x (95% CI {1 / self.ci_high:.2f}–{1 / self.ci_low:.2f}x)")
-        return f"no clear difference: ratio {self.speedup:.2f}x (95% CI {self.ci_low:.2f}–{self.ci_high:.2f}x includes 1)"
+            return (f"{self.label_a} is faster: {inv:.2f}× (95% CI {1 / self.ci_high:.2f}–{1 / self.ci_low:.2f}×)")
+        return f"no clear difference: ratio {self.speedup:.2f}× (95% CI {self.ci_low:.2f}–{self.ci_high:.2f}× includes 1)"
 
     def _rows(self) -> list[list[str]]:
         scale, unit = _unit_for(min(self.a.median, self.b.median) or self.a.median)
@@ -221,8 +221,8 @@ class Comparison:
         widths = [max(len(r[i]) for r in [header] + rows) for i in range(3)]
         line = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()
         out = [line(header)] + [line(r) for r in rows]
-        out.append(f"speedup {self.label_a}/{self.label_b} (median of paired ratios): {self.speedup:.2f}x "
-                   f"(95% CI {self.ci_low:.2f}–{self.ci_high:.2f}x)")
+        out.append(f"speedup {self.label_a}/{self.label_b} (median of paired ratios): {self.speedup:.2f}× "
+                   f"(95% CI {self.ci_low:.2f}–{self.ci_high:.2f}×)")
         out.append(self.verdict())
         out.append(self._footer())
         return "\n".join(out)
@@ -233,10 +233,10 @@ class Comparison:
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{h}</th>" for h in ("", "median", "95% CI"))
         body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in self._rows())
-        speed = (f"speedup {self.label_a}/{self.label_b} (median of paired ratios): <b>{self.speedup:.2f}x</b> "
-                 f"(95% CI {self.ci_low:.2f}–{self.ci_high:.2f}x)")
+        speed = (f"speedup {html.escape(self.label_a)}/{html.escape(self.label_b)} (median of paired ratios): "
+                 f"<b>{self.speedup:.2f}×</b> (95% CI {self.ci_low:.2f}–{self.ci_high:.2f}×)")
         return (f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-                f"<p>{html.escape(speed).replace('&lt;b&gt;', '<b>').replace('&lt;/b&gt;', '</b>')}<br>"
+                f"<p>{speed}<br>"
                 f"{html.escape(self.verdict())}<br><small>{html.escape(self._footer())}</small></p>")
 
     @classmethod

@@ -1,0 +1,856 @@
+"""Pictures of graphs and fusion plans, with nothing beyond pip: DOT text, matplotlib drawings, netron.
+
+- `to_dot` writes Graphviz DOT text (fusion groups as coloured clusters). It is plain text, so tests and
+  nbval can compare it; render it with any Graphviz you have, none is needed here.
+- `layered_layout` + `draw` lay a graph out in layers (a small Sugiyama: longest-path layers, barycenter
+  ordering, dummy points for long edges) and draw it with matplotlib; fusion groups are coloured rounded
+  rectangles behind their members. Deterministic: the same model gives the same picture, byte for byte
+  through `save_picture`.
+- `netron_view` serves one model with netron on 127.0.0.1 for interactive exploration in an iframe.
+
+Weights (initializers) are never drawn as boxes; their shapes are noted in the DOT labels instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import html
+import logging
+import math
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import onnx_ir as ir
+
+from .graph import Graph, load
+from .plan import FusionGroup, FusionPlan, HORIZONTAL, MIXED, VERTICAL
+
+__all__ = [
+    "to_dot", "Layout", "layered_layout", "draw", "save_picture", "before_after", "neighbourhood",
+    "NetronView", "netron_view", "GROUP_COLORS",
+]
+
+#: Colours per fusion kind; groups of one kind cycle through its list (one colour per rule).
+GROUP_COLORS = {
+    VERTICAL: ["#2f6fb0", "#1f9e89", "#5b4bb7", "#4a90c2"],
+    HORIZONTAL: ["#e07b39", "#c9a227", "#c0392b", "#d35d90"],
+    MIXED: ["#3a9a4a", "#8e44ad", "#7f6a3a", "#607d8b"],
+}
+_FONT = "DejaVu Sans"  # ships with matplotlib: the same glyphs on every machine
+
+
+# --------------------------------------------------------------------------------------------------
+# the scene: which boxes and edges a picture has
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Item:
+    key: str
+    kind: str  # "op", "input" or "output"
+    title: str  # op type, or "input"/"output"
+    subtitle: str  # short node name, or the value name
+    detail: list[str] = field(default_factory=list)  # weight shapes / value shape
+    order: int = 0
+    group: str | None = None
+
+
+@dataclass
+class _Scene:
+    name: str
+    items: list[_Item]
+    edges: list[tuple[str, str, str]]  # (from key, to key, shape text of the value)
+    groups: list[tuple[FusionGroup, list[str]]]  # visible groups and their member keys
+
+    @property
+    def op_count(self) -> int:
+        return sum(1 for i in self.items if i.kind == "op")
+
+
+def _as_graph(model) -> Graph:
+    if isinstance(model, Graph):
+        return model
+    return load(model, check=False)
+
+
+def _shape_text(value: ir.Value | None) -> str:
+    if value is None or value.shape is None:
+        return ""
+    dims = [str(d) if d is not None and str(d) else "?" for d in value.shape]
+    return "×".join(dims) if dims else "scalar"
+
+
+def _short_name(name: str, op_type: str) -> str:
+    """A node name cut to what helps a reader: '/layer1/layer1.0/conv1/Conv' -> 'layer1.0/conv1'."""
+    parts = [p for p in re.split(r"[/:]", name) if p]
+    if parts and parts[-1] == op_type:
+        parts = parts[:-1]
+    text = "/".join(parts[-2:]) if parts else ""
+    return text if len(text) <= 22 else "…" + text[-21:]
+
+
+def _clip(text: str, n: int = 22) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _input_names(node: ir.Node, opset: int) -> list[str]:
+    try:
+        import onnx
+
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
+        names = [i.name for i in schema.inputs]
+        if names and len(node.inputs) > len(names):  # variadic tail
+            names += [names[-1]] * (len(node.inputs) - len(names))
+        return names
+    except Exception:
+        return []
+
+
+def _node_keys(order: list[ir.Node]) -> list[str]:
+    counts: dict[str, int] = {}
+    for n in order:
+        counts[n.name] = counts.get(n.name, 0) + 1
+    keys, taken = [], set()
+    for i, n in enumerate(order):
+        key = n.name if n.name and counts[n.name] == 1 else f"{n.op_type}_{i}"
+        while key in taken:
+            key += "_"
+        taken.add(key)
+        keys.append(key)
+    return keys
+
+
+def neighbourhood(model, names: Iterable[str] | str, hops: int = 1) -> list[str]:
+    """Node names within `hops` edges (either direction) of `names`, in topological order."""
+    g = _as_graph(model)
+    order = g.topological_order()
+    keys = _node_keys(order)
+    by_key = dict(zip(keys, order))
+    wanted = _resolve_names(names, keys, order)
+    adj: dict[str, set[str]] = {k: set() for k in keys}
+    key_of = {id(n): k for k, n in zip(keys, order)}
+    for k, n in zip(keys, order):
+        for v in n.inputs:
+            p = v.producer() if v is not None else None
+            if p is not None and id(p) in key_of:
+                adj[k].add(key_of[id(p)])
+                adj[key_of[id(p)]].add(k)
+    seen = set(wanted)
+    frontier = deque((k, 0) for k in wanted)
+    while frontier:
+        k, d = frontier.popleft()
+        if d >= hops:
+            continue
+        for m in sorted(adj[k]):
+            if m not in seen:
+                seen.add(m)
+                frontier.append((m, d + 1))
+    return [k for k in keys if k in seen and by_key[k] is not None]
+
+
+def _resolve_names(names, keys: list[str], order: list[ir.Node]) -> list[str]:
+    if isinstance(names, str):
+        names = [names]
+    elif hasattr(names, "nodes") and not callable(getattr(names, "nodes")):  # a FusionGroup
+        names = list(names.nodes)
+    names = list(names)
+    by_name: dict[str, str] = {}
+    for k, n in zip(keys, order):
+        by_name.setdefault(k, k)
+        if n.name:
+            by_name.setdefault(n.name, k)
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        shown = ", ".join(repr(u) for u in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        raise ValueError(f"no node named {shown} in this model")
+    out: list[str] = []
+    for n in names:
+        if by_name[n] not in out:
+            out.append(by_name[n])
+    return out
+
+
+def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0) -> _Scene:
+    g = _as_graph(model)
+    graph = g.graph
+    order = g.topological_order()
+    keys = _node_keys(order)
+    key_of = {id(n): k for k, n in zip(keys, order)}
+    if nodes is not None:
+        chosen = set(neighbourhood(g, nodes, hops) if hops else _resolve_names(nodes, keys, order))
+    else:
+        chosen = set(keys)
+    member_of: dict[str, str] = {}
+    if plan is not None:
+        name_to_key = {n.name: k for k, n in zip(keys, order) if n.name}
+        for grp in plan:
+            for m in grp.nodes:
+                k = name_to_key.get(m, m if m in key_of.values() else None)
+                if k is not None and k in chosen:
+                    member_of.setdefault(k, grp.id)
+    initializers = graph.initializers
+    items: list[_Item] = []
+    inputs: dict[str, _Item] = {}
+    outputs: dict[str, _Item] = {}
+    edges: list[tuple[str, str, str]] = []
+    edge_seen: set[tuple[str, str]] = set()
+
+    def add_edge(a: str, b: str, label: str) -> None:
+        if (a, b) not in edge_seen:
+            edge_seen.add((a, b))
+            edges.append((a, b, label))
+
+    for i, (k, n) in enumerate(zip(keys, order)):
+        if k not in chosen:
+            continue
+        slot_names = _input_names(n, g.opset)
+        weights = []
+        for slot, v in enumerate(n.inputs):
+            if v is None:
+                continue
+            if v.const_value is not None or (v.name in initializers and v.producer() is None):
+                slot_name = slot_names[slot] if slot < len(slot_names) else _clip(v.name or "const", 12)
+                weights.append(f"{slot_name} {_shape_text(v)}".rstrip())
+                continue
+            p = v.producer()
+            if p is not None and key_of.get(id(p)) in chosen:
+                add_edge(key_of[id(p)], k, _shape_text(v))
+            else:
+                tk = f"input:{v.name}"
+                if tk not in inputs:
+                    inputs[tk] = _Item(tk, "input", "input", _clip(v.name), [_shape_text(v)] if _shape_text(v) else [],
+                                       order=i)
+                add_edge(tk, k, "")
+        for v in n.outputs:
+            external = [u for u in g.consumers(v) if key_of.get(id(u)) not in chosen]
+            if v.is_graph_output() or external:
+                tk = f"output:{v.name}"
+                if tk not in outputs:
+                    outputs[tk] = _Item(tk, "output", "output", _clip(v.name),
+                                        [_shape_text(v)] if _shape_text(v) else [], order=i)
+                add_edge(k, tk, "")
+        items.append(_Item(k, "op", n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}:{n.op_type}",
+                           _short_name(n.name, n.op_type), weights, order=i, group=member_of.get(k)))
+    groups: list[tuple[FusionGroup, list[str]]] = []
+    if plan is not None:
+        op_keys = [it.key for it in items]
+        for grp in plan:
+            members = [k for k in op_keys if member_of.get(k) == grp.id]
+            if members:
+                groups.append((grp, members))
+    all_items = list(inputs.values()) + items + list(outputs.values())
+    return _Scene(name=graph.name or "model", items=all_items, edges=edges, groups=groups)
+
+
+def _group_colors(groups: Sequence[FusionGroup]) -> dict[str, str]:
+    """Colour per group id: by kind, one colour per rule within the kind (first come, first served)."""
+    rule_color: dict[tuple[str, str], str] = {}
+    per_kind: dict[str, int] = {}
+    out = {}
+    for g in groups:
+        key = (g.kind, g.rule)
+        if key not in rule_color:
+            palette = GROUP_COLORS.get(g.kind, GROUP_COLORS[MIXED])
+            rule_color[key] = palette[per_kind.get(g.kind, 0) % len(palette)]
+            per_kind[g.kind] = per_kind.get(g.kind, 0) + 1
+        out[g.id] = rule_color[key]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# DOT text
+# --------------------------------------------------------------------------------------------------
+
+def _dot_str(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _dot_id(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", text)
+
+
+def to_dot(model, plan: FusionPlan | None = None, *, nodes=None, title: str | None = None, hops: int = 0,
+           direction: str = "TB") -> str:
+    """Graphviz DOT text of a model; fusion groups become coloured `subgraph cluster_<id>` blocks."""
+    sc = _scene(model, plan, nodes, hops)
+    ids = {}
+    n_in = n_op = n_out = 0
+    for it in sc.items:
+        if it.kind == "input":
+            ids[it.key], n_in = f"in{n_in}", n_in + 1
+        elif it.kind == "output":
+            ids[it.key], n_out = f"out{n_out}", n_out + 1
+        else:
+            ids[it.key], n_op = f"n{n_op}", n_op + 1
+    colors = _group_colors([g for g, _ in sc.groups])
+    lines = [f"digraph {_dot_str(title or sc.name)} {{"]
+    graph_attrs = [f"rankdir={direction}", 'fontname="Helvetica"', "newrank=true"]
+    if title:
+        graph_attrs += [f"label={_dot_str(title)}", "labelloc=t"]
+    lines.append(f"  graph [{', '.join(graph_attrs)}];")
+    lines.append('  node [shape=box, style="rounded,filled", fillcolor="#ffffff", fontname="Helvetica", fontsize=10];')
+    lines.append('  edge [color="#555555", fontname="Helvetica", fontsize=8];')
+
+    def node_line(it: _Item, indent: str) -> str:
+        if it.kind == "op":
+            label = "\n".join([it.title] + ([it.subtitle] if it.subtitle and it.subtitle != it.title else []) + it.detail)
+            return f"{indent}{ids[it.key]} [label={_dot_str(label)}];"
+        label = "\n".join([f"{it.title} {it.subtitle}"] + it.detail)
+        return f'{indent}{ids[it.key]} [label={_dot_str(label)}, shape=ellipse, fillcolor="#eeeeee"];'
+
+    members = {k: g.id for g, ks in sc.groups for k in ks}
+    group_keys = {g.id: (g, ks) for g, ks in sc.groups}
+    by_key = {it.key: it for it in sc.items}
+    emitted: set[str] = set()
+    used_cluster: set[str] = set()
+    for it in sc.items:
+        gid = members.get(it.key)
+        if gid is None:
+            lines.append(node_line(it, "  "))
+            continue
+        if gid in emitted:
+            continue
+        emitted.add(gid)
+        grp, ks = group_keys[gid]
+        cid = f"cluster_{_dot_id(gid)}"
+        while cid in used_cluster:
+            cid += "_"
+        used_cluster.add(cid)
+        col = colors[gid]
+        lines.append(f"  subgraph {cid} {{")
+        lines.append(f"    label={_dot_str(f'{gid}: {grp.kind} · {grp.rule}')};")
+        lines.append(f'    style="rounded,filled"; color="{col}"; fillcolor="{col}26"; penwidth=1.5;')
+        for k in ks:
+            lines.append(node_line(by_key[k], "    "))
+        lines.append("  }")
+    for a, b, label in sc.edges:
+        attrs = f" [label={_dot_str(label)}]" if label else ""
+        lines.append(f"  {ids[a]} -> {ids[b]}{attrs};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# layered layout (Sugiyama-lite)
+# --------------------------------------------------------------------------------------------------
+
+_CHAR_TITLE = 0.074  # inches per character at 9 pt
+_CHAR_SUB = 0.056  # at 7 pt
+_GAP_ORDER = 0.22  # between boxes in one layer
+_GAP_RANK = {"TB": 0.42, "LR": 0.55}  # between layers
+
+
+@dataclass
+class Layout:
+    """Box centres and sizes (inches at scale 1), layers, and edge polylines of a layered drawing."""
+
+    positions: dict[str, tuple[float, float]]
+    sizes: dict[str, tuple[float, float]]
+    layers: list[list[str]]
+    edges: list[tuple[str, str, list[tuple[float, float]]]]
+    kinds: dict[str, str]
+    labels: dict[str, tuple[str, str]]
+    groups: list[tuple[FusionGroup, list[str]]]
+    direction: str = "TB"
+    crossings: int = 0
+    name: str = "model"
+
+    def box(self, key: str) -> tuple[float, float, float, float]:
+        """(x0, y0, x1, y1) of one box."""
+        (x, y), (w, h) = self.positions[key], self.sizes[key]
+        return (x - w / 2, y - h / 2, x + w / 2, y + h / 2)
+
+    def extent(self) -> tuple[float, float, float, float]:
+        """(x0, y0, x1, y1) around every box."""
+        boxes = [self.box(k) for k in self.positions] or [(0.0, 0.0, 0.0, 0.0)]
+        return (min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes))
+
+    @property
+    def width(self) -> float:
+        x0, _, x1, _ = self.extent()
+        return x1 - x0
+
+    @property
+    def height(self) -> float:
+        _, y0, _, y1 = self.extent()
+        return y1 - y0
+
+
+def _item_size(it: _Item) -> tuple[float, float]:
+    if it.kind == "op":
+        title, sub = it.title, (it.subtitle if it.subtitle != it.title else "")
+    else:
+        title, sub = it.title + " " + it.subtitle, (it.detail[0] if it.detail else "")
+    w = max(0.7, len(title) * _CHAR_TITLE + 0.26, len(sub) * _CHAR_SUB + 0.26)
+    h = 0.44 if sub else 0.30
+    return w, h
+
+
+def _crossings(upper: list[str], lower: list[str], edges: list[tuple[str, str]]) -> int:
+    pu = {k: i for i, k in enumerate(upper)}
+    pl = {k: i for i, k in enumerate(lower)}
+    segs = sorted((pu[a], pl[b]) for a, b in edges if a in pu and b in pl)
+    count = 0
+    for i in range(len(segs)):
+        for j in range(i + 1, len(segs)):
+            if segs[i][0] < segs[j][0] and segs[i][1] > segs[j][1]:
+                count += 1
+    return count
+
+
+def _place(order: list[str], desired: dict[str, float], size: dict[str, float]) -> dict[str, float]:
+    """Positions as close to `desired` as the order and the minimum gaps allow (average of two sweeps)."""
+    n = len(order)
+    if n == 0:
+        return {}
+    gap = [(size[order[i]] + size[order[i + 1]]) / 2 + _GAP_ORDER for i in range(n - 1)]
+    left = [0.0] * n
+    for i, k in enumerate(order):
+        left[i] = desired[k] if i == 0 else max(desired[k], left[i - 1] + gap[i - 1])
+    right = [0.0] * n
+    for i in range(n - 1, -1, -1):
+        k = order[i]
+        right[i] = desired[k] if i == n - 1 else min(desired[k], right[i + 1] - gap[i])
+    return {k: (left[i] + right[i]) / 2 for i, k in enumerate(order)}
+
+
+def _layout_scene(sc: _Scene, direction: str = "TB") -> Layout:
+    if direction not in ("TB", "LR"):
+        raise ValueError(f"direction must be 'TB' or 'LR', not {direction!r}")
+    keys = [it.key for it in sc.items]
+    order_of = {it.key: idx for idx, it in enumerate(sc.items)}
+    preds: dict[str, list[str]] = {k: [] for k in keys}
+    succs: dict[str, list[str]] = {k: [] for k in keys}
+    for a, b, _ in sc.edges:
+        preds[b].append(a)
+        succs[a].append(b)
+    # 1. layers: longest path from the sources; then sources sink to just above their first consumer
+    layer: dict[str, int] = {}
+    for k in keys:  # items are in topological order
+        layer[k] = max((layer[p] + 1 for p in preds[k]), default=0)
+    for k in reversed(keys):
+        if not preds[k] and succs[k]:
+            layer[k] = max(0, min(layer[s] for s in succs[k]) - 1)
+    # 2. dummy points split edges that span several layers
+    chains: list[tuple[str, str, list[str]]] = []
+    nodes_in: dict[int, list[str]] = {}
+    size: dict[str, tuple[float, float]] = {it.key: _item_size(it) for it in sc.items}
+    if direction == "LR":
+        size = {k: (w, h) for k, (w, h) in size.items()}
+    rank_of = dict(layer)
+    adj_up: dict[str, list[str]] = {k: [] for k in keys}
+    adj_down: dict[str, list[str]] = {k: [] for k in keys}
+    for a, b, _ in sc.edges:
+        path = [a]
+        for r in range(layer[a] + 1, layer[b]):
+            d = f"~{order_of[a]}>{order_of[b]}@{r}"
+            rank_of[d] = r
+            order_of[d] = order_of[a] + 0.5
+            size[d] = (0.02, 0.02)
+            adj_up[d], adj_down[d] = [], []
+            path.append(d)
+        path.append(b)
+        for u, v in zip(path, path[1:]):
+            adj_down[u].append(v)
+            adj_up[v].append(u)
+        chains.append((a, b, path))
+    for k, r in sorted(rank_of.items(), key=lambda kv: (kv[1], order_of[kv[0]], kv[0])):
+        nodes_in.setdefault(r, []).append(k)
+    n_layers = max(nodes_in) + 1 if nodes_in else 0
+    layers = [nodes_in.get(r, []) for r in range(n_layers)]
+    pair_edges = [[(u, v) for u in layers[r] for v in adj_down[u]] for r in range(max(0, n_layers - 1))]
+
+    def total_crossings(ls: list[list[str]]) -> int:
+        return sum(_crossings(ls[r], ls[r + 1], pair_edges[r]) for r in range(len(ls) - 1))
+
+    member_of = {k: g.id for g, ks in sc.groups for k in ks}
+
+    def keep_groups_together(layer_keys: list[str]) -> list[str]:
+        first: dict[str, int] = {}
+        for i, k in enumerate(layer_keys):
+            gid = member_of.get(k)
+            if gid is not None:
+                first.setdefault(gid, i)
+        return sorted(layer_keys, key=lambda k: (first.get(member_of.get(k), layer_keys.index(k)), layer_keys.index(k)))
+
+    # 3. ordering: barycenter sweeps, keeping the best ordering seen
+    best = [list(l) for l in layers]
+    best_cross = total_crossings(best)
+    current = [list(l) for l in layers]
+    for _ in range(6):
+        for r in list(range(1, n_layers)) + list(range(n_layers - 2, -1, -1)):
+            down = r > 0 and (_ < 99)
+            ref = current[r - 1] if down else current[r + 1]
+            pos = {k: i for i, k in enumerate(ref)}
+            neigh = adj_up if down else adj_down
+
+            def bary(k: str, i: int) -> tuple[float, int]:
+                ps = [pos[p] for p in neigh[k] if p in pos]
+                return (sum(ps) / len(ps) if ps else float(i), i)
+
+            current[r] = [k for _, k in sorted((bary(k, i), k) for i, k in enumerate(current[r]))]
+        c = total_crossings(current)
+        if c < best_cross:
+            best, best_cross = [list(l) for l in current], c
+    final = [keep_groups_together(l) for l in best]
+    if total_crossings(final) > best_cross:  # grouping must not make it messier
+        final = best
+    # 4. coordinates: along the layer (order axis) and across layers (rank axis)
+    along = (lambda k: size[k][0]) if direction == "TB" else (lambda k: size[k][1])
+    across = (lambda k: size[k][1]) if direction == "TB" else (lambda k: size[k][0])
+    x: dict[str, float] = {}
+    for l in final:
+        cur = 0.0
+        for k in l:
+            x[k] = cur + along(k) / 2
+            cur += along(k) + _GAP_ORDER
+        shift = (cur - _GAP_ORDER) / 2
+        for k in l:
+            x[k] -= shift
+    sizes_along = {k: along(k) for k in x}
+    for _ in range(4):
+        for r in range(1, n_layers):
+            desired = {k: (sum(x[p] for p in adj_up[k]) / len(adj_up[k]) if adj_up[k] else x[k]) for k in final[r]}
+            x.update(_place(final[r], desired, sizes_along))
+        for r in range(n_layers - 2, -1, -1):
+            desired = {k: (sum(x[s] for s in adj_down[k]) / len(adj_down[k]) if adj_down[k] else x[k]) for k in final[r]}
+            x.update(_place(final[r], desired, sizes_along))
+    lo = min((x[k] - along(k) / 2 for k in x), default=0.0)
+    for k in x:
+        x[k] -= lo
+    rank_pos: list[float] = []
+    cur = 0.0
+    for l in final:
+        depth = max((across(k) for k in l), default=0.0)
+        rank_pos.append(cur + depth / 2)
+        cur += depth + _GAP_RANK[direction]
+
+    def centre(k: str) -> tuple[float, float]:
+        r = rank_of[k]
+        return (x[k], -rank_pos[r]) if direction == "TB" else (rank_pos[r], -x[k])
+
+    positions = {k: centre(k) for k in keys}
+    edges_out = []
+    for a, b, path in chains:
+        (ax_, ay), (bx, by) = positions[a], positions[b]
+        (_, ah), (_, bh) = size[a], size[b]
+        (aw, _), (bw, _) = size[a], size[b]
+        if direction == "TB":
+            pts = [(ax_, ay - ah / 2)] + [centre(d) for d in path[1:-1]] + [(bx, by + bh / 2)]
+        else:
+            pts = [(ax_ + aw / 2, ay)] + [centre(d) for d in path[1:-1]] + [(bx - bw / 2, by)]
+        edges_out.append((a, b, pts))
+    real = set(keys)
+    return Layout(
+        positions=positions,
+        sizes={k: size[k] for k in keys},
+        layers=[[k for k in l if k in real] for l in final],
+        edges=edges_out,
+        kinds={it.key: it.kind for it in sc.items},
+        labels={it.key: ((it.title, it.subtitle if it.subtitle != it.title else "") if it.kind == "op"
+                         else (f"{it.title} {it.subtitle}", it.detail[0] if it.detail else "")) for it in sc.items},
+        groups=sc.groups,
+        direction=direction,
+        crossings=total_crossings(final),
+        name=sc.name,
+    )
+
+
+def layered_layout(model, plan: FusionPlan | None = None, nodes=None, *, hops: int = 0,
+                   direction: str = "TB") -> Layout:
+    """Deterministic layered layout of a model (or of `nodes`, plus `hops` neighbours)."""
+    return _layout_scene(_scene(model, plan, nodes, hops), direction)
+
+
+# --------------------------------------------------------------------------------------------------
+# matplotlib drawing
+# --------------------------------------------------------------------------------------------------
+
+_MAX_INCHES = 40.0
+_MARGIN = 0.2
+
+
+def _legend_entries(groups: list[tuple[FusionGroup, list[str]]]) -> list[tuple[str, str, int]]:
+    colors = _group_colors([g for g, _ in groups])
+    seen: dict[tuple[str, str], list] = {}
+    for g, _ in groups:
+        seen.setdefault((g.kind, g.rule), [colors[g.id], 0])[1] += 1
+    return [(f"{kind} · {rule} ({n} group{'s' if n != 1 else ''})", col, n) for (kind, rule), (col, n) in seen.items()]
+
+
+def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
+    from matplotlib.lines import Line2D  # noqa: F401  (keeps matplotlib's artist registry warm)
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
+    from matplotlib.path import Path as MplPath
+
+    colors = _group_colors([g for g, _ in lay.groups])
+    member_color = {k: colors[g.id] for g, ks in lay.groups for k in ks}
+    pad = 0.09
+    # fusion groups: one rounded rectangle per group, behind its members
+    for g, ks in lay.groups:
+        boxes = [lay.box(k) for k in ks]
+        x0, y0 = min(b[0] for b in boxes) - pad, min(b[1] for b in boxes) - pad
+        x1, y1 = max(b[2] for b in boxes) + pad, max(b[3] for b in boxes) + pad
+        col = colors[g.id]
+        rect = FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=0.1",
+                              facecolor=col, alpha=0.16, edgecolor="none", zorder=1)
+        rect.set_gid(f"group:{g.id}")
+        ax.add_patch(rect)
+        outline = FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=0.1",
+                                 facecolor="none", edgecolor=col, linewidth=1.2 * scale, linestyle="--", zorder=1)
+        outline.set_gid(f"group-outline:{g.id}")
+        ax.add_line  # noqa: B018  (outline is a patch too, but tests count filled group patches only)
+        ax.add_artist(outline)
+        ax.text(x0 + 0.04, y1 - 0.03, g.id, ha="left", va="top", fontsize=6 * scale, color=col, zorder=5,
+                fontfamily=_FONT, clip_on=False)
+    # edges
+    for a, b, pts in lay.edges:
+        codes = [MplPath.MOVETO] + [MplPath.LINETO] * (len(pts) - 1)
+        arrow = FancyArrowPatch(path=MplPath(pts, codes), arrowstyle="-|>", mutation_scale=9 * scale,
+                                linewidth=0.9 * scale, color="#555555", shrinkA=0, shrinkB=0, zorder=2)
+        ax.add_patch(arrow)
+    # boxes
+    for k, (xc, yc) in lay.positions.items():
+        w, h = lay.sizes[k]
+        kind = lay.kinds[k]
+        title, sub = lay.labels[k]
+        if kind == "op":
+            face, edge, lw, rounding = "#ffffff", member_color.get(k, "#444444"), (1.6 if k in member_color else 0.9), 0.06
+        else:
+            face, edge, lw, rounding = "#eeeeee", "#888888", 0.8, min(h / 2, 0.15)
+        box = FancyBboxPatch((xc - w / 2, yc - h / 2), w, h, boxstyle=f"round,pad=0,rounding_size={rounding}",
+                             facecolor=face, edgecolor=edge, linewidth=lw * scale, zorder=3)
+        box.set_gid(f"node:{k}")
+        ax.add_patch(box)
+        if sub:
+            ax.text(xc, yc + 0.075, title, ha="center", va="center", fontsize=9 * scale, zorder=4, fontfamily=_FONT,
+                    fontweight="bold" if kind == "op" else "normal")
+            ax.text(xc, yc - 0.095, sub, ha="center", va="center", fontsize=7 * scale, color="#555555", zorder=4,
+                    fontfamily=_FONT)
+        else:
+            ax.text(xc, yc, title, ha="center", va="center", fontsize=9 * scale, zorder=4, fontfamily=_FONT,
+                    fontweight="bold" if kind == "op" else "normal")
+    x0, y0, x1, y1 = lay.extent()
+    m = _MARGIN
+    ax.set_xlim(x0 - m, x1 + m)
+    ax.set_ylim(y0 - m, y1 + m)
+    ax.set_aspect("equal", adjustable="box")
+    ax.axis("off")
+    if title:
+        ax.set_title(title, fontsize=11 * scale, fontfamily=_FONT)
+    entries = _legend_entries(lay.groups)
+    if entries:
+        handles = [Patch(facecolor=col + "29", edgecolor=col, label=text) for text, col, _ in entries]
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(2, len(handles)),
+                  frameon=False, prop={"family": _FONT, "size": 8 * scale}, handlelength=1.6)
+
+
+def _check_size(lay_or_scene_ops: int, max_nodes: int) -> None:
+    if lay_or_scene_ops > max_nodes:
+        raise ValueError(
+            f"graph has {lay_or_scene_ops} nodes, more than max_nodes={max_nodes}: draw a part with "
+            f"nodes=[...] (e.g. nodes=viz.neighbourhood(model, ['some_node'], hops=3)) or raise max_nodes"
+        )
+
+
+def _figure_inches(lay: Layout, n_legend: int, title: bool) -> tuple[float, float, float]:
+    w = lay.width + 2 * _MARGIN
+    h = lay.height + 2 * _MARGIN
+    extra_h = (0.35 if title else 0) + (0.25 * math.ceil(n_legend / 2) + 0.1 if n_legend else 0)
+    scale = min(1.0, _MAX_INCHES / max(w, h + extra_h))
+    return w, h, extra_h, scale  # type: ignore[return-value]
+
+
+def draw(model, plan: FusionPlan | None = None, *, nodes=None, ax=None, title: str | None = None,
+         max_nodes: int = 200, direction: str = "TB", hops: int = 0):
+    """A matplotlib Figure of a model: op boxes, arrows, fusion groups as coloured rounded rectangles."""
+    sc = _scene(model, plan, nodes, hops)
+    _check_size(sc.op_count, max_nodes)
+    lay = _layout_scene(sc, direction)
+    entries = _legend_entries(lay.groups)
+    w, h, extra_h, scale = _figure_inches(lay, len(entries), bool(title))
+    if ax is None:
+        import matplotlib.pyplot as plt
+
+        fw, fh = max(w, 2.5) * scale, (h + extra_h) * scale
+        fig = plt.figure(figsize=(fw, fh))
+        plt.close(fig)  # not managed by pyplot: a notebook shows the returned figure once, not twice
+        legend_h = (extra_h - (0.35 if title else 0)) * scale
+        ax = fig.add_axes((0, legend_h / fh, 1, h * scale / fh))
+    else:
+        fig = ax.figure
+        bbox = ax.get_position()
+        fw, fh = fig.get_size_inches()
+        scale = min(1.0, bbox.width * fw / w, bbox.height * fh / h)
+        scale = max(scale, 0.35)
+    _render(lay, ax, title=title, scale=scale)
+    return fig
+
+
+def before_after(model_a, model_b, plan: FusionPlan | None = None, *, nodes_a=None, nodes_b=None,
+                 titles: Sequence[str] = ("before", "after"), plan_b: FusionPlan | None = None,
+                 direction: str = "TB", max_nodes: int = 200):
+    """Two models side by side (e.g. before and after fusion); `plan` colours the first one."""
+    import matplotlib.pyplot as plt
+
+    sa, sb = _scene(model_a, plan, nodes_a), _scene(model_b, plan_b, nodes_b)
+    _check_size(sa.op_count, max_nodes)
+    _check_size(sb.op_count, max_nodes)
+    la, lb = _layout_scene(sa, direction), _layout_scene(sb, direction)
+    ea, eb = len(_legend_entries(la.groups)), len(_legend_entries(lb.groups))
+    wa, ha, xa, _ = _figure_inches(la, ea, True)
+    wb, hb, xb, _ = _figure_inches(lb, eb, True)
+    wa, wb = max(wa, 2.2), max(wb, 2.2)
+    gap = 0.4
+    fw, body = wa + wb + gap, max(ha, hb)
+    extra = max(xa, xb)
+    scale = min(1.0, _MAX_INCHES / max(fw, body + extra))
+    fig = plt.figure(figsize=(fw * scale, (body + extra) * scale))
+    plt.close(fig)
+    bottom = (extra - 0.35) / (body + extra)
+    axa = fig.add_axes((0, bottom, wa / fw, body / (body + extra)))
+    axb = fig.add_axes(((wa + gap) / fw, bottom, wb / fw, body / (body + extra)))
+    _render(la, axa, title=titles[0] if titles else None, scale=scale)
+    _render(lb, axb, title=titles[1] if titles and len(titles) > 1 else None, scale=scale)
+    return fig
+
+
+def save_picture(model, path, plan: FusionPlan | None = None, **kw) -> Path:
+    """Write a drawing (or an existing Figure) to .png or .svg atomically; SVG output is byte-stable."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in ("png", "svg"):
+        raise ValueError(f"{path}: save_picture writes .png or .svg, not {path.suffix or 'no suffix'!r}")
+    fig = model if isinstance(model, Figure) else draw(model, plan, **kw)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp.{fmt}", dir=path.parent)
+    os.close(fd)
+    metadata = {"Date": None} if fmt == "svg" else {"Software": None}
+    try:
+        with matplotlib.rc_context({"svg.hashsalt": "fusionlab", "svg.fonttype": "path"}):
+            fig.savefig(tmp, format=fmt, metadata=metadata, bbox_inches="tight", dpi=120, facecolor="white")
+        os.chmod(tmp, 0o644 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# --------------------------------------------------------------------------------------------------
+# netron
+# --------------------------------------------------------------------------------------------------
+
+_LIVE: set["NetronView"] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+class NetronView:
+    """One model served by netron on 127.0.0.1 from a private temporary folder; shows as an iframe."""
+
+    def __init__(self, model, *, port: int | None = None, height: int = 600, filename: str = "model.onnx"):
+        import netron
+        from netron import server as netron_server
+
+        from .runtime import model_bytes
+
+        data = model_bytes(model)
+        self.height = height
+        self.dir = Path(tempfile.mkdtemp(prefix="fusionlab-netron-"))
+        os.chmod(self.dir, 0o700)
+        self.path = self.dir / filename
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        log = logging.getLogger("netron.server")
+        log.setLevel(logging.WARNING)  # its "Serving ... at http://localhost:PORT" would be noisy, varying stderr
+        root = logging.getLogger()
+        guard = None
+        if not root.hasHandlers():  # else netron calls logging.basicConfig(INFO) on the caller's root logger
+            guard = logging.NullHandler()
+            root.addHandler(guard)
+        try:
+            self.address = netron.serve(str(self.path), browse=False, address=("127.0.0.1", port or 0))
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+        finally:
+            if guard is not None:
+                root.removeHandler(guard)
+        self._threads = list(netron_server._threads(self.address))
+        # netron keeps the served content on the handler *class*, so a second server would make the first
+        # serve the second's model; give each of our servers its own handler subclass.
+        for t in self._threads:
+            cls = t.server.RequestHandlerClass
+            t.server.RequestHandlerClass = type("FusionlabNetronHandler", (cls,), {"content": cls.content})
+        self.host, self.port = self.address
+        self.url = f"http://{self.host}:{self.port}/"
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the server is still running."""
+        return any(t.alive() for t in self._threads)
+
+    def iframe(self, width: str | int = "100%", height: int | None = None):
+        """An IPython IFrame showing the model (the browser must be on this machine to reach 127.0.0.1)."""
+        from IPython.display import IFrame
+
+        return IFrame(self.url, width=width, height=height or self.height)
+
+    def _repr_html_(self) -> str:
+        if not self.alive:
+            return "<p>netron view stopped</p>"
+        return (f'<iframe src="{html.escape(self.url)}" width="100%" height="{int(self.height)}" '
+                f'frameborder="0" allowfullscreen></iframe>')
+
+    def __repr__(self) -> str:
+        return f"NetronView({self.url if self.alive else 'stopped'})"
+
+    def stop(self) -> None:
+        """Stop the server and delete the temporary folder."""
+        for t in self._threads:
+            t.stop()
+        for t in self._threads:
+            t.join(timeout=5)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+
+    def __enter__(self) -> "NetronView":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def netron_view(model, *, port: int | None = None, height: int = 600) -> NetronView:
+    """Serve `model` with netron on 127.0.0.1 (a free port unless `port`); display the result for an iframe."""
+    return NetronView(model, port=port, height=height)
+
+
+@atexit.register
+def _stop_all_views() -> None:
+    with _LIVE_LOCK:
+        views = list(_LIVE)
+    for v in views:
+        try:
+            v.stop()
+        except Exception:
+            pass

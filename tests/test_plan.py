@@ -1,0 +1,60 @@
+"""FusionPlan: plain data that prints, serialises and compares."""
+
+import json
+
+import pytest
+
+from fusionlab.plan import FusionGroup, FusionPlan
+
+
+def sample_plan():
+    plan = FusionPlan(model="toy")
+    plan.add(FusionGroup("g0", "vertical", "conv_bn_act", ["conv", "bn", "relu"], ["Conv", "BatchNormalization", "Relu"],
+                         saved_bytes=4096, saved_launches=2, lowered_to="com.microsoft:FusedConv"))
+    plan.add(FusionGroup("g1", "horizontal", "concat_matmul", ["q", "k", "v"], ["MatMul"] * 3,
+                         saved_bytes=0, saved_launches=2, lowered_to="MatMul+Split"))
+    return plan
+
+
+def test_json_round_trip_and_equality():
+    plan = sample_plan()
+    back = FusionPlan.from_json(plan.to_json())
+    assert back == plan
+    assert json.loads(plan.to_json())["groups"][0]["nodes"] == ["conv", "bn", "relu"]
+    back.groups[0].saved_bytes += 1
+    assert back != plan
+
+
+def test_summaries():
+    plan = sample_plan()
+    assert plan.saved_launches == 4 and plan.saved_bytes == 4096
+    assert plan.rule_counts() == {"concat_matmul": 1, "conv_bn_act": 1}
+    assert plan.node_to_group()["bn"] == "g0"
+    assert plan["g1"].pattern == "MatMul+MatMul+MatMul"
+    assert len(plan.by_kind("vertical")) == 1
+
+
+def test_table_is_deterministic_text():
+    plan = sample_plan()
+    text = plan.table()
+    assert text == sample_plan().table()
+    assert "Conv+BatchNormalization+Relu" in text and "com.microsoft:FusedConv" in text
+    assert text.splitlines()[-1].startswith("2 groups, 6 nodes fused, 4 launches")
+    assert "<table>" in plan._repr_html_()
+
+
+def test_a_node_belongs_to_one_group():
+    plan = sample_plan()
+    with pytest.raises(ValueError, match="already belong"):
+        plan.add(FusionGroup("g2", "vertical", "x", ["relu", "other"]))
+    with pytest.raises(ValueError, match="duplicate group id"):
+        plan.add(FusionGroup("g0", "vertical", "x", ["other"]))
+
+
+def test_group_validation():
+    with pytest.raises(ValueError, match="unknown fusion kind"):
+        FusionGroup("g", "diagonal", "r", ["a"])
+    with pytest.raises(ValueError, match="no nodes"):
+        FusionGroup("g", "vertical", "r", [])
+    with pytest.raises(ValueError, match="differ in length"):
+        FusionGroup("g", "vertical", "r", ["a", "b"], ["Conv"])

@@ -1,0 +1,71 @@
+"""The verification oracle must catch wrong rewrites and accept right ones."""
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from fusionlab.build import make_model, tensor, value_info
+from fusionlab.runtime import make_feeds, run, session, verify
+
+
+def scale_model(k=2.0, dtype=np.float32, out_name="y"):
+    nodes = [helper.make_node("Mul", ["x", "k"], [out_name])]
+    return make_model(nodes, [value_info("x", dtype, ["batch", 4])], [value_info(out_name, dtype, ["batch", 4])],
+                      [tensor("k", np.array([k], dtype=dtype))])
+
+
+def test_verify_accepts_equal_and_rejects_different():
+    good = verify(scale_model(2.0), scale_model(2.0))
+    assert good.ok and good.max_abs == 0.0
+    bad = verify(scale_model(2.0), scale_model(2.001))
+    assert not bad.ok
+    assert "NOT equivalent" in bad.table()
+
+
+def test_verify_tolerance_is_per_dtype_and_overridable():
+    # a relative change of 5e-5 is inside fp32's rtol 1e-4 but outside fp64's 1e-7
+    assert verify(scale_model(2.0), scale_model(2.0001)).ok
+    assert not verify(scale_model(2.0, np.float64), scale_model(2.0001, np.float64)).ok
+    assert not verify(scale_model(2.0), scale_model(2.0001), rtol=1e-6, atol=0).ok
+
+
+def test_verify_reports_missing_output():
+    report = verify(scale_model(2.0), scale_model(2.0, out_name="z"))
+    assert not report.ok and report.outputs[0].problem == "output missing"
+
+
+def test_nan_positions_must_match():
+    nodes = [helper.make_node("Log", ["x"], ["y"])]  # log of negative numbers -> NaN
+    m = make_model(nodes, [value_info("x", shape=[16])], [value_info("y", shape=[16])])
+    nodes2 = [helper.make_node("Abs", ["x"], ["a"]), helper.make_node("Log", ["a"], ["y"])]
+    m2 = make_model(nodes2, [value_info("x", shape=[16])], [value_info("y", shape=[16])])
+    assert verify(m, m).ok  # NaN == NaN at the same places
+    report = verify(m, m2)
+    assert not report.ok and "NaN" in report.outputs[0].problem
+
+
+def test_feeds_respect_dtypes_dims_ids_and_masks():
+    vocab = 11
+    nodes = [
+        helper.make_node("Gather", ["emb", "input_ids"], ["e"]),
+        helper.make_node("Cast", ["attention_mask"], ["m"], to=1),
+        helper.make_node("Unsqueeze", ["m", "axes"], ["m3"]),
+        helper.make_node("Mul", ["e", "m3"], ["y"]),
+    ]
+    m = make_model(nodes, [value_info("input_ids", np.int64, ["batch", "sequence"]),
+                           value_info("attention_mask", np.int64, ["batch", "sequence"])],
+                   [value_info("y", shape=["batch", "sequence", 4])],
+                   [tensor("emb", np.ones((vocab, 4), np.float32)), tensor("axes", np.array([2], np.int64))])
+    feeds = make_feeds(m, seed=3, dims={"batch": 2, "sequence": 5})
+    assert feeds["input_ids"].shape == (2, 5) and feeds["input_ids"].dtype == np.int64
+    assert feeds["input_ids"].min() >= 0 and feeds["input_ids"].max() < vocab
+    assert np.all(feeds["attention_mask"] == 1)
+    out = run(m, feeds)
+    assert out["y"].shape == (2, 5, 4)
+    again = make_feeds(m, seed=3, dims={"batch": 2, "sequence": 5})
+    assert all(np.array_equal(feeds[k], again[k]) for k in feeds)
+
+
+def test_unknown_level_is_refused():
+    with pytest.raises(ValueError, match="optimisation level"):
+        session(scale_model(), level="turbo")

@@ -121,6 +121,9 @@ class Timing:
         med, lo, hi = median_ci(samples)
         return cls(samples=samples, median=med, ci_low=lo, ci_high=hi, n=len(samples), label=label)
 
+    def __repr__(self) -> str:
+        return f"Timing({self.label!r}, median={format_seconds(self.median)}, n={self.n})"
+
     def _parts(self) -> tuple[str, str, str]:
         scale, unit = _unit_for(self.median)
         return (f"{_num(self.median / scale)} {unit}", f"{_num(self.ci_low / scale)}–{_num(self.ci_high / scale)} {unit}",
@@ -189,6 +192,10 @@ class Comparison:
     label_a: str = "A"
     label_b: str = "B"
 
+    def __repr__(self) -> str:
+        return (f"Comparison({self.label_a!r} vs {self.label_b!r}, speedup={self.speedup:.2f}, "
+                f"ci=({self.ci_low:.2f}, {self.ci_high:.2f}), rounds={self.rounds})")
+
     @property
     def ratios(self) -> list[float]:
         """Per-round time_A / time_B."""
@@ -197,18 +204,22 @@ class Comparison:
     def verdict(self) -> str:
         """One sentence: which is faster, or that the interval cannot tell."""
         if self.ci_low > 1:
-            return f"{self.label_b} is faster: {self.speedup:.2f}× (95% CI {self.ci_low:.2f}–{self.ci_high:.2f}×)"
+            return f"{self.label_b} is faster ({self.speedup:.2f}×)"
         if self.ci_high < 1:
-            inv = 1 / self.speedup
-            return (f"{self.label_a} is faster: {inv:.2f}× (95% CI {1 / self.ci_high:.2f}–{1 / self.ci_low:.2f}×)")
-        return f"no clear difference: ratio {self.speedup:.2f}× (95% CI {self.ci_low:.2f}–{self.ci_high:.2f}× includes 1)"
+            return f"{self.label_a} is faster ({1 / self.speedup:.2f}×)"
+        return "no clear difference (the 95% CI of the ratio includes 1)"
 
     def _rows(self) -> list[list[str]]:
         scale, unit = _unit_for(min(self.a.median, self.b.median) or self.a.median)
         rows = []
-        for name, t in ((self.label_a, self.a), (self.label_b, self.b)):
-            rows.append([name, f"{_num(t.median / scale)} {unit}", f"{_num(t.ci_low / scale)}–{_num(t.ci_high / scale)} {unit}"])
+        for tag, name, t in (("A", self.label_a, self.a), ("B", self.label_b, self.b)):
+            rows.append([tag, name, f"{_num(t.median / scale)} {unit}",
+                         f"{_num(t.ci_low / scale)}–{_num(t.ci_high / scale)} {unit}"])
         return rows
+
+    def _speedup_line(self) -> str:
+        return (f"speedup A/B (median of paired ratios): {self.speedup:.2f}× "
+                f"(95% CI {self.ci_low:.2f}–{self.ci_high:.2f}×)")
 
     def _footer(self) -> str:
         threads = ", ".join(f"{k}={v}" for k, v in self.threads.items())
@@ -216,28 +227,23 @@ class Comparison:
 
     def table(self) -> str:
         """Plain-text table: medians, CIs, the paired speedup and the verdict."""
-        header = ["", "median", "95% CI"]
+        header = ["", "", "median", "95% CI"]
         rows = self._rows()
-        widths = [max(len(r[i]) for r in [header] + rows) for i in range(3)]
+        widths = [max(len(r[i]) for r in [header] + rows) for i in range(4)]
         line = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()
         out = [line(header)] + [line(r) for r in rows]
-        out.append(f"speedup {self.label_a}/{self.label_b} (median of paired ratios): {self.speedup:.2f}× "
-                   f"(95% CI {self.ci_low:.2f}–{self.ci_high:.2f}×)")
-        out.append(self.verdict())
-        out.append(self._footer())
+        out += [self._speedup_line(), "→ " + self.verdict(), self._footer()]
         return "\n".join(out)
 
     def __str__(self) -> str:
         return self.table()
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{h}</th>" for h in ("", "median", "95% CI"))
+        head = "".join(f"<th>{h}</th>" for h in ("", "", "median", "95% CI"))
         body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in self._rows())
-        speed = (f"speedup {html.escape(self.label_a)}/{html.escape(self.label_b)} (median of paired ratios): "
-                 f"<b>{self.speedup:.2f}×</b> (95% CI {self.ci_low:.2f}–{self.ci_high:.2f}×)")
         return (f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-                f"<p>{speed}<br>"
-                f"{html.escape(self.verdict())}<br><small>{html.escape(self._footer())}</small></p>")
+                f"<p>{html.escape(self._speedup_line())}<br><b>→ {html.escape(self.verdict())}</b><br>"
+                f"<small>{html.escape(self._footer())}</small></p>")
 
     @classmethod
     def from_samples(cls, samples_a: Sequence[float], samples_b: Sequence[float], *, label_a: str = "A",

@@ -112,6 +112,15 @@ def _input_names(node: ir.Node, opset: int) -> list[str]:
         return []
 
 
+def _merge_weights(weights: list[str]) -> list[str]:
+    """'scale 64', 'B 64', 'mean 64' -> 'scale, B, mean 64' (one line per distinct shape, in order)."""
+    by_shape: dict[str, list[str]] = {}
+    for w in weights:
+        name, _, shape = w.partition(" ")
+        by_shape.setdefault(shape, []).append(name)
+    return [f"{', '.join(names)} {shape}".rstrip() for shape, names in by_shape.items()]
+
+
 def _node_keys(order: list[ir.Node]) -> list[str]:
     counts: dict[str, int] = {}
     for n in order:
@@ -176,6 +185,21 @@ def _resolve_names(names, keys: list[str], order: list[ir.Node]) -> list[str]:
     return out
 
 
+def _subgraph_nodes(node: ir.Node) -> list[ir.Node]:
+    """Every node inside the subgraphs (If/Loop/Scan bodies) of a node, recursively."""
+    out: list[ir.Node] = []
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            graphs = [attr.value]
+        elif attr.type == ir.AttributeType.GRAPHS:
+            graphs = list(attr.value)
+        else:
+            continue
+        for g in graphs:
+            out.extend(ir.traversal.RecursiveGraphIterator(g))
+    return out
+
+
 def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0) -> _Scene:
     g = _as_graph(model)
     graph = g.graph
@@ -195,6 +219,25 @@ def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0) -> _Scene:
                 if k is not None and k in chosen:
                     member_of.setdefault(k, grp.id)
     initializers = graph.initializers
+    # a value read inside an If/Loop body counts as read by the If/Loop node itself
+    owner: dict[int, ir.Node] = {}
+    captured: dict[int, list[ir.Value]] = {}
+    main_inputs = {id(v) for v in graph.inputs}
+    for n in order:
+        inner = _subgraph_nodes(n)
+        if not inner:
+            continue
+        own_outputs = {id(v) for m in inner for v in m.outputs}
+        seen_ids: set[int] = set()
+        for m in inner:
+            owner[id(m)] = n
+            for v in m.inputs:
+                if v is None or id(v) in own_outputs or id(v) in seen_ids:
+                    continue
+                p = v.producer()
+                if (p is not None and id(p) in key_of) or id(v) in main_inputs:
+                    seen_ids.add(id(v))
+                    captured.setdefault(id(n), []).append(v)
     items: list[_Item] = []
     inputs: dict[str, _Item] = {}
     outputs: dict[str, _Item] = {}
@@ -211,9 +254,11 @@ def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0) -> _Scene:
             continue
         slot_names = _input_names(n, g.opset)
         weights = []
-        for slot, v in enumerate(n.inputs):
+        for slot, v in enumerate(list(n.inputs) + captured.get(id(n), [])):
             if v is None:
                 continue
+            if slot >= len(n.inputs) and v.const_value is not None:
+                continue  # a weight read inside a subgraph: not worth a label
             if v.const_value is not None or (v.name in initializers and v.producer() is None):
                 slot_name = slot_names[slot] if slot < len(slot_names) else _clip(v.name or "const", 12)
                 weights.append(f"{slot_name} {_shape_text(v)}".rstrip())
@@ -228,13 +273,15 @@ def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0) -> _Scene:
                                        order=i)
                 add_edge(tk, k, "")
         for v in n.outputs:
-            external = [u for u in g.consumers(v) if key_of.get(id(u)) not in chosen]
+            users = [owner.get(id(u), u) for u in g.consumers(v)]
+            external = [u for u in users if key_of.get(id(u)) not in chosen]
             if v.is_graph_output() or external:
                 tk = f"output:{v.name}"
                 if tk not in outputs:
                     outputs[tk] = _Item(tk, "output", "output", _clip(v.name),
                                         [_shape_text(v)] if _shape_text(v) else [], order=i)
                 add_edge(k, tk, "")
+        weights = _merge_weights(weights)
         items.append(_Item(k, "op", n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}:{n.op_type}",
                            _short_name(n.name, n.op_type), weights, order=i, group=member_of.get(k)))
     groups: list[tuple[FusionGroup, list[str]]] = []
@@ -441,8 +488,6 @@ def _layout_scene(sc: _Scene, direction: str = "TB") -> Layout:
     chains: list[tuple[str, str, list[str]]] = []
     nodes_in: dict[int, list[str]] = {}
     size: dict[str, tuple[float, float]] = {it.key: _item_size(it) for it in sc.items}
-    if direction == "LR":
-        size = {k: (w, h) for k, (w, h) in size.items()}
     rank_of = dict(layer)
     adj_up: dict[str, list[str]] = {k: [] for k in keys}
     adj_down: dict[str, list[str]] = {k: [] for k in keys}
@@ -483,9 +528,9 @@ def _layout_scene(sc: _Scene, direction: str = "TB") -> Layout:
     best = [list(l) for l in layers]
     best_cross = total_crossings(best)
     current = [list(l) for l in layers]
+    sweeps = [(r, True) for r in range(1, n_layers)] + [(r, False) for r in range(n_layers - 2, -1, -1)]
     for _ in range(6):
-        for r in list(range(1, n_layers)) + list(range(n_layers - 2, -1, -1)):
-            down = r > 0 and (_ < 99)
+        for r, down in sweeps:
             ref = current[r - 1] if down else current[r + 1]
             pos = {k: i for i, k in enumerate(ref)}
             neigh = adj_up if down else adj_down
@@ -585,7 +630,6 @@ def _legend_entries(groups: list[tuple[FusionGroup, list[str]]]) -> list[tuple[s
 
 
 def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
-    from matplotlib.lines import Line2D  # noqa: F401  (keeps matplotlib's artist registry warm)
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
     from matplotlib.path import Path as MplPath
 
@@ -605,9 +649,8 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
         outline = FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=0.1",
                                  facecolor="none", edgecolor=col, linewidth=1.2 * scale, linestyle="--", zorder=1)
         outline.set_gid(f"group-outline:{g.id}")
-        ax.add_line  # noqa: B018  (outline is a patch too, but tests count filled group patches only)
-        ax.add_artist(outline)
-        ax.text(x0 + 0.04, y1 - 0.03, g.id, ha="left", va="top", fontsize=6 * scale, color=col, zorder=5,
+        ax.add_patch(outline)
+        ax.text(x0 + 0.07, y1 - 0.05, g.id, ha="left", va="top", fontsize=6 * scale, color=col, zorder=5,
                 fontfamily=_FONT, clip_on=False)
     # edges
     for a, b, pts in lay.edges:
@@ -619,7 +662,7 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
     for k, (xc, yc) in lay.positions.items():
         w, h = lay.sizes[k]
         kind = lay.kinds[k]
-        title, sub = lay.labels[k]
+        head, sub = lay.labels[k]
         if kind == "op":
             face, edge, lw, rounding = "#ffffff", member_color.get(k, "#444444"), (1.6 if k in member_color else 0.9), 0.06
         else:
@@ -629,12 +672,12 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
         box.set_gid(f"node:{k}")
         ax.add_patch(box)
         if sub:
-            ax.text(xc, yc + 0.075, title, ha="center", va="center", fontsize=9 * scale, zorder=4, fontfamily=_FONT,
+            ax.text(xc, yc + 0.075, head, ha="center", va="center", fontsize=9 * scale, zorder=4, fontfamily=_FONT,
                     fontweight="bold" if kind == "op" else "normal")
             ax.text(xc, yc - 0.095, sub, ha="center", va="center", fontsize=7 * scale, color="#555555", zorder=4,
                     fontfamily=_FONT)
         else:
-            ax.text(xc, yc, title, ha="center", va="center", fontsize=9 * scale, zorder=4, fontfamily=_FONT,
+            ax.text(xc, yc, head, ha="center", va="center", fontsize=9 * scale, zorder=4, fontfamily=_FONT,
                     fontweight="bold" if kind == "op" else "normal")
     x0, y0, x1, y1 = lay.extent()
     m = _MARGIN
@@ -659,12 +702,13 @@ def _check_size(lay_or_scene_ops: int, max_nodes: int) -> None:
         )
 
 
-def _figure_inches(lay: Layout, n_legend: int, title: bool) -> tuple[float, float, float]:
+def _figure_inches(lay: Layout, n_legend: int, title: bool) -> tuple[float, float, float, float]:
+    """(width, height, extra height for title and legend, scale to stay under _MAX_INCHES)."""
     w = lay.width + 2 * _MARGIN
     h = lay.height + 2 * _MARGIN
     extra_h = (0.35 if title else 0) + (0.25 * math.ceil(n_legend / 2) + 0.1 if n_legend else 0)
     scale = min(1.0, _MAX_INCHES / max(w, h + extra_h))
-    return w, h, extra_h, scale  # type: ignore[return-value]
+    return w, h, extra_h, scale
 
 
 def draw(model, plan: FusionPlan | None = None, *, nodes=None, ax=None, title: str | None = None,

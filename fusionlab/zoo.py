@@ -9,7 +9,8 @@ ReduceMean/Sub/Pow/... and ReLU6 as ``Clip`` with min/max inputs.  Weights come 
 statistics, so activations stay O(1) through deep nets.  The same parameters give byte-identical models.
 
 ``get(name, **params)`` and ``path(name, **params)`` build on demand and cache the ``.onnx`` file under
-``$FUSIONLAB_CACHE`` (or ``<repo>/.cache/models``), keyed by a hash of the full parameter set.
+``$FUSIONLAB_CACHE`` (or ``<repo>/.cache/models``), keyed by a hash of the full parameter set and of
+this file, so an edited builder never serves a stale model.
 """
 
 from __future__ import annotations
@@ -35,13 +36,10 @@ __all__ = [
     "resnet_small", "yolov5s", "bert", "inception", "mobilenet_v2",
 ]
 
-#: Bump when a builder changes what it writes, so stale cache files are not reused.
+#: Part of every cache key (with a hash of this file's source, so an edited builder never reuses stale files).
 ZOO_VERSION = 1
 #: Opsets the builders can write (IR 10, pinned by `make_model`, covers up to opset 21).
 MIN_ZOO_OPSET, MAX_ZOO_OPSET = 13, 21
-
-Dim = "int | str"
-
 
 # --------------------------------------------------------------------------------------------------
 # the exporter-like graph writer
@@ -71,10 +69,10 @@ class _Net:
         self._node_names.add(name)
         return name
 
-    def node(self, op: str, inputs: Sequence[str], scope: str = "", *, outputs: int = 1, op_name: str | None = None,
+    def node(self, op: str, inputs: Sequence[str], scope: str = "", *, outputs: int = 1,
              **attrs) -> str | list[str]:
         """Add a node named ``{scope}/{op}`` (made unique); returns its output name(s)."""
-        name = self._unique(scope, op_name or op)
+        name = self._unique(scope, op)
         outs = [f"{name}_output_{i}" for i in range(outputs)]
         self.nodes.append(helper.make_node(op, list(inputs), outs, name=name, **attrs))
         return outs[0] if outputs == 1 else outs
@@ -212,9 +210,11 @@ def _resnet(block: str, layers: Sequence[int], image_size: int, width: int, num_
     x = net.node("MaxPool", [x], "/maxpool", ceil_mode=0, dilations=[1, 1], kernel_shape=[3, 3],
                  pads=[1, 1, 1, 1], strides=[2, 2])
     inplanes = width
-    # Damp the last conv of every residual branch so the sum of 3-6 branches per stage stays O(1)
-    # (the same idea as torchvision's zero_init_residual, without making the branch vanish).
-    branch_gain = 0.5
+    # Scaling that keeps activations O(1) with fixed (not data-matched) BatchNorm statistics: He gain 2
+    # for a conv followed by ReLU, gain 1 for one that is not (the downsample and the branch's last conv
+    # feed an Add), and the branch damped to 1/4 of that so the residual sum grows ~1.25x per block and
+    # the ReLU after a downsample Add halves it back (the idea of torchvision's zero_init_residual).
+    branch_gain = 0.25
     for li, blocks in enumerate(layers):
         planes = width * 2 ** li
         for bi in range(blocks):
@@ -227,18 +227,18 @@ def _resnet(block: str, layers: Sequence[int], image_size: int, width: int, num_
                 y = net.node("Relu", [net.bn(y, f"{s}/bn1", f"{p}.bn1", planes)], f"{s}/relu")
                 y = net.conv(y, f"{s}/conv2", f"{p}.conv2", planes, planes, 3, stride, 1)
                 y = net.node("Relu", [net.bn(y, f"{s}/bn2", f"{p}.bn2", planes)], f"{s}/relu_1")
-                y = net.conv(y, f"{s}/conv3", f"{p}.conv3", planes, planes * 4, 1, 1, 0, gain=2.0 * branch_gain)
+                y = net.conv(y, f"{s}/conv3", f"{p}.conv3", planes, planes * 4, 1, 1, 0, gain=branch_gain)
                 y = net.bn(y, f"{s}/bn3", f"{p}.bn3", planes * 4)
                 last_relu = f"{s}/relu_2"
             else:
                 y = net.conv(x, f"{s}/conv1", f"{p}.conv1", inplanes, planes, 3, stride, 1)
                 y = net.node("Relu", [net.bn(y, f"{s}/bn1", f"{p}.bn1", planes)], f"{s}/relu")
-                y = net.conv(y, f"{s}/conv2", f"{p}.conv2", planes, planes, 3, 1, 1, gain=2.0 * branch_gain)
+                y = net.conv(y, f"{s}/conv2", f"{p}.conv2", planes, planes, 3, 1, 1, gain=branch_gain)
                 y = net.bn(y, f"{s}/bn2", f"{p}.bn2", planes)
                 last_relu = f"{s}/relu_1"
             if stride != 1 or inplanes != planes * expansion:
                 identity = net.conv(x, f"{s}/downsample/downsample.0", f"{p}.downsample.0", inplanes,
-                                    planes * expansion, 1, stride, 0)
+                                    planes * expansion, 1, stride, 0, gain=1.0)
                 identity = net.bn(identity, f"{s}/downsample/downsample.1", f"{p}.downsample.1", planes * expansion)
             x = net.node("Relu", [net.node("Add", [y, identity], s)], last_relu)
             inplanes = planes * expansion
@@ -277,13 +277,13 @@ def resnet_small(image_size: int = 64, width: int = 16, num_classes: int = 10, s
 # --------------------------------------------------------------------------------------------------
 
 def yolov5s(image_size: int = 640, width_mult: float = 0.50, depth_mult: float = 0.33, seed: int = 0,
-            batch: int | str = "batch", *, num_classes: int = 80, identity_weights: bool = False,
+            batch: int | str = "batch", *, num_classes: int = 80, identity_weights: bool = False, eps: float = 1e-3,
             opset: int = 17) -> onnx.ModelProto:
     """YOLOv5 (s by default; width_mult=0.25 gives n): backbone, SPPF, PANet neck, three detect convs."""
     if image_size % 32:
         raise ValueError(f"yolov5 image_size must be a multiple of 32, got {image_size}")
     net = _Net(seed, opset, identity_weights)
-    eps, momentum = 1e-3, 0.97  # YOLOv5's BatchNorm2d(eps=0.001, momentum=0.03)
+    momentum = 0.97  # YOLOv5's BatchNorm2d(eps=0.001, momentum=0.03); torch.onnx writes 1 - momentum
 
     def ch(c: int) -> int:
         return _make_divisible(c * width_mult, 8)
@@ -291,8 +291,8 @@ def yolov5s(image_size: int = 640, width_mult: float = 0.50, depth_mult: float =
     def depth(n: int) -> int:
         return max(round(n * depth_mult), 1)
 
-    def conv(x, p, s, c1, c2, k=1, stride=1, pad=None):
-        y = net.conv(x, f"{s}/conv", f"{p}.conv", c1, c2, k, stride, pad, gain=2.0)
+    def conv(x, p, s, c1, c2, k=1, stride=1, pad=None, gain=2.0):
+        y = net.conv(x, f"{s}/conv", f"{p}.conv", c1, c2, k, stride, pad, gain=gain)
         y = net.bn(y, f"{s}/bn", f"{p}.bn", c2, eps, momentum)
         return net.silu(y, f"{s}/act")
 
@@ -303,7 +303,8 @@ def yolov5s(image_size: int = 640, width_mult: float = 0.50, depth_mult: float =
         for j in range(n):
             bp, bs = f"{p}.m.{j}", f"{s}/m/m.{j}"
             y = conv(a, f"{bp}.cv1", f"{bs}/cv1", c_, c_, 1)
-            y = conv(y, f"{bp}.cv2", f"{bs}/cv2", c_, c_, 3)
+            # a residual branch is damped (see _resnet) so chains of bottlenecks stay O(1)
+            y = conv(y, f"{bp}.cv2", f"{bs}/cv2", c_, c_, 3, gain=0.5 if shortcut else 2.0)
             a = net.node("Add", [a, y], bs) if shortcut else y
         b = conv(x, f"{p}.cv2", f"{s}/cv2", c1, c_)
         y = net.node("Concat", [a, b], s, axis=1)
@@ -318,7 +319,7 @@ def yolov5s(image_size: int = 640, width_mult: float = 0.50, depth_mult: float =
             ys.append(net.node("MaxPool", [ys[-1]], f"{s}/m" + (f"_{j}" if j else ""), ceil_mode=0,
                                dilations=[1, 1], kernel_shape=[k, k], pads=[k // 2] * 4, strides=[1, 1]))
         y = net.node("Concat", ys, s, axis=1)
-        return conv(y, f"{p}.cv2", f"{s}/cv2", 4 * c_, c2)
+        return conv(y, f"{p}.cv2", f"{s}/cv2", 4 * c_, c2, gain=0.5)  # max-pooled inputs are larger
 
     def upsample(x, i):
         scales = net.const(f"/model.{i}", [1.0, 1.0, 2.0, 2.0])
@@ -458,7 +459,7 @@ def bert(layers: int = 12, hidden: int = 768, heads: int = 12, intermediate: int
 # --------------------------------------------------------------------------------------------------
 
 def inception(image_size: int = 299, width: float = 1.0, seed: int = 0, batch: int | str = "batch", *,
-              num_classes: int = 1000, c_blocks: int = 1, identity_weights: bool = False,
+              num_classes: int = 1000, c_blocks: int = 1, identity_weights: bool = False, eps: float = 1e-3,
               opset: int = 17) -> onnx.ModelProto:
     """Inception-v3 stem + 3 Inception-A, Inception-B and `c_blocks` Inception-C blocks; `width` scales channels."""
     if image_size < 75:
@@ -470,8 +471,9 @@ def inception(image_size: int = 299, width: float = 1.0, seed: int = 0, batch: i
 
     def basic(x, name, cin, cout, k, stride=1, pad=0):
         s = f"/{name}"
-        y = net.conv(x, f"{s}/conv", f"{name.replace('/', '.')}.conv", cin, cout, k, stride, pad)
-        y = net.bn(y, f"{s}/bn", f"{name.replace('/', '.')}.bn", cout, eps=1e-3)
+        # gain 1.5, not 2: three max-pools on the way inflate the second moment by ~1.5x each
+        y = net.conv(x, f"{s}/conv", f"{name.replace('/', '.')}.conv", cin, cout, k, stride, pad, gain=1.5)
+        y = net.bn(y, f"{s}/bn", f"{name.replace('/', '.')}.bn", cout, eps)  # BasicConv2d: eps=0.001
         return net.node("Relu", [y], s)
 
     def avg_pool(x, s):
@@ -630,8 +632,17 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "fusionlab" / "models"
 
 
+_SOURCE_HASH: list[str] = []
+
+
+def _source_hash() -> str:
+    if not _SOURCE_HASH:
+        _SOURCE_HASH.append(hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16])
+    return _SOURCE_HASH[0]
+
+
 def _cache_file(name: str, params: dict) -> Path:
-    key = json.dumps({"zoo": ZOO_VERSION, "name": name, "params": params}, sort_keys=True)
+    key = json.dumps({"zoo": ZOO_VERSION, "source": _source_hash(), "name": name, "params": params}, sort_keys=True)
     return cache_dir() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.onnx"
 
 
@@ -714,11 +725,9 @@ def summary(model) -> dict:
 
 
 def extract(model, nodes: str | Iterable[str]) -> onnx.ModelProto:
-    """A runnable sub-model of the selected nodes (exact names or ``/scope`` prefixes, e.g. ``"/layer1/layer1.0"``).
-
-    Constant and Identity-of-initializer producers of the selection come along; inputs are the values the
-    selection reads from outside, outputs the values it hands to the rest of the model (or its last node).
-    """
+    """A runnable sub-model of the nodes named (exactly, or by ``/scope`` prefix such as ``"/layer1/layer1.0"``)."""
+    # Constant and Identity-of-initializer producers of the selection come along; inputs are the values
+    # the selection reads from outside, outputs the values it hands to the rest (or its last node's).
     proto = _as_proto(model)
     g = proto.graph
     keys = [nodes] if isinstance(nodes, str) else list(nodes)

@@ -1,0 +1,553 @@
+"""A roofline cost model of a fusion plan: predicted latency, bytes moved and peak memory per device.
+
+The model, in four rules (each a simplification, stated so it can be checked against measurement):
+
+1. **Per node**: FLOPs and bytes from static shapes (`node_costs`). Reshape-like views move no data.
+2. **Per kernel** (a fusion group, or an ungrouped node on its own): time = max(FLOPs / peak,
+   bytes / bandwidth) + launch overhead. A group reads its external inputs and weights once and writes
+   its outputs once; its internal intermediates stay on chip and cost no traffic.
+3. **Spills**: a group's *working set* is the most intermediate bytes that are live at once inside it.
+   What exceeds the on-chip buffer ((UB + L1) x cores, or a given budget) is written to device memory
+   and read back (2x the excess in traffic) and needs a workspace there while the kernel runs.
+4. **Peak memory**: kernels run in topological order; a tensor lives from the kernel that writes it
+   to the last kernel that reads it (graph inputs from the start, graph outputs to the end). A fused
+   kernel needs all its inputs, outputs and spill workspace at once, so fusing can *raise* the peak
+   even though fewer intermediates are written. Weights are always resident and added on top.
+
+Float models run at the device's `precision` (Ascend presets: fp16, as ATC converts fp32 models for
+inference; this machine: as stored).
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from .devices import Device, get as get_device, load_devices
+from .graph import Graph, load
+from .plan import FusionPlan
+from .shapes import infer_shapes
+
+__all__ = ["NodeCost", "KernelCost", "PlanCost", "CostTable", "node_costs", "plan_cost", "compare",
+           "predicted_speedup", "VIEW_OPS", "ELEMENTWISE_COST"]
+
+#: ops that only relabel a tensor (no data moved by the kernel)
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size", "Dropout"})
+#: FLOPs per output element of elementwise ops (transcendentals counted as 4: a rough, stated choice)
+ELEMENTWISE_COST = {
+    **dict.fromkeys(["Add", "Sub", "Mul", "Div", "Relu", "Neg", "Abs", "Max", "Min", "Clip", "Where", "Reciprocal",
+                     "Sqrt", "Equal", "Greater", "Less", "Not", "And", "Or", "Cast", "LeakyRelu", "PRelu",
+                     "Floor", "Ceil", "Round", "Sign", "Mod", "Sum", "Mean"], 1),
+    **dict.fromkeys(["Sigmoid", "Tanh", "Exp", "Log", "Erf", "Pow", "Softplus", "HardSigmoid", "HardSwish",
+                     "Gelu", "Elu", "Selu", "Mish"], 4),
+}
+_NORM_COST = {"BatchNormalization": 2, "InstanceNormalization": 8, "LayerNormalization": 8,
+              "Softmax": 5, "LogSoftmax": 5}
+
+_NP = {ir.DataType.FLOAT: "float32", ir.DataType.FLOAT16: "float16", ir.DataType.BFLOAT16: "bfloat16",
+       ir.DataType.DOUBLE: "float64", ir.DataType.INT8: "int8", ir.DataType.UINT8: "uint8",
+       ir.DataType.INT32: "int32", ir.DataType.INT64: "int64", ir.DataType.BOOL: "bool"}
+
+
+@dataclass
+class NodeCost:
+    """FLOPs and bytes of one node: activations in, activations out, weights (constant inputs)."""
+
+    name: str
+    op_type: str
+    flops: int
+    bytes_in: int
+    bytes_out: int
+    weight_bytes: int
+    dtype: str = "float32"
+    known: bool = True
+
+    @property
+    def bytes(self) -> int:
+        """Traffic of the node run on its own (zero for views)."""
+        return 0 if self.op_type in VIEW_OPS else self.bytes_in + self.bytes_out + self.weight_bytes
+
+
+# --------------------------------------------------------------------------------------------------
+# analysis of one graph
+# --------------------------------------------------------------------------------------------------
+
+def _prod(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if shape is not None else 0
+
+
+def _is_const(v: ir.Value) -> bool:
+    for _ in range(16):
+        if v.is_graph_input():
+            return False
+        if v.const_value is not None:
+            return True
+        p = v.producer()
+        if p is None:
+            return False
+        if p.op_type == "Constant":
+            return True
+        if p.op_type != "Identity" or not p.inputs or p.inputs[0] is None:
+            return False
+        v = p.inputs[0]
+    return False
+
+
+class _Analysis:
+    """Shapes, dtypes, sizes and node costs of one graph at fixed dims and precision."""
+
+    def __init__(self, graph: Graph, dims: dict | None, precision: str | None):
+        self.graph = graph
+        self.shapes = infer_shapes(graph, dims)
+        self.order = [n for n in graph.topological_order()]
+        self.measured: dict[str, str] = {}
+        if any(o.name not in self.shapes for n in self.order if n.op_type != "Constant" for o in n.outputs if o.name):
+            self._shapes_from_a_run(dims)
+        self.precision = precision
+        self.dtypes: dict[str, str] = {}
+        for v in list(graph.graph.inputs) + list(graph.graph.initializers.values()):
+            if v.dtype is not None:
+                self.dtypes[v.name] = _NP.get(v.dtype, "float32")
+        self.dtypes.update(self.measured)
+        for n in self.order:  # propagate dtypes where the file carries none (most ops keep their input's)
+            for o in n.outputs:
+                if o.name in self.measured:
+                    continue
+                if o.dtype is not None:
+                    self.dtypes[o.name] = _NP.get(o.dtype, "float32")
+                elif n.op_type in ("Shape", "Size", "NonZero", "ArgMax", "ArgMin"):
+                    self.dtypes[o.name] = "int64"
+                elif n.op_type == "Cast" and "to" in n.attributes:
+                    self.dtypes[o.name] = _NP.get(ir.DataType(n.attributes["to"].value), "float32")
+                elif n.op_type in ("Equal", "Greater", "Less", "Not", "And", "Or"):
+                    self.dtypes[o.name] = "bool"
+                else:
+                    first = next((self.dtypes[i.name] for i in n.inputs if i is not None and i.name in self.dtypes
+                                  and self.dtypes[i.name].startswith(("float", "bfloat"))), None)
+                    self.dtypes[o.name] = first or next(
+                        (self.dtypes[i.name] for i in n.inputs if i is not None and i.name in self.dtypes), "float32")
+        self.costs = {n.name: self._node_cost(n) for n in self.order if n.op_type != "Constant"}
+
+    def _shapes_from_a_run(self, dims: dict | None) -> None:
+        """Fill shapes onnx inference could not (e.g. Slice ends computed from Shape) by running the model once."""
+        import onnx
+
+        from .runtime import run
+        from .shapes import DEFAULT_DIMS
+
+        proto = self.graph.to_proto()
+        have = {o.name for o in proto.graph.output}
+        for n in proto.graph.node:
+            for o in n.output:
+                if o and o not in have and n.op_type != "Constant":
+                    proto.graph.output.append(onnx.ValueInfoProto(name=o))
+                    have.add(o)
+        try:
+            out = run(proto, dims={**DEFAULT_DIMS, **(dims or {})})
+        except Exception:  # a model onnxruntime cannot run keeps its unknown shapes (flagged per node)
+            return
+        for name, arr in out.items():
+            if name not in self.shapes:
+                self.shapes[name] = tuple(np.shape(arr))
+                self.measured[name] = str(np.asarray(arr).dtype)
+
+    def itemsize(self, name: str) -> int:
+        dt = self.dtypes.get(name, "float32")
+        if self.precision == "fp16" and dt in ("float32", "float64"):
+            return 2
+        if dt == "bfloat16":
+            return 2
+        return np.dtype(dt).itemsize
+
+    def compute_dtype(self, node: ir.Node) -> str:
+        dt = self.dtypes.get(node.outputs[0].name, "float32") if node.outputs else "float32"
+        if self.precision == "fp16" and dt in ("float32", "float64"):
+            return "float16"
+        return dt
+
+    def nbytes(self, v: ir.Value | None) -> int | None:
+        if v is None or v.name not in self.shapes:
+            return None
+        return _prod(self.shapes[v.name]) * self.itemsize(v.name)
+
+    def _node_cost(self, n: ir.Node) -> NodeCost:
+        known = True
+        b_in = b_w = b_out = 0
+        for v in n.inputs:
+            if v is None:
+                continue
+            size = self.nbytes(v)
+            if size is None:
+                known = False
+                continue
+            if _is_const(v):
+                b_w += size
+            else:
+                b_in += size
+        for v in n.outputs:
+            size = self.nbytes(v)
+            if size is None:
+                known = False
+            else:
+                b_out += size
+        try:
+            flops = self._flops(n)
+        except (KeyError, IndexError, TypeError, ValueError):
+            flops, known = 0, False
+        return NodeCost(n.name, n.op_type, int(flops), b_in, b_out, b_w, self.compute_dtype(n), known)
+
+    def _shape(self, v: ir.Value | None):
+        return self.shapes[v.name] if v is not None and v.name in self.shapes else None
+
+    def _flops(self, n: ir.Node) -> int:
+        op = n.op_type
+        out = self._shape(n.outputs[0]) if n.outputs else None
+        if op == "Conv":
+            w = self._shape(n.inputs[1])
+            bias = len(n.inputs) > 2 and n.inputs[2] is not None
+            return 2 * _prod(out) * _prod(w[1:]) + (_prod(out) if bias else 0)
+        if op == "ConvTranspose":
+            x, w = self._shape(n.inputs[0]), self._shape(n.inputs[1])
+            return 2 * _prod(x) * _prod(w[1:])
+        if op == "MatMul":
+            a = self._shape(n.inputs[0])
+            return 2 * _prod(out) * a[-1]
+        if op == "Gemm":
+            a = self._shape(n.inputs[0])
+            trans_a = n.attributes["transA"].value if "transA" in n.attributes else 0
+            k = a[0] if trans_a else a[1]
+            return 2 * _prod(out) * k + _prod(out)
+        if op in ELEMENTWISE_COST:
+            return ELEMENTWISE_COST[op] * _prod(out)
+        if op in _NORM_COST:
+            return _NORM_COST[op] * _prod(out)
+        if op.startswith("Reduce") or op in ("GlobalAveragePool", "GlobalMaxPool"):
+            return _prod(self._shape(n.inputs[0]))
+        if op in ("MaxPool", "AveragePool"):
+            return _prod(out) * _prod(list(n.attributes["kernel_shape"].value))
+        return 0
+
+
+def _as_graph(model) -> Graph:
+    return model if isinstance(model, Graph) else load(model)
+
+
+def node_costs(graph, dims: dict | None = None, precision: str | None = None) -> list[NodeCost]:
+    """FLOPs and bytes of every node (Constant nodes excluded: they are weights), in topological order."""
+    a = _Analysis(_as_graph(graph), dims, precision)
+    return list(a.costs.values())
+
+
+# --------------------------------------------------------------------------------------------------
+# kernels and the plan
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class KernelCost:
+    """One launched kernel: a fusion group or a single node."""
+
+    id: str
+    nodes: list[str]
+    pattern: str
+    flops: int
+    bytes: int
+    unfused_bytes: int
+    working_set: int
+    spill_bytes: int
+    compute_s: float
+    memory_s: float
+    launch_s: float
+    grouped: bool
+
+    @property
+    def time_s(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.launch_s
+
+    @property
+    def bound(self) -> str:
+        """What limits the kernel: 'compute', 'memory' or 'launch'."""
+        work = max(self.compute_s, self.memory_s)
+        if self.launch_s >= work:
+            return "launch"
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+def _fmt_time(s: float) -> str:
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+@dataclass
+class PlanCost:
+    """Predicted cost of running a graph under a plan on one device."""
+
+    device: str
+    kernels_detail: list[KernelCost]
+    peak_activation_bytes: int
+    weight_bytes: int
+    buffer_bytes: int
+    peak_step: int = 0
+    unknown_nodes: list[str] = field(default_factory=list)
+
+    @property
+    def latency_s(self) -> float:
+        return sum(k.time_s for k in self.kernels_detail)
+
+    @property
+    def kernels(self) -> int:
+        return len(self.kernels_detail)
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(k.bytes for k in self.kernels_detail)
+
+    @property
+    def flops(self) -> int:
+        return sum(k.flops for k in self.kernels_detail)
+
+    @property
+    def spill_bytes(self) -> int:
+        return sum(k.spill_bytes for k in self.kernels_detail)
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        """Weights plus the peak of live activations and spill workspaces."""
+        return self.peak_activation_bytes + self.weight_bytes
+
+    @property
+    def launch_s(self) -> float:
+        return sum(k.launch_s for k in self.kernels_detail)
+
+    def groups(self) -> list[KernelCost]:
+        return [k for k in self.kernels_detail if k.grouped]
+
+    def summary(self) -> dict:
+        """Headline numbers, rounded (deterministic for printing)."""
+        return {
+            "device": self.device, "kernels": self.kernels, "latency_us": round(self.latency_s * 1e6, 1),
+            "launch_us": round(self.launch_s * 1e6, 1), "MiB_moved": round(self.bytes_moved / 2**20, 2),
+            "spill_MiB": round(self.spill_bytes / 2**20, 2), "peak_MiB": round(self.peak_memory_bytes / 2**20, 2),
+            "peak_activation_MiB": round(self.peak_activation_bytes / 2**20, 2),
+        }
+
+    def table(self, max_rows: int | None = 20) -> str:
+        """Per fusion group: traffic before/after, working set, spill, time and bound; then the totals."""
+        header = ["group", "pattern", "MiB unfused", "MiB fused", "work set KiB", "spill KiB", "time", "bound"]
+        rows = [[k.id, k.pattern[:40], f"{k.unfused_bytes / 2**20:.3f}", f"{k.bytes / 2**20:.3f}",
+                 f"{k.working_set / 1024:.1f}", f"{k.spill_bytes / 1024:.1f}", _fmt_time(k.time_s), k.bound]
+                for k in self.groups()]
+        shown = rows if max_rows is None else rows[:max_rows]
+        widths = [max([len(h)] + [len(r[i]) for r in shown]) for i, h in enumerate(header)]
+        line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
+        out = [f"device: {self.device}"]
+        if shown:
+            out += [line(header), line(["-" * w for w in widths])] + [line(r) for r in shown]
+        if len(shown) < len(rows):
+            out.append(f"... {len(rows) - len(shown)} more groups")
+        s = self.summary()
+        out.append(f"{s['kernels']} kernels ({len(self.groups())} fused), predicted {_fmt_time(self.latency_s)} "
+                   f"(launch {_fmt_time(self.launch_s)}), {s['MiB_moved']:.2f} MiB moved, "
+                   f"spill {s['spill_MiB']:.2f} MiB, peak memory {s['peak_MiB']:.2f} MiB "
+                   f"(activations {s['peak_activation_MiB']:.2f})")
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _kernel_order(a: _Analysis, members: dict[str, list[ir.Node]]) -> list[str]:
+    """Kernel ids in a topological order of the contracted graph (ties broken by first member)."""
+    import heapq
+
+    pos = {id(n): i for i, n in enumerate(a.order)}
+    kernel_of = {id(n): k for k, ns in members.items() for n in ns}
+    first = {k: min(pos[id(n)] for n in ns) for k, ns in members.items()}
+    preds: dict[str, set[str]] = {k: set() for k in members}
+    for k, ns in members.items():
+        for n in ns:
+            for v in n.inputs:
+                p = v.producer() if v is not None else None
+                if p is not None and id(p) in kernel_of and kernel_of[id(p)] != k:
+                    preds[k].add(kernel_of[id(p)])
+    succ: dict[str, list[str]] = {k: [] for k in members}
+    for k, ps in preds.items():
+        for p in ps:
+            succ[p].append(k)
+    indeg = {k: len(ps) for k, ps in preds.items()}
+    ready = [(first[k], k) for k in members if indeg[k] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        order.append(k)
+        for s in succ[k]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, (first[s], s))
+    if len(order) != len(members):
+        stuck = sorted(k for k in members if k not in order)
+        raise ValueError(f"plan groups {stuck[:3]} form a cycle with the rest of the graph: not schedulable")
+    return order
+
+
+def plan_cost(graph, plan: FusionPlan | None, device: Device | str, dims: dict | None = None, *,
+              buffer_kb: float | None = None, precision: str | None = None,
+              _analysis: _Analysis | None = None) -> PlanCost:
+    """Predicted latency, traffic and peak memory of `graph` run under `plan` on `device`."""
+    device = get_device(device)
+    graph = _as_graph(graph)
+    a = _analysis or _Analysis(graph, dims, precision or device.precision)
+    plan = plan or FusionPlan()
+    buffer = int(buffer_kb * 1024) if buffer_kb is not None else device.buffer_bytes
+    by_name = {n.name: n for n in a.order}
+    group_of = {}
+    for g in plan:
+        for name in g.nodes:
+            if name not in by_name:
+                raise ValueError(f"plan group {g.id!r} names node {name!r}, which is not in the model")
+            group_of[name] = g.id
+    members: dict[str, list[ir.Node]] = {}
+    for n in a.order:
+        if n.op_type == "Constant" and n.name not in group_of:
+            continue
+        members.setdefault(group_of.get(n.name, n.name), []).append(n)
+    order = _kernel_order(a, members)
+    grouped_ids = {g.id for g in plan}
+    kernel_index = {k: i for i, k in enumerate(order)}
+    kernel_of = {id(n): k for k, ns in members.items() for n in ns}
+
+    kernels: list[KernelCost] = []
+    workspace = [0] * len(order)
+    for step, k in enumerate(order):
+        ns = members[k]
+        inside = {id(n) for n in ns}
+        produced = {o.name: o for n in ns for o in n.outputs}
+        ext_in: dict[str, ir.Value] = {}
+        for n in ns:
+            for v in n.inputs:
+                if v is not None and v.name not in produced:
+                    ext_in[v.name] = v
+        outs = {name: v for name, v in produced.items()
+                if v.is_graph_output() or any(id(u.node) not in inside for u in v.uses())}
+        act = sum(a.nbytes(v) or 0 for v in ext_in.values() if not _is_const(v))
+        weights = sum(a.nbytes(v) or 0 for v in ext_in.values() if _is_const(v))
+        out_b = sum(a.nbytes(v) or 0 for v in outs.values())
+        costs = [a.costs[n.name] for n in ns if n.name in a.costs]
+        flops = sum(c.flops for c in costs)
+        unfused = sum(c.bytes for c in costs)
+        all_views = all(n.op_type in VIEW_OPS for n in ns)
+        # working set: most internal-intermediate bytes live at once while the members run in order
+        ws = live = 0
+        last_use = {}
+        for i, n in enumerate(ns):
+            for v in n.inputs:
+                if v is not None and v.name in produced and v.name not in outs:
+                    last_use[v.name] = i
+        for i, n in enumerate(ns):
+            for o in n.outputs:
+                if o.name in produced and o.name not in outs:
+                    live += a.nbytes(o) or 0
+            ws = max(ws, live)
+            for name, last in last_use.items():
+                if last == i:
+                    live -= a.nbytes(produced[name]) or 0
+        spill = max(0, ws - buffer) if len(ns) > 1 else 0
+        workspace[step] = spill
+        traffic = 0 if all_views else act + weights + out_b + 2 * spill
+        dtype = a.compute_dtype(ns[-1])
+        kernels.append(KernelCost(
+            id=k, nodes=[n.name for n in ns], pattern="+".join(n.op_type for n in ns), flops=flops, bytes=traffic,
+            unfused_bytes=unfused, working_set=ws if len(ns) > 1 else 0, spill_bytes=2 * spill,
+            compute_s=flops / device.peak_flops(dtype), memory_s=traffic / device.bandwidth,
+            launch_s=device.launch_overhead_us * 1e-6, grouped=k in grouped_ids))
+
+    # liveness of materialised activations over the kernel order
+    last = len(order) - 1
+    delta = [0] * (len(order) + 1)
+    values: dict[str, tuple[int, int, int]] = {}
+
+    def interval(v: ir.Value, start: int) -> None:
+        size = a.nbytes(v) or 0
+        end = last if v.is_graph_output() else start
+        for u in v.uses():
+            k = kernel_of.get(id(u.node))
+            if k is not None:
+                end = max(end, kernel_index[k])
+        values[v.name] = (start, end, size)
+
+    for v in graph.inputs():
+        interval(v, 0)
+    for step, k in enumerate(order):
+        inside = {id(n) for n in members[k]}
+        for n in members[k]:
+            for o in n.outputs:
+                if o.is_graph_output() or any(id(u.node) not in inside for u in o.uses()):
+                    interval(o, step)
+    for start, end, size in values.values():
+        delta[start] += size
+        delta[end + 1] -= size
+    peak = peak_step = running = 0
+    for step in range(len(order)):
+        running += delta[step]
+        if running + workspace[step] > peak:
+            peak, peak_step = running + workspace[step], step
+    weight_values = {}
+    for n in a.order:
+        for v in n.inputs:
+            if v is not None and _is_const(v):
+                weight_values[v.name] = a.nbytes(v) or 0
+    return PlanCost(device=device.name, kernels_detail=kernels, peak_activation_bytes=peak,
+                    weight_bytes=sum(weight_values.values()), buffer_bytes=buffer, peak_step=peak_step,
+                    unknown_nodes=[c.name for c in a.costs.values() if not c.known])
+
+
+def predicted_speedup(graph, plan: FusionPlan, device: Device | str, dims: dict | None = None, **kw) -> float:
+    """Predicted latency without fusion divided by latency with `plan`."""
+    device = get_device(device)
+    graph = _as_graph(graph)
+    a = _Analysis(graph, dims, kw.pop("precision", None) or device.precision)
+    base = plan_cost(graph, None, device, _analysis=a, **kw)
+    return base.latency_s / plan_cost(graph, plan, device, _analysis=a, **kw).latency_s
+
+
+@dataclass
+class CostTable:
+    """Plans x devices: predicted latency, speedup over the first plan, traffic and peak memory."""
+
+    rows: list[dict]
+
+    def table(self) -> str:
+        header = ["plan", "device", "kernels", "latency", "speedup", "MiB moved", "peak MiB"]
+        cells = [[r["plan"], r["device"], str(r["kernels"]), _fmt_time(r["latency_s"]), f"{r['speedup']:.2f}x",
+                  f"{r['MiB_moved']:.2f}", f"{r['peak_MiB']:.2f}"] for r in self.rows]
+        widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(header)]
+        line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
+        return "\n".join([line(header), line(["-" * w for w in widths])] + [line(c) for c in cells])
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def _repr_html_(self) -> str:
+        return "<pre>" + html.escape(self.table()) + "</pre>"
+
+
+def compare(graph, plans: dict[str, FusionPlan | None], devices: list | None = None, dims: dict | None = None,
+            **kw) -> CostTable:
+    """Cost every plan on every device; speedup is against the first plan on the same device."""
+    graph = _as_graph(graph)
+    devices = [get_device(d) for d in (devices if devices is not None else list(load_devices().values()))]
+    rows = []
+    for dev in devices:
+        a = _Analysis(graph, dims, kw.get("precision") or dev.precision)
+        base = None
+        for name, plan in plans.items():
+            c = plan_cost(graph, plan, dev, _analysis=a, buffer_kb=kw.get("buffer_kb"))
+            base = base if base is not None else c.latency_s
+            rows.append({"plan": name, "device": dev.name, "kernels": c.kernels, "latency_s": c.latency_s,
+                         "speedup": base / c.latency_s, "MiB_moved": round(c.bytes_moved / 2**20, 3),
+                         "peak_MiB": round(c.peak_memory_bytes / 2**20, 3)})
+    return CostTable(rows)

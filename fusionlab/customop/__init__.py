@@ -1,0 +1,16 @@
+"""Custom fused operators: declare (REG_OP style), derive from a fusion group, run in onnxruntime, emit CANN files.
+
+- `declare`: `reg_op(...)` builder, the three validation rules, shape/type inference.
+- `from_group`: a fusion-plan group -> declaration + the model rewritten to use the op.
+- `kernels`: the numpy kernel and its onnxruntime-extensions registration.
+- `cann`: op_proto, msopgen JSON, Ascend C project, ONNX plugin, atc command, fusion_switch.cfg.
+"""
+
+from .declare import DeclarationError, OpDecl, reg_op, validate, problems, name_for
+from .from_group import CustomOp, CustomOpResult, UnsupportedGroup, declare_group, replace_groups
+from .kernels import compute, library_path, register
+from .cann import package_files, write_package
+
+__all__ = ["DeclarationError", "OpDecl", "reg_op", "validate", "problems", "name_for", "CustomOp", "CustomOpResult",
+           "UnsupportedGroup", "declare_group", "replace_groups", "compute", "library_path", "register",
+           "package_files", "write_package"]

@@ -1,0 +1,160 @@
+"""Device presets for the cost model: four Ascend products from published specs, plus this machine, measured.
+
+The Ascend figures live in `data/devices.json` with a source note each; figures that are derived,
+disputed or assumed are listed in the preset's `uncertain` field (see the reference notes,
+cann_facts.md sections 3.3 and 4). "this machine" is not a preset: `this_machine()` builds it from
+`fusionlab.calibrate` (single-thread matmul GFLOP/s, streaming bandwidth, onnxruntime per-kernel cost).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+__all__ = ["Device", "DEVICES_JSON", "THIS_MACHINE", "load_devices", "get", "names", "this_machine", "devices_table"]
+
+DEVICES_JSON = Path(__file__).resolve().parent.parent / "data" / "devices.json"
+THIS_MACHINE = "this machine"
+
+_FIELDS = ("name", "chip", "peak_fp16_tflops", "peak_int8_tops", "peak_fp32_tflops", "mem_bandwidth_gbs", "ub_kb",
+           "l1_kb", "ai_cores", "power_w", "launch_overhead_us", "source", "uncertain")
+_OPTIONAL = ("precision",)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One target for the roofline model; `uncertain` names the fields that are derived or assumed."""
+
+    name: str
+    chip: str
+    peak_fp16_tflops: float
+    peak_int8_tops: float | None
+    peak_fp32_tflops: float | None
+    mem_bandwidth_gbs: float
+    ub_kb: float
+    l1_kb: float
+    ai_cores: int
+    power_w: float | None
+    launch_overhead_us: float
+    source: str
+    uncertain: list[str] = field(default_factory=list)
+    #: precision the device runs a float model in: "fp16" (ATC converts fp32 models for inference) or "fp32"
+    precision: str = "fp16"
+
+    def peak_flops(self, dtype: str = "float32") -> float:
+        """Peak FLOP/s for a tensor dtype (fp32 without a published fp32 peak runs at the fp16 cube rate)."""
+        if dtype in ("int8", "uint8") and self.peak_int8_tops:
+            return self.peak_int8_tops * 1e12
+        if dtype in ("float32", "float64") and self.peak_fp32_tflops:
+            return self.peak_fp32_tflops * 1e12
+        return self.peak_fp16_tflops * 1e12
+
+    @property
+    def bandwidth(self) -> float:
+        """Memory bandwidth in bytes/s."""
+        return self.mem_bandwidth_gbs * 1e9
+
+    @property
+    def buffer_bytes(self) -> int:
+        """On-chip capacity a fused kernel can keep intermediates in: (UB + L1) x cores."""
+        return int((self.ub_kb + self.l1_kb) * 1024 * self.ai_cores)
+
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        """Arithmetic intensity where the roofline turns from memory- to compute-bound (fp16 peak)."""
+        return self.peak_fp16_tflops * 1e12 / self.bandwidth
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check(entry: dict, where: str) -> Device:
+    missing = [f for f in _FIELDS if f not in entry]
+    if missing:
+        raise ValueError(f"{where}: device {entry.get('name', '?')!r} lacks fields {missing}")
+    unknown = [f for f in entry if f not in _FIELDS + _OPTIONAL]
+    if unknown:
+        raise ValueError(f"{where}: device {entry['name']!r} has unknown fields {unknown}")
+    for f in ("peak_fp16_tflops", "mem_bandwidth_gbs", "ub_kb", "l1_kb", "ai_cores", "launch_overhead_us"):
+        if not isinstance(entry[f], (int, float)) or entry[f] <= 0:
+            raise ValueError(f"{where}: device {entry['name']!r}: {f} must be a positive number")
+    bad = [u for u in entry["uncertain"] if u not in _FIELDS]
+    if bad:
+        raise ValueError(f"{where}: device {entry['name']!r}: 'uncertain' names unknown fields {bad}")
+    return Device(**{**entry, "uncertain": list(entry["uncertain"])})
+
+
+def load_devices(path: str | Path | None = None) -> dict[str, Device]:
+    """{name: Device} for the presets in `data/devices.json` (or `path`), validated."""
+    path = Path(path) if path is not None else DEVICES_JSON
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path.name}: cannot read device presets ({exc})") from None
+    out: dict[str, Device] = {}
+    for entry in data.get("devices", []):
+        dev = _check(entry, path.name)
+        out[dev.name] = dev
+    return out
+
+
+def names() -> list[str]:
+    """Preset names plus 'this machine'."""
+    return list(load_devices()) + [THIS_MACHINE]
+
+
+def this_machine(calibrate: bool = False) -> Device:
+    """This CPU as a Device, single-threaded; calibrate=True re-measures, False reuses (or quickly takes) one."""
+    from . import calibrate as cal
+    from .timing import machine_info
+
+    c = cal.calibrate(quick=False, refresh=True) if calibrate else cal.calibrate(quick=True)
+    gflops = c.matmul_gflops
+    return Device(
+        name=THIS_MACHINE, chip=machine_info().get("cpu", "cpu"), peak_fp16_tflops=gflops / 1e3, peak_int8_tops=None,
+        peak_fp32_tflops=gflops / 1e3, mem_bandwidth_gbs=c.stream_gbs, ub_kb=c.l2_kb, l1_kb=c.l1d_kb, ai_cores=1,
+        power_w=None, launch_overhead_us=c.launch_overhead_us,
+        source=("measured by fusionlab.calibrate, one thread: numpy fp32 matmul, streaming copy/add bandwidth, "
+                "onnxruntime per-kernel cost; buffer = L2 + L1d of one core"),
+        uncertain=[], precision="fp32",
+    )
+
+
+def get(name: str | Device) -> Device:
+    """The device called `name` (case-insensitive; 'this machine' is measured); a helpful error otherwise."""
+    if isinstance(name, Device):
+        return name
+    key = str(name).strip().lower()
+    if key in (THIS_MACHINE, "this_machine", "this-machine", "cpu", "host"):
+        return this_machine()
+    presets = load_devices()
+    for dev_name, dev in presets.items():
+        if dev_name.lower() == key or dev.chip.lower() == key:
+            return dev
+    partial = [d for n, d in presets.items() if key and key in n.lower()]
+    if len(partial) == 1:
+        return partial[0]
+    raise ValueError(f"unknown device {name!r}; choose from: {', '.join(names())}")
+
+
+def devices_table(devices: list[Device] | None = None) -> str:
+    """A plain-text table of device figures; uncertain figures carry a '?'."""
+    devices = devices if devices is not None else list(load_devices().values())
+    cols = [("device", "name", "{}"), ("chip", "chip", "{}"), ("FP16 TFLOPS", "peak_fp16_tflops", "{:g}"),
+            ("FP32 TFLOPS", "peak_fp32_tflops", "{:g}"), ("GB/s", "mem_bandwidth_gbs", "{:g}"),
+            ("UB KiB", "ub_kb", "{:g}"), ("L1 KiB", "l1_kb", "{:g}"), ("cores", "ai_cores", "{}"),
+            ("W", "power_w", "{:g}"), ("launch us", "launch_overhead_us", "{:g}")]
+    rows = []
+    for d in devices:
+        row = []
+        for _, f, fmt in cols:
+            v = getattr(d, f)
+            text = "-" if v is None else fmt.format(round(v, 3) if isinstance(v, float) else v)
+            row.append(text + ("?" if f in d.uncertain else ""))
+        rows.append(row)
+    header = [c[0] for c in cols]
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(cols))]
+    line = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+                     + ["? = derived, disputed or assumed (see each preset's source note)"])

@@ -1,0 +1,251 @@
+"""When folding BatchNormalization into the op before it is *illegal*: checks a pass calls before rewriting.
+
+Folding replaces `BN(Conv(x, W, b))` by `Conv(x, W', b')`. That is only the same computation when
+
+- BN runs in inference mode (running statistics): not `training_mode=1`, and no optional outputs
+  (running mean/var, saved mean/var), which in BN-9 and earlier *mean* training mode;
+- nobody else sees the conv's output (it has the BN as its only consumer and is not a graph output):
+  after folding that tensor no longer exists;
+- W, b and the four BN parameters are constants, and not initializers that are also graph inputs
+  (those can be replaced at run time, so folding them would bake in the wrong values);
+- the BN parameters are per-channel vectors (rank 1) whose length is the conv's output channels.
+
+A conv weight shared with other nodes can still be folded, but into a *copy*: the verdict says so
+(`shared_weight`) and the pass clones the initializer instead of rewriting it in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from .graph import Graph
+
+__all__ = ["Verdict", "conv_bn_legal", "matmul_bn_legal", "single_consumer", "constant_inputs", "bn_inference_mode"]
+
+_DEFAULT = ("", "ai.onnx")
+
+
+@dataclass
+class Verdict:
+    """Whether a rewrite is legal; `code` is a stable keyword, `reason` a sentence for reports."""
+
+    ok: bool
+    reason: str
+    code: str = "ok"
+    shared_weight: bool = False  # legal, but the weight/bias is used elsewhere: fold into a copy
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def _no(code: str, reason: str) -> Verdict:
+    return Verdict(False, reason, code)
+
+
+def _present(value: ir.Value | None) -> bool:
+    return value is not None and value.name != ""
+
+
+def single_consumer(graph: Graph, value: ir.Value) -> bool:
+    """True when exactly one node reads `value` and it is not a graph output."""
+    return len(graph.consumers(value)) == 1 and not graph.is_graph_output(value)
+
+
+def constant_inputs(graph: Graph, node: ir.Node, *idx: int) -> list[np.ndarray | None] | None:
+    """The constant arrays at `node`'s inputs `idx`; an absent optional input gives None in the list.
+
+    Returns None (not a list) when any requested input is present but not a constant (computed,
+    a graph input, or an overridable initializer).
+    """
+    out: list[np.ndarray | None] = []
+    for i in idx:
+        value = node.inputs[i] if i < len(node.inputs) else None
+        if not _present(value):
+            out.append(None)
+            continue
+        array = graph.constant(value)
+        if array is None:
+            return None
+        out.append(array)
+    return out
+
+
+def _source(value: ir.Value) -> ir.Value:
+    """Follow Identity nodes back to the value that actually holds the data."""
+    seen = 0
+    while seen < 64:
+        seen += 1
+        node = value.producer()
+        if node is None or node.op_type != "Identity" or node.domain not in _DEFAULT or not node.inputs:
+            return value
+        value = node.inputs[0]
+    return value
+
+
+def _shared(graph: Graph, value: ir.Value, owner: ir.Node) -> bool:
+    """Is the data behind `value` read by any node other than `owner` (or is it a graph output)?"""
+    src = _source(value)
+    stack, readers = [src], set()
+    while stack:
+        v = stack.pop()
+        if graph.is_graph_output(v):
+            return True
+        for node in graph.consumers(v):
+            if node.op_type == "Identity" and node.domain in _DEFAULT:
+                stack.extend(node.outputs)
+            else:
+                readers.add(id(node))
+    return readers != {id(owner)}
+
+
+def _non_constant_reason(graph: Graph, value: ir.Value, what: str) -> Verdict:
+    src = _source(value)
+    # Graph.is_overridable is true for any graph input; only an initializer that is one is "overridable"
+    if graph.is_overridable(src) and src.name in graph.graph.initializers:
+        return _no("overridable", f"{what} {src.name!r} is an initializer that is also a graph input "
+                                  "(it can be overridden at run time)")
+    return _no("non_constant", f"{what} {value.name!r} is not a constant")
+
+
+def bn_inference_mode(graph: Graph, bn: ir.Node) -> Verdict:
+    """BN computes with its running statistics: no training_mode=1 and no optional outputs."""
+    attr = bn.attributes.get("training_mode")
+    if attr is not None and int(attr.value) != 0:
+        return _no("training_mode", f"{bn.name or 'BatchNormalization'} has training_mode=1 (batch statistics)")
+    extra = [v for v in bn.outputs[1:] if _present(v)]
+    if extra:
+        used = [v.name for v in extra if graph.consumers(v) or graph.is_graph_output(v)]
+        if used:
+            return _no("bn_outputs_used", f"BN optional outputs {used} are used (training statistics)")
+        return _no("bn_outputs", f"BN declares optional outputs {[v.name for v in extra]} "
+                                 "(training mode in BatchNormalization-9 and earlier)")
+    spatial = bn.attributes.get("spatial")
+    if spatial is not None and int(spatial.value) == 0:
+        return _no("not_per_channel", "BN has spatial=0: statistics per activation, not per channel")
+    return Verdict(True, "BN in inference mode")
+
+
+def _bn_params(graph: Graph, bn: ir.Node, channels: int) -> Verdict | list[np.ndarray]:
+    if len(bn.inputs) < 5 or not all(_present(v) for v in bn.inputs[1:5]):
+        return _no("bn_inputs", "BN lacks scale/bias/mean/var inputs")
+    params = constant_inputs(graph, bn, 1, 2, 3, 4)
+    if params is None:
+        for v, what in zip(bn.inputs[1:5], ("BN scale", "BN bias", "BN mean", "BN var")):
+            if graph.constant(v) is None:
+                return _non_constant_reason(graph, v, what)
+    for p, what in zip(params, ("scale", "bias", "mean", "var")):
+        if p.ndim != 1:
+            return _no("not_per_channel", f"BN {what} has shape {tuple(p.shape)}, not a per-channel vector")
+        if p.shape[0] != channels:
+            return _no("channel_mismatch", f"BN {what} has {p.shape[0]} channels, the producer has {channels}")
+        if p.dtype.kind != "f":
+            return _no("dtype", f"BN {what} has dtype {p.dtype}, not floating point")
+    return params
+
+
+def _common(graph: Graph, producer: ir.Node, bn: ir.Node, kinds: tuple[str, ...]) -> Verdict | None:
+    if producer.op_type not in kinds or producer.domain not in _DEFAULT:
+        return _no("not_a_pair", f"{producer.op_type} is not one of {', '.join(kinds)}")
+    if bn.op_type != "BatchNormalization" or bn.domain not in _DEFAULT:
+        return _no("not_a_pair", f"{bn.op_type} is not BatchNormalization")
+    y = producer.outputs[0]
+    if not bn.inputs or bn.inputs[0] is not y:
+        return _no("not_a_pair", f"BN does not read {producer.op_type}'s output")
+    if graph.is_graph_output(y):
+        return _no("graph_output", f"{producer.op_type} output {y.name!r} is a graph output")
+    if len(graph.consumers(y)) != 1:
+        return _no("multi_consumer", f"{producer.op_type} output {y.name!r} has "
+                                     f"{len(graph.consumers(y))} consumers; folding would change the others")
+    mode = bn_inference_mode(graph, bn)
+    return None if mode.ok else mode
+
+
+def _weights(graph: Graph, node: ir.Node, what: str) -> Verdict | tuple[np.ndarray, np.ndarray | None, bool]:
+    w_val = node.inputs[1] if len(node.inputs) > 1 else None
+    if not _present(w_val):
+        return _no("non_constant", f"{what} has no weight input")
+    w = graph.constant(w_val)
+    if w is None:
+        return _non_constant_reason(graph, w_val, f"{what} weight")
+    b_val = node.inputs[2] if len(node.inputs) > 2 and _present(node.inputs[2]) else None
+    b = None
+    if b_val is not None:
+        b = graph.constant(b_val)
+        if b is None:
+            return _non_constant_reason(graph, b_val, f"{what} bias")
+    if w.dtype.kind != "f":
+        return _no("dtype", f"{what} weight has dtype {w.dtype}, not floating point")
+    shared = _shared(graph, w_val, node) or (b_val is not None and _shared(graph, b_val, node))
+    return w, b, shared
+
+
+def conv_bn_legal(graph: Graph, conv_node: ir.Node, bn_node: ir.Node) -> Verdict:
+    """May `bn_node` be folded into the Conv/ConvTranspose `conv_node` before it?"""
+    bad = _common(graph, conv_node, bn_node, ("Conv", "ConvTranspose"))
+    if bad is not None:
+        return bad
+    got = _weights(graph, conv_node, conv_node.op_type)
+    if isinstance(got, Verdict):
+        return got
+    w, b, shared = got
+    if w.ndim < 3:
+        return _no("unknown_rank", f"{conv_node.op_type} weight has rank {w.ndim}; expected 3 to 5")
+    attr = conv_node.attributes.get("group")
+    group = int(attr.value) if attr is not None else 1
+    channels = w.shape[0] if conv_node.op_type == "Conv" else w.shape[1] * group
+    if conv_node.op_type == "ConvTranspose" and w.shape[0] % group:
+        return _no("channel_mismatch", f"ConvTranspose weight {tuple(w.shape)} does not split into {group} groups")
+    if b is not None and (b.ndim != 1 or b.shape[0] != channels):
+        return _no("channel_mismatch", f"{conv_node.op_type} bias has shape {tuple(b.shape)}, expected ({channels},)")
+    params = _bn_params(graph, bn_node, channels)
+    if isinstance(params, Verdict):
+        return params
+    if shared:
+        return Verdict(True, "legal; the weight is shared with other nodes, so fold into a copy", "ok", True)
+    return Verdict(True, "legal")
+
+
+def _rank(graph: Graph, value: ir.Value, shapes: dict | None) -> int | None:
+    if value.shape is not None:
+        return len(value.shape)
+    if shapes is not None and value.name in shapes:
+        return len(shapes[value.name])
+    return None
+
+
+def matmul_bn_legal(graph: Graph, mm_node: ir.Node, bn_node: ir.Node, shapes: dict | None = None) -> Verdict:
+    """May `bn_node` be folded into the MatMul/Gemm `mm_node`? BN's channel axis is 1, so the output must be 2-D.
+
+    (For Gemm the pass folds `beta·C` as the bias and writes beta=1; alpha stays on A·B.)
+    """
+    bad = _common(graph, mm_node, bn_node, ("MatMul", "Gemm"))
+    if bad is not None:
+        return bad
+    got = _weights(graph, mm_node, mm_node.op_type)
+    if isinstance(got, Verdict):
+        return got
+    w, b, shared = got
+    if w.ndim != 2:
+        return _no("unknown_rank", f"{mm_node.op_type} weight has rank {w.ndim}; only 2-D weights fold")
+    if mm_node.op_type == "MatMul":
+        rank = _rank(graph, mm_node.inputs[0], shapes)
+        if rank is None:
+            return _no("unknown_rank", "MatMul input rank unknown: cannot tell which axis BN normalises")
+        if rank != 2:
+            return _no("channel_axis", f"MatMul output has rank {rank}: BN normalises axis 1, not the last axis")
+        channels = w.shape[1]
+    else:
+        attr = mm_node.attributes.get("transB")
+        trans_b = int(attr.value) if attr is not None else 0
+        channels = w.shape[0] if trans_b else w.shape[1]
+        if b is not None and b.size not in (1, channels):
+            return _no("channel_mismatch", f"Gemm C has shape {tuple(b.shape)}, not broadcast per output column")
+    params = _bn_params(graph, bn_node, channels)
+    if isinstance(params, Verdict):
+        return params
+    if shared:
+        return Verdict(True, "legal; the weight is shared with other nodes, so fold into a copy", "ok", True)
+    return Verdict(True, "legal")

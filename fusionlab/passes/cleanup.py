@@ -1,0 +1,155 @@
+"""Clean-up before fusion: unique node names, Identity and inference-Dropout removal, dead code.
+
+Exported models often route weights through `Identity` nodes or keep `Dropout` nodes that do nothing at
+inference time; a fusion pass that looks for `Conv -> BatchNormalization` must see through them. This
+module removes them without changing what the model computes:
+
+- `Identity(x) -> y`: uses of `y` read `x` instead. When `y` is a graph output the node stays unless
+  `x` is an ordinary intermediate value, which is then renamed `y` (graph-output names never change).
+- `Dropout` is removed only when it is provably the identity: no `training_mode` input, or a constant
+  false one, and its mask output unused.
+- nodes none of whose outputs are used, and initializers nothing reads, are deleted.
+
+As a pass (`fuse(model, passes=("cleanup",))`) it plans no fusion groups; its plan carries notes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx_ir as ir
+
+from ..graph import Graph
+from ..plan import FusionPlan
+
+__all__ = ["clean", "needed", "ensure_node_names", "remove_dead", "plan", "apply"]
+
+_DEFAULT = ("", "ai.onnx")
+
+
+def ensure_node_names(graph: Graph) -> int:
+    """Give every unnamed or duplicate-named node a unique name (deterministic); returns how many."""
+    nodes = list(graph.graph)
+    taken = Counter(n.name for n in nodes if n.name)
+    used = set(taken)
+    renamed = 0
+    seen: set[str] = set()
+    for i, node in enumerate(nodes):
+        if node.name and taken[node.name] == 1:
+            continue
+        if node.name and node.name not in seen:
+            seen.add(node.name)  # the first holder of a duplicate name keeps it
+            continue
+        base = f"{node.op_type}_{i}"
+        name, k = base, 0
+        while name in used:
+            k += 1
+            name = f"{base}_{k}"
+        node.name = name
+        used.add(name)
+        renamed += 1
+    return renamed
+
+
+def _is_noop_dropout(graph: Graph, node: ir.Node) -> bool:
+    if node.op_type != "Dropout" or node.domain not in _DEFAULT or not node.inputs or node.inputs[0] is None:
+        return False
+    if len(node.outputs) > 1 and (node.outputs[1].uses() or node.outputs[1].is_graph_output()):
+        return False
+    is_test = node.attributes.get("is_test")
+    if graph.opset < 7 and (is_test is None or is_test.value == 0):
+        return False
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        mode = graph.constant(node.inputs[2])
+        if mode is None or (mode.size and bool(mode.reshape(-1)[0])):
+            return False
+    return True
+
+
+def _bypass(graph: Graph, node: ir.Node) -> bool:
+    """Remove a node that forwards its first input unchanged; False if a graph-output name forbids it."""
+    g = graph.graph
+    x, y = node.inputs[0], node.outputs[0]
+    if x is None:
+        return False
+    if any(extra.uses() or extra.is_graph_output() for extra in node.outputs[1:]):
+        return False
+    if y.is_graph_output():
+        # Only an intermediate value produced in this graph may take over the output's name.
+        if x.is_graph_input() or x.is_initializer() or x.is_graph_output() or x.producer() is None:
+            return False
+        if x.producer().graph is not g:
+            return False
+        name = y.name
+        y.name = f"{name}__bypassed"
+        y.replace_all_uses_with(x, replace_graph_outputs=True)
+        x.name = name
+    else:
+        y.replace_all_uses_with(x)
+    g.remove(node, safe=True)
+    return True
+
+
+def remove_dead(graph: Graph) -> tuple[int, int]:
+    """Delete nodes whose outputs nobody reads, then unread initializers; returns (nodes, initializers)."""
+    g = graph.graph
+    dead_nodes = 0
+    for node in reversed(list(g)):
+        if any(v.uses() or v.is_graph_output() for v in node.outputs):
+            continue
+        g.remove(node, safe=True)
+        dead_nodes += 1
+    dead_inits = 0
+    for name, value in list(g.initializers.items()):
+        if not value.uses() and not value.is_graph_output() and not value.is_graph_input():
+            del g.initializers[name]
+            dead_inits += 1
+    return dead_nodes, dead_inits
+
+
+def _counts(graph: Graph) -> dict[str, int]:
+    identity = sum(1 for n in graph.graph if n.op_type == "Identity" and n.domain in _DEFAULT)
+    dropout = sum(1 for n in graph.graph if _is_noop_dropout(graph, n))
+    return {"Identity": identity, "Dropout": dropout}
+
+
+def needed(graph: Graph) -> bool:
+    """True if `clean` would change the graph (Identity/Dropout present, unnamed or duplicate node names, dead code)."""
+    names = [n.name for n in graph.graph]
+    if any(not n for n in names) or len(set(names)) != len(names):
+        return True
+    if any(_counts(graph).values()):
+        return True
+    for node in graph.graph:
+        if not any(v.uses() or v.is_graph_output() for v in node.outputs):
+            return True
+    return any(not v.uses() and not v.is_graph_output() and not v.is_graph_input()
+               for v in graph.graph.initializers.values())
+
+
+def clean(graph: Graph) -> dict[str, int]:
+    """Clean `graph` in place; returns what was removed or renamed, by kind (sorted)."""
+    report = {"renamed nodes": ensure_node_names(graph), "Identity": 0, "Dropout": 0}
+    for node in list(graph.graph):
+        if node.graph is not graph.graph:
+            continue
+        if node.op_type == "Identity" and node.domain in _DEFAULT and len(node.inputs) == 1:
+            report["Identity"] += int(_bypass(graph, node))
+        elif _is_noop_dropout(graph, node):
+            report["Dropout"] += int(_bypass(graph, node))
+    report["dead nodes"], report["dead initializers"] = remove_dead(graph)
+    return dict(sorted(report.items()))
+
+
+def plan(graph: Graph, **_options) -> FusionPlan:
+    """No fusion groups; notes say what clean-up would remove."""
+    counts = _counts(graph)
+    notes = [f"cleanup: {n} {kind} node(s) to remove" for kind, n in sorted(counts.items()) if n]
+    return FusionPlan(model=graph.name, notes=notes)
+
+
+def apply(graph: Graph, plan: FusionPlan, **_options) -> None:
+    """Clean the graph in place and record what was done in the plan's notes."""
+    done = clean(graph)
+    plan.notes.append("cleanup: " + ", ".join(f"{k} {v}" for k, v in done.items() if v) if any(done.values())
+                      else "cleanup: nothing to do")

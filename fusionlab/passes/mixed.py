@@ -1,0 +1,632 @@
+"""Mixed fusion: TVM's FuseOps grouping on an ONNX graph, with the thresholds real backends add.
+
+The algorithm (after `tvm/src/relay/analysis/graph_partitioner.cc`):
+
+1. **Indexed forward graph.** Nodes in topological order; each edge producer -> consumer carries the
+   consumer's pattern kind (`fusionlab.opclass`), a broadcast edge whose input already has the output's
+   shape counting as elementwise. A node whose result is a graph output is an *external reference*: it
+   must be written out, so nothing fuses *past* it.
+2. **Post-dominator tree.** The immediate post-dominator of a node is the closest node that every path
+   from it to the end goes through. Built in one reverse-topological sweep: a node's parent is the least
+   common ancestor (in the tree built so far) of all its consumers; the sweep also combines the pattern
+   kinds met on the way (`edge pattern` of the dominator relation).
+3. **Union-find grouping in phases.** Each node tries to fuse into the group of its immediate
+   post-dominator. All nodes on all paths between them must satisfy a condition (`CheckPath`), then
+   all of them join one group (`CommitFuse`):
+   * phase 0: an out-elementwise-fusable op (Conv, MatMul) fuses into its post-dominator when the
+     dominator relation is elementwise and every op on the way is at most broadcast (Conv+Add+Relu);
+   * phases 0 and 1: an elementwise/broadcast op fuses into an injective/reduction post-dominator when
+     the ops on the way are at most injective (the sink may also be an out-fusable group);
+   * phase 1: injective ops fuse when every path is injective (deferred so Conv groups finish first).
+   TVM's phase 2 fuses injective ops into *tuples*; ONNX has multi-output nodes instead of tuples, so
+   it has nothing to do here. Reductions only end groups; opaque ops never fuse.
+4. **Thresholds** (what a real backend adds to the pure algorithm):
+   * `max_group_ops`: a group may hold at most this many ops (the seed's rule for Atlas 800I A2: split
+     custom ops of more than 5 basic ops). TVM's equivalent is `relay.FuseOps.max_depth` (256).
+   * `buffer_kb`: the group's working set must fit the on-chip Unified Buffer (see `working_set`).
+   * `allow_recompute`: a cheap (elementwise/broadcast) op with several consumers whose paths cannot
+     fuse may be *recomputed* — copied into each consumer's group — instead of written out once.
+
+Every group records why it stopped growing (`FusionGroup.reason`); `trace()` returns every decision.
+
+**Working-set model (on-chip buffer).** The fused kernel streams its data through the Unified Buffer
+(UB) in tiles. Each tensor it touches takes a tile of `min(tensor bytes, tile_kb)`:
+group inputs and outputs are double-buffered (2 tiles: copy-in/copy-out overlaps compute, as Ascend
+C's `TQue<..., BUFFER_NUM=2>`); intermediates live only in UB, one tile each, from the op that makes
+them to their last reader in the group's execution order. Inputs of Conv/MatMul/Gemm/pooling go to the
+cube unit through L1/L0, not UB, so they are not counted; their outputs are. The working set is
+
+    working set = Σ input tiles × 2 + Σ output tiles × 2 + max over the schedule of Σ live intermediate tiles
+
+and must be ≤ `buffer_kb`. Ascend 910B's AI core has a 192 KB UB (`cann_facts.md` §3.3); 310P3 has
+256 KB. This is a teaching model: real tiling also splits by alignment (32 B blocks) and bank rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+
+from ..graph import Graph
+from ..opclass import OpKind, classify, combine
+from ..plan import MIXED, FusionGroup, FusionPlan
+from ..shapes import infer_shapes
+
+__all__ = ["plan", "apply", "trace", "Step", "PostDomTree", "post_dominator_tree", "working_set",
+           "node_names", "DEFAULT_MAX_GROUP_OPS", "DEFAULT_TILE_KB"]
+
+#: the seed's rule for Atlas 800I A2: split a fused op of more than 5 basic ops
+DEFAULT_MAX_GROUP_OPS = 5
+#: tile of one tensor in the working-set model
+DEFAULT_TILE_KB = 16.0
+
+_E, _B, _I, _R, _O, _X = (OpKind.ELEMWISE, OpKind.BROADCAST, OpKind.INJECTIVE, OpKind.REDUCTION,
+                          OpKind.OUT_EWISE_FUSABLE, OpKind.OPAQUE)
+_UNSET = object()
+
+
+# --------------------------------------------------------------------------------------------------
+# the indexed forward graph
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class _GNode:
+    index: int
+    name: str
+    node: ir.Node
+    kind: OpKind
+    outputs: list[tuple[int, OpKind]] = field(default_factory=list)  # (consumer index, edge pattern)
+    extern_ref: bool = False
+    recompute_of: str = ""
+
+
+def node_names(graph: Graph) -> dict[int, str]:
+    """{id(node): name}: the node's own name, or `<op>_<position>` when it is empty or repeated."""
+    seen: dict[str, int] = {}
+    for n in graph:
+        if n.name:
+            seen[n.name] = seen.get(n.name, 0) + 1
+    names = {}
+    for i, n in enumerate(graph):
+        names[id(n)] = n.name if n.name and seen[n.name] == 1 else f"{n.op_type}_{i}"
+    return names
+
+
+def _shape(v: ir.Value, shapes: dict) -> tuple | None:
+    if v.name in shapes:
+        return shapes[v.name]
+    if v.shape is not None and all(isinstance(d, int) for d in v.shape):
+        return tuple(v.shape)
+    return None
+
+
+def _edge_pattern(consumer: ir.Node, kind: OpKind, value: ir.Value, shapes: dict) -> OpKind:
+    """TVM: a broadcast edge whose argument already has the result's shape is elementwise."""
+    if kind == _B and consumer.outputs:
+        a, r = _shape(value, shapes), _shape(consumer.outputs[0], shapes)
+        if a is not None and a == r:
+            return _E
+    return kind
+
+
+def _build(graph: Graph, shapes: dict, recompute: set[str] = frozenset()) -> list[_GNode]:
+    order = graph.topological_order()
+    names = node_names(graph)
+    kinds = {id(n): classify(n, shapes) for n in order}
+    # recomputed nodes become one copy per consumer node
+    gnodes: list[_GNode] = []
+    slots: dict[int, list[int]] = {}  # id(node) -> gnode indices (several for a recomputed node)
+    consumer_copy: dict[tuple[int, int], int] = {}  # (id(producer), id(consumer)) -> copy index
+    for n in order:
+        name = names[id(n)]
+        if name in recompute:
+            consumers = []
+            for out in n.outputs:
+                for c in Graph.consumers(out):
+                    if c not in consumers:
+                        consumers.append(c)
+            slots[id(n)] = []
+            for j, c in enumerate(consumers):
+                g = _GNode(len(gnodes), f"{name}#rc{j}", n, kinds[id(n)], recompute_of=name)
+                consumer_copy[(id(n), id(c))] = g.index
+                slots[id(n)].append(g.index)
+                gnodes.append(g)
+        else:
+            g = _GNode(len(gnodes), name, n, kinds[id(n)])
+            slots[id(n)] = [g.index]
+            gnodes.append(g)
+    index_of = {}
+    for g in gnodes:
+        index_of.setdefault(id(g.node), []).append(g.index)
+    for g in gnodes:
+        n = g.node
+        if any(out.is_graph_output() for out in n.outputs):
+            g.extern_ref = True
+        for out in n.outputs:
+            for use in out.uses():
+                c = use.node
+                if id(c) not in slots or c.graph is not n.graph:
+                    g.extern_ref = True  # used inside a subgraph: keep it materialised
+                    continue
+                if g.recompute_of and consumer_copy.get((id(n), id(c))) != g.index:
+                    continue
+                for ci in slots[id(c)]:
+                    edge = _edge_pattern(c, kinds[id(c)], out, shapes)
+                    g.outputs.append((ci, edge))
+    return gnodes
+
+
+# --------------------------------------------------------------------------------------------------
+# post-dominator tree
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class PostDomTree:
+    """Immediate post-dominator (`parent`), tree depth and dominator-relation pattern per node index."""
+
+    parent: list[int | None]
+    depth: list[int]
+    pattern: list[OpKind]
+
+    @classmethod
+    def build(cls, gnodes: list[_GNode]) -> "PostDomTree":
+        n = len(gnodes)
+        parent: list[int | None] = [None] * n
+        depth = [0] * n
+        pattern = [_E] * n
+        for i in range(n - 1, -1, -1):  # reverse topological order: consumers first
+            g = gnodes[i]
+            if g.extern_ref:
+                parent[i], depth[i], pattern[i] = None, 1, _X
+                continue
+            p, pat = cls._lca_all(g.outputs, parent, depth, pattern)
+            parent[i] = p
+            depth[i] = depth[p] + 1 if p is not None else 1
+            pattern[i] = pat
+        return cls(parent, depth, pattern)
+
+    @staticmethod
+    def _lca_all(edges, parent, depth, pattern):
+        pat = _E
+        if not edges:
+            return None, pat
+        lca = edges[0][0]
+        pat = combine(pat, edges[0][1])
+        for idx, edge_pat in edges[1:]:
+            lhs, rhs = lca, idx
+            while lhs != rhs:
+                if lhs is None or rhs is None:
+                    lca = None
+                    break
+                if depth[lhs] < depth[rhs]:
+                    pat = combine(pat, pattern[rhs])
+                    rhs = parent[rhs]
+                elif depth[rhs] < depth[lhs]:
+                    pat = combine(pat, pattern[lhs])
+                    lhs = parent[lhs]
+                else:
+                    pat = combine(combine(pat, pattern[lhs]), pattern[rhs])
+                    lhs, rhs = parent[lhs], parent[rhs]
+            else:
+                lca = lhs
+            pat = combine(pat, edge_pat)
+            if lca is None:
+                return None, pat
+        return lca, pat
+
+
+def post_dominator_tree(graph: Graph, shapes: dict | None = None) -> dict[str, str | None]:
+    """{node name: name of its immediate post-dominator, or None} for every node, in topological order."""
+    if shapes is None:
+        shapes = {}
+    gnodes = _build(graph, shapes)
+    tree = PostDomTree.build(gnodes)
+    return {g.name: (gnodes[p].name if p is not None else None) for g, p in zip(gnodes, tree.parent)}
+
+
+# --------------------------------------------------------------------------------------------------
+# working set (on-chip buffer model)
+# --------------------------------------------------------------------------------------------------
+
+_BOOL_OPS = {"Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf"}
+
+
+def _dtype(v: ir.Value) -> ir.DataType | None:
+    """The value's dtype, or one propagated from its producer when the model stores none."""
+    seen = 0
+    while v is not None and seen < 64:
+        seen += 1
+        if v.dtype is not None:
+            return v.dtype
+        node = v.producer()
+        if node is None:
+            return None
+        if node.op_type == "Cast" and "to" in node.attributes:
+            return ir.DataType(node.attributes["to"].value)
+        if node.op_type in ("Shape", "Size", "NonZero", "ArgMax", "ArgMin"):
+            return ir.DataType.INT64
+        if node.op_type in _BOOL_OPS:
+            return ir.DataType.BOOL
+        if node.op_type == "Constant" and "value" in node.attributes:
+            return node.attributes["value"].as_tensor().dtype
+        k = 1 if node.op_type == "Where" else 0
+        v = node.inputs[k] if len(node.inputs) > k else None
+    return None
+
+
+def _nbytes(v: ir.Value, shapes: dict) -> int | None:
+    shape = _shape(v, shapes)
+    dtype = _dtype(v)
+    if shape is None or dtype is None:
+        return None
+    n = 1
+    for d in shape:
+        n *= d
+    return n * dtype.itemsize
+
+
+def _tile(v: ir.Value, shapes: dict, tile: int) -> int:
+    b = _nbytes(v, shapes)
+    return tile if b is None else min(b, tile)
+
+
+def _working_set(gnodes: list[_GNode], members: list[int], shapes: dict, tile: int) -> int:
+    inside = set(members)
+    inside_nodes = {id(gnodes[i].node) for i in members}
+    order = sorted(members)
+    pos = {i: k for k, i in enumerate(order)}
+    inputs: dict[str, int] = {}
+    outputs: dict[str, int] = {}
+    live: list[tuple[int, int, int]] = []  # (start, end, bytes)
+    for i in order:
+        g = gnodes[i]
+        for v in g.node.inputs:
+            if v is None:
+                continue
+            prod = v.producer()
+            if prod is not None and id(prod) in inside_nodes:
+                continue
+            if g.kind == _O:
+                continue  # goes to the cube unit through L1/L0, not through UB
+            inputs.setdefault(v.name, _tile(v, shapes, tile))
+        consumers_in = sorted({ci for ci, _ in g.outputs if ci in inside})
+        escapes = g.extern_ref or any(ci not in inside for ci, _ in g.outputs) or not g.outputs
+        for v in g.node.outputs:
+            t = _tile(v, shapes, tile)
+            if escapes:
+                outputs.setdefault(v.name + g.name, t)
+            elif consumers_in:
+                live.append((pos[i], pos[consumers_in[-1]], t))
+    peak = 0
+    for k in range(len(order)):
+        peak = max(peak, sum(b for s, e, b in live if s <= k <= e))
+    return 2 * sum(inputs.values()) + 2 * sum(outputs.values()) + peak
+
+
+def working_set(graph: Graph, nodes: list[str], *, tile_kb: float = DEFAULT_TILE_KB,
+                shapes: dict | None = None, dims: dict | None = None) -> float:
+    """Working set in KB of a candidate group of named nodes, under the tile model above."""
+    shapes = infer_shapes(graph, dims) if shapes is None else shapes
+    gnodes = _build(graph, shapes)
+    by_name = {g.name: g.index for g in gnodes}
+    missing = [n for n in nodes if n not in by_name]
+    if missing:
+        raise KeyError(f"no node named {missing[0]!r}")
+    return _working_set(gnodes, [by_name[n] for n in nodes], shapes, int(tile_kb * 1024)) / 1024
+
+
+# --------------------------------------------------------------------------------------------------
+# the partitioner
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class Step:
+    """One decision of the partitioner: node tried to fuse into its post-dominator `target`."""
+
+    phase: int
+    node: str
+    op: str
+    kind: str
+    target: str
+    fused: bool
+    reason: str
+
+    def __str__(self) -> str:
+        verdict = "fuse " if self.fused else "stop "
+        tgt = f" -> {self.target}" if self.target else ""
+        return f"phase {self.phase}  {verdict} {self.node} ({self.op}, {self.kind}){tgt}: {self.reason}"
+
+
+class _Partitioner:
+    def __init__(self, gnodes, tree, shapes, max_ops, buffer_bytes, tile, allow_recompute):
+        self.g = gnodes
+        self.tree = tree
+        self.shapes = shapes
+        self.max_ops = max_ops
+        self.buffer = buffer_bytes
+        self.tile = tile
+        self.allow_recompute = allow_recompute
+        n = len(gnodes)
+        self.parent = list(range(n))
+        self.members = {i: [i] for i in range(n)}
+        self.pattern = [g.kind for g in gnodes]
+        self.anchor = [g.kind == _O for g in gnodes]
+        self.steps: list[Step] = []
+        self.stop: dict[int, str] = {}
+
+    def root(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]
+            i = self.parent[i]
+        return i
+
+    def _merge(self, child: int, target: int) -> None:
+        c, p = self.root(child), self.root(target)
+        if c == p:
+            return
+        self.parent[c] = p
+        self.members[p].extend(self.members.pop(c))
+        # as TVM's MergeFromTo: the group takes over the child's pattern only if the child holds the anchor
+        if self.anchor[c]:
+            self.anchor[p] = True
+            self.pattern[p] = combine(self.pattern[p], self.pattern[c])
+
+    def _paths(self, src: int, sink: int) -> list[int]:
+        """Nodes on every path src -> sink (excluding src and sink)."""
+        seen, stack, out = set(), [ci for ci, _ in self.g[src].outputs], []
+        while stack:
+            i = stack.pop()
+            if i == sink or i in seen:
+                continue
+            seen.add(i)
+            out.append(i)
+            stack.extend(ci for ci, _ in self.g[i].outputs)
+        return out
+
+    def _check_path(self, src: int, sink: int, fcond) -> tuple[bool, str]:
+        for i in self._paths(src, sink):
+            k = self.pattern[self.root(i)]
+            if not fcond(k, False):
+                return False, f"path to {self.g[sink].name} passes {self.g[i].name} ({self.g[i].node.op_type}, {k.name.lower()})"
+        k = self.pattern[self.root(sink)]
+        if not fcond(k, True):
+            return False, f"post-dominator {self.g[sink].name} is a {k.name.lower()} group"
+        return True, ""
+
+    def _candidate(self, src: int, sink: int) -> list[int]:
+        roots = {self.root(src), self.root(sink)} | {self.root(i) for i in self._paths(src, sink)}
+        return sorted(m for r in roots for m in self.members[r])
+
+    def _limits(self, src: int, sink: int) -> str:
+        cand = self._candidate(src, sink)
+        if self.max_ops is not None and len(cand) > self.max_ops:
+            return f"max ops reached ({len(cand)} > {self.max_ops})"
+        if self.buffer is not None:
+            ws = _working_set(self.g, cand, self.shapes, self.tile)
+            if ws > self.buffer:
+                return f"buffer budget exceeded ({ws / 1024:.1f} KB > {self.buffer / 1024:g} KB)"
+        return ""
+
+    def _record(self, phase, i, target, fused, reason):
+        g = self.g[i]
+        tname = self.g[target].name if target is not None else ""
+        self.steps.append(Step(phase, g.name, g.node.op_type, g.kind.name.lower(), tname, fused, reason))
+        if fused:
+            self.stop.pop(i, None)
+        else:
+            n_cons = len({ci for ci, _ in g.outputs})
+            if n_cons > 1 and g.kind <= _B and not self.allow_recompute and not g.extern_ref:
+                reason = f"multi-consumer output ({n_cons} consumers) and recompute not allowed; {reason}"
+            self.stop[i] = reason
+
+    def run(self, phase: int) -> None:
+        for i, g in enumerate(self.g):
+            kind = self.pattern[self.root(i)]
+            if g.kind == _X:
+                if phase == 0:
+                    self._record(phase, i, None, False, f"opaque op {g.node.op_type}")
+                continue
+            pd = self.tree.parent[i]
+            if pd is None:
+                if phase == 0:
+                    if g.extern_ref:
+                        why = "graph output: its result must be written out"
+                    elif not g.outputs:
+                        why = "end of the graph"
+                    else:
+                        why = "no post-dominator: its consumers' paths never meet again"
+                    self._record(phase, i, None, False, why)
+                continue
+            if self.root(i) == self.root(pd):
+                continue
+            dom_pat = self.tree.pattern[i]
+            if kind == _O:
+                if phase != 0:
+                    continue
+                if dom_pat != _E:
+                    self._record(phase, i, pd, False,
+                                 f"post-dominator {self.g[pd].name} ({self.g[pd].node.op_type}) is reached through a "
+                                 f"{dom_pat.name.lower()} op; an out-fusable group only grows through elementwise ops")
+                    continue
+                ok, why = self._check_path(i, pd, lambda k, sink: k <= _B)
+            elif kind <= _B:
+                if not (dom_pat <= _I or dom_pat == _R):
+                    self._record(phase, i, pd, False,
+                                 f"post-dominator {self.g[pd].name} is reached through a {dom_pat.name.lower()} op")
+                    continue
+                ok, why = self._check_path(
+                    i, pd, lambda k, sink: k <= _I if not sink else (k <= _B or k in (_R, _I, _O)))
+            elif kind == _I:
+                if phase != 1:
+                    continue
+                ok, why = self._check_path(i, pd, lambda k, sink: k <= _I)
+            else:  # reduction
+                if phase == 0:
+                    self._record(phase, i, pd, False, "reduction: only the end of a group")
+                continue
+            if ok:
+                why = self._limits(i, pd)
+                ok = not why
+            if ok:
+                for m in [i] + self._paths(i, pd):
+                    self._merge(m, pd)
+                self._record(phase, i, pd, True, f"fused into {self.g[pd].name}'s group")
+            else:
+                self._record(phase, i, pd, False, why)
+
+    def groups(self) -> list[list[int]]:
+        out = [sorted(m) for r, m in self.members.items()]
+        return sorted(out, key=lambda m: m[0])
+
+
+def _recompute_candidates(gnodes: list[_GNode], part: _Partitioner) -> set[str]:
+    names = set()
+    for i, g in enumerate(gnodes):
+        if len(part.members[part.root(i)]) != 1 or g.kind > _B or g.extern_ref:
+            continue
+        consumers = {ci for ci, _ in g.outputs}
+        if len(consumers) < 2:
+            continue
+        if all(pat <= _I or pat == _R for _, pat in g.outputs):
+            names.add(g.name)
+    return names
+
+
+def _partition(graph: Graph, max_group_ops, buffer_kb, allow_recompute, tile_kb, shapes):
+    buffer = None if buffer_kb is None else int(buffer_kb * 1024)
+    tile = int(tile_kb * 1024)
+
+    def once(recompute):
+        gnodes = _build(graph, shapes, recompute)
+        tree = PostDomTree.build(gnodes)
+        part = _Partitioner(gnodes, tree, shapes, max_group_ops, buffer, tile, allow_recompute)
+        part.run(0)
+        part.run(1)
+        return gnodes, tree, part
+
+    gnodes, tree, part = once(frozenset())
+    recomputed: set[str] = set()
+    if allow_recompute:
+        recomputed = _recompute_candidates(gnodes, part)
+        if recomputed:
+            first_steps = part.steps
+            gnodes, tree, part = once(recomputed)
+            part.steps = first_steps + [
+                Step(-1, name, "", "", "", True, "recompute in each consumer's group; partition again")
+                for name in sorted(recomputed)] + part.steps
+    return gnodes, part, recomputed
+
+
+def _saved_bytes(gnodes, members, shapes) -> int:
+    inside = set(members)
+    total = 0
+    for i in members:
+        g = gnodes[i]
+        if g.extern_ref or not g.outputs or any(ci not in inside for ci, _ in g.outputs):
+            continue
+        for v in g.node.outputs:
+            b = _nbytes(v, shapes)
+            total += 2 * b if b else 0
+    return total
+
+
+def trace(graph: Graph, *, max_group_ops: int | None = DEFAULT_MAX_GROUP_OPS, buffer_kb: float | None = None,
+          allow_recompute: bool = False, tile_kb: float = DEFAULT_TILE_KB, dims: dict | None = None,
+          shapes: dict | None = None) -> tuple[FusionPlan, list[Step]]:
+    """The plan and every step the partitioner took (phase, node, post-dominator, fused or why not)."""
+    if max_group_ops is not None and max_group_ops < 1:
+        raise ValueError(f"max_group_ops must be >= 1 or None, got {max_group_ops}")
+    if buffer_kb is not None and buffer_kb <= 0:
+        raise ValueError(f"buffer_kb must be > 0 or None, got {buffer_kb}")
+    if tile_kb <= 0:
+        raise ValueError(f"tile_kb must be > 0, got {tile_kb}")
+    if shapes is None:
+        shapes = infer_shapes(graph, dims)
+    gnodes, part, recomputed = _partition(graph, max_group_ops, buffer_kb, allow_recompute, tile_kb, shapes)
+    result = FusionPlan(model=graph.name)
+    tile = int(tile_kb * 1024)
+    k = 0
+    for members in part.groups():
+        if len(members) < 2:
+            continue
+        sink = members[-1]
+        anchor = next((m for m in members if gnodes[m].kind == _O), None)
+        pattern = part.pattern[part.root(sink)]
+        result.add(FusionGroup(
+            id=f"mixed{k}", kind=MIXED, rule="fuse_ops",
+            nodes=[gnodes[m].name for m in members],
+            op_types=[gnodes[m].node.op_type for m in members],
+            saved_bytes=_saved_bytes(gnodes, members, shapes),
+            saved_launches=len(members) - 1,
+            reason=part.stop.get(sink, "nothing left to fuse"),
+            extra={
+                "pattern": pattern.name.lower(),
+                "anchor": gnodes[anchor].name if anchor is not None else "",
+                "working_set_kb": round(_working_set(gnodes, members, shapes, tile) / 1024, 1),
+                "recomputed": sorted(gnodes[m].recompute_of for m in members if gnodes[m].recompute_of),
+            },
+        ))
+        k += 1
+    result.notes.append(
+        f"fuse_ops: max_group_ops={max_group_ops}, buffer_kb={buffer_kb}, allow_recompute={allow_recompute}, "
+        f"tile_kb={tile_kb:g}; {len(result)} groups"
+        + (f"; recomputed {', '.join(sorted(recomputed))}" if recomputed else ""))
+    return result, part.steps
+
+
+def plan(graph: Graph, *, max_group_ops: int | None = DEFAULT_MAX_GROUP_OPS, buffer_kb: float | None = None,
+         allow_recompute: bool = False, tile_kb: float = DEFAULT_TILE_KB, dims: dict | None = None,
+         shapes: dict | None = None, trace: bool = False, **_ignored):
+    """Group nodes FuseOps-style under the thresholds; with trace=True returns (plan, steps)."""
+    result, steps = globals()["trace"](graph, max_group_ops=max_group_ops, buffer_kb=buffer_kb,
+                                       allow_recompute=allow_recompute, tile_kb=tile_kb, dims=dims, shapes=shapes)
+    return (result, steps) if trace else result
+
+
+# --------------------------------------------------------------------------------------------------
+# rewriting
+# --------------------------------------------------------------------------------------------------
+
+def _materialise_recompute(graph: Graph, fplan: FusionPlan) -> None:
+    """Copy every recomputed node once per consumer, named as the plan names the copies."""
+    wanted = {n for g in fplan for n in g.nodes if "#rc" in n}
+    if not wanted:
+        return
+    names = node_names(graph)
+    by_name = {names[id(n)]: n for n in graph}
+    for base in sorted({w.split("#rc")[0] for w in wanted}):
+        node = by_name.get(base)
+        if node is None:
+            raise ValueError(f"plan recomputes {base!r}, which is not in the graph")
+        consumers = []
+        for out in node.outputs:
+            for c in Graph.consumers(out):
+                if c not in consumers:
+                    consumers.append(c)
+        copies = []
+        for j, c in enumerate(consumers):
+            outs = [ir.Value(name=f"{o.name}#rc{j}", shape=o.shape, type=o.type) for o in node.outputs]
+            copy = ir.Node(node.domain, node.op_type, list(node.inputs), list(node.attributes.values()),
+                           outputs=outs, name=f"{base}#rc{j}", version=node.version)
+            copies.append(copy)
+            for old, new in zip(node.outputs, outs):
+                for use in list(old.uses()):
+                    if use.node is c:
+                        c.replace_input_with(use.idx, new)
+        graph.graph.insert_before(node, copies)
+        graph.graph.remove(node, safe=True)
+
+
+def apply(graph: Graph, fplan: FusionPlan, **_opts) -> None:
+    """Lower every mixed group of the plan to one ONNX local-function call (in place)."""
+    from .. import lower
+
+    mixed = FusionPlan([g for g in fplan if g.kind == MIXED], model=fplan.model)
+    if not len(mixed):
+        return
+    names = node_names(graph)
+    for n in graph:
+        n.name = names[id(n)]
+    _materialise_recompute(graph, mixed)
+    lower.to_functions(graph, mixed)

@@ -1,0 +1,231 @@
+# %% [markdown]
+# # 00 · Start here: operator fusion, done for real
+#
+# **What you will learn in this notebook**
+#
+# - what *operator fusion* is, and what this workbook covers, in what order;
+# - the one pipeline every notebook follows: model → analysis → fusion plan → rewrite → verify → measure → explain;
+# - how to run the notebooks and their tests;
+# - a first taste: build a three-node model, look at it, run it, time it, and see what fusing it would save.
+#
+# ## Where this comes from
+#
+# The workbook grew out of a Chinese practitioner's write-up, *Operator fusion in practice in the CANN
+# ecosystem*. CANN is the software stack of Huawei's Ascend AI processors. The write-up makes claims such as
+# "Conv+BN+ReLU fusion cut YOLOv5 latency by 23%" and "over-fusion raised peak memory by 15–20%". We do not
+# repeat any claim blindly: each notebook checks the idea on real ONNX models, with
+# [onnxruntime](https://onnxruntime.ai) as the engine. Where the write-up simplifies or is wrong, the notebook
+# says so and shows the correct version.
+#
+# **No Ascend hardware is available here.** Numbers for Ascend devices come from a cost model built on their
+# *published* specifications. They are predictions, and they are labelled as such. Numbers for the CPU you
+# are running on are *measured*.
+
+# %% [markdown]
+# ## What fusion is, in one paragraph
+#
+# A neural network is a graph of small operators (Conv, BatchNormalization, Relu, MatMul, Add...). Run one
+# at a time, each operator reads its input from memory and writes its output back, and each one costs a
+# kernel launch. **Fusion** merges several operators into one kernel, so the intermediate tensors never
+# make the round trip to memory and there are fewer launches. Sometimes the maths even collapses: a
+# BatchNormalization after a Conv can be folded into the Conv's weights, so it disappears entirely.
+# Fusion is not free, though. A fused kernel can need more on-chip memory, and fusing too much can be
+# slower. Deciding *what* to fuse is the real subject of this workbook.
+#
+# ## The notebooks, in order
+#
+# | notebook | what it teaches |
+# |---|---|
+# | `00_start_here` | this page: the map, the set-up check, a first taste |
+# | `01_conv_bn_folding` | fold BatchNormalization into a Conv: the algebra, the edge cases the write-up misses, and checking the result |
+# | `02_vertical_fusion` | fuse producer→consumer chains (Conv+Relu, MatMul+Add+Gelu...): the legality rules and the saved memory traffic |
+# | `03_horizontal_fusion` | fuse sibling branches that read the same input (concatenated weights) |
+# | `04_mixed_fusion` | both at once, on real topologies (residual blocks, attention) |
+# | `05_fusion_thresholds` | when fusion stops paying: buffer capacity, peak memory, the "more than 5 ops" rule |
+# | `06_custom_op` | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
+# | `07_profiling_case` | profile a model, find the gaps, fix them, and measure again |
+# | `08_double_buffering` | overlap data movement with compute: the pipeline behind "+18%" |
+
+# %% [markdown]
+# ## One pipeline, every time
+#
+# ```
+#  model.onnx ──load──▶ Graph ──analyse──▶ FusionPlan ──rewrite──▶ fused model
+#                                              │                       │
+#                                              ├── explain (why each group, what it saves)
+#                                              └── picture / table     │
+#                          verify (same outputs?) ◀────────────────────┤
+#                          measure (faster? by how much, how sure?) ◀──┘
+# ```
+#
+# - **model**: an ONNX model, built in code or loaded from a file (`fusionlab.load` checks it first);
+# - **analysis**: who produces and who consumes each tensor, what is constant, in what order nodes run;
+# - **fusion plan**: which nodes form which group, of what kind (vertical / horizontal / mixed), and why;
+# - **rewrite**: a new model where each group is one node;
+# - **verify**: run both models on the same random inputs and compare every output within tolerances;
+# - **measure**: interleaved timings with confidence intervals, never a single lucky run;
+# - **explain**: a table and a picture of what fused, and what it saved.
+#
+# ## How to run it
+#
+# From the repository root, `make lab` installs everything into `.venv/` on first use and opens JupyterLab on
+# `notebooks/` (bound to 127.0.0.1). `make test` runs the unit tests and re-executes every notebook with
+# [nbval](https://github.com/computationalmodelling/nbval). nbval compares each cell's output with the stored
+# one, so the notebooks stay true. Cells whose output depends on your machine (timings, CPU name) are marked
+# `# NBVAL_IGNORE_OUTPUT`.
+
+# %% [markdown]
+# ## Set-up check
+#
+# The versions are pinned in `pyproject.toml`: printed numbers and numerics must not drift under the stored
+# notebooks. If this cell's output differs from what is stored, your environment is not the pinned one.
+# Run `make env` to fix it.
+
+# %%
+import numpy as np
+from onnx import helper
+
+import fusionlab
+from fusionlab import timing, viz
+from fusionlab.build import make_model, tensor, value_info
+
+info = timing.machine_info()
+for package in ("fusionlab", "numpy", "onnx", "onnx_ir", "onnxruntime", "matplotlib"):
+    version = fusionlab.__version__ if package == "fusionlab" else info[package]
+    print(f"{package:<12} {version}")
+
+# %% [markdown]
+# The machine itself varies from reader to reader, so the next cell is not compared by the tests. Timings
+# in this workbook use **one thread** unless a notebook says otherwise. Fusion's effect then does not get
+# mixed up with how well a kernel spreads over cores.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for key in ("cpu", "machine", "logical_cores", "usable_cores", "os", "python", "onnxruntime_providers"):
+    print(f"{key:<22} {info[key]}")
+
+# %% [markdown]
+# ## A first taste: Conv → BatchNormalization → Relu
+#
+# This is the most common pattern in convolutional networks, and the write-up's first example. We build it
+# in code with `fusionlab.build`: a 3×3 convolution from 8 to 16 channels, a BatchNormalization with random
+# (but seeded) statistics, and a Relu. Weights are *initializers*: constants stored in the model.
+
+# %%
+rng = np.random.default_rng(0)
+C_in, C_out, H, W = 8, 16, 64, 64
+
+nodes = [
+    helper.make_node("Conv", ["x", "conv.W", "conv.B"], ["conv_out"], name="conv", pads=[1, 1, 1, 1]),
+    helper.make_node("BatchNormalization", ["conv_out", "bn.scale", "bn.bias", "bn.mean", "bn.var"], ["bn_out"],
+                     name="bn", epsilon=1e-5),
+    helper.make_node("Relu", ["bn_out"], ["y"], name="relu"),
+]
+weights = [
+    tensor("conv.W", rng.standard_normal((C_out, C_in, 3, 3)).astype(np.float32) * 0.2),
+    tensor("conv.B", rng.standard_normal(C_out).astype(np.float32) * 0.1),
+    tensor("bn.scale", rng.uniform(0.5, 1.5, C_out).astype(np.float32)),
+    tensor("bn.bias", rng.standard_normal(C_out).astype(np.float32) * 0.1),
+    tensor("bn.mean", rng.standard_normal(C_out).astype(np.float32) * 0.1),
+    tensor("bn.var", rng.uniform(0.5, 2.0, C_out).astype(np.float32)),
+]
+proto = make_model(nodes, [value_info("x", np.float32, [1, C_in, H, W])],
+                   [value_info("y", np.float32, [1, C_out, H, W])], weights, name="conv_bn_relu")
+
+model = fusionlab.load(proto)  # checks the model, then wraps it in a Graph with the queries passes need
+print(model)
+print("op counts:", model.op_counts())
+print("execution order:", [n.name for n in model.topological_order()])
+
+# %% [markdown]
+# A picture of it. Boxes are operators; grey pills are the graph's inputs and outputs. Weights are not drawn
+# as boxes. `viz.to_dot(model)` gives the same graph as Graphviz DOT text, with the weight shapes in the
+# labels, if you have Graphviz elsewhere.
+
+# %%
+viz.draw(model, title="Conv → BatchNormalization → Relu")
+
+# %% [markdown]
+# ## Run it
+#
+# `fusionlab.run` builds an onnxruntime session with onnxruntime's own graph optimisations **off**, so
+# what runs is exactly our graph, and it feeds seeded random inputs. Relu clips negative values to zero,
+# so about half the outputs should be zero.
+
+# %%
+outputs = fusionlab.run(model, seed=0)
+y = outputs["y"]
+print("output y:", y.shape, y.dtype)
+print(f"share of zeros after Relu: {np.mean(y == 0):.2f}")
+print(f"intermediate tensors (conv_out, bn_out): 2 × {y.nbytes // 1024} KiB each")
+
+# %% [markdown]
+# ## What fusing it would save
+#
+# Unfused, the Conv writes `conv_out` (256 KiB here) to memory and the BatchNormalization reads it back. The
+# same happens again for `bn_out` before the Relu. A plan that fuses all three into one kernel removes both
+# round trips and two kernel launches. Here is that plan, written by hand. From notebook 02 on, passes find
+# such groups themselves.
+
+# %%
+intermediate = y.nbytes  # conv_out and bn_out have y's shape and dtype
+plan = fusionlab.FusionPlan(model="conv_bn_relu")
+_ = plan.add(fusionlab.FusionGroup(
+    id="g0", kind="vertical", rule="conv_bn_relu", nodes=["conv", "bn", "relu"],
+    op_types=["Conv", "BatchNormalization", "Relu"],
+    saved_bytes=2 * 2 * intermediate,  # two tensors, each written once and read once
+    saved_launches=2, lowered_to="Conv (BN folded) + Relu",
+    reason="a chain: each intermediate has a single consumer and is not a graph output",
+))
+print(plan)
+
+# %%
+viz.draw(model, plan, title="the plan: one vertical group")
+
+# %% [markdown]
+# ## A first measurement
+#
+# `timing.bench_session` runs a session repeatedly after a warm-up and reports the **median**, with a 95%
+# confidence interval, and the number of runs. A single run on a shared machine tells you little. Your
+# numbers will differ from the stored ones.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+sess = fusionlab.session(model, "disable", threads=1)
+feeds = fusionlab.make_feeds(model, seed=0, sess=sess)
+unfused = timing.bench_session(sess, feeds, label="Conv→BN→Relu, unfused")
+print(unfused)
+
+# %% [markdown]
+# onnxruntime has fusions of its own. At its `"all"` optimisation level it folds the BatchNormalization into
+# the Conv and fuses the Relu too. `timing.compare_models` runs the two sessions **interleaved**, swapping
+# which goes first each round so that machine drift hits both alike. It reports the median of the
+# per-round ratios. A speedup above 1 means the second model is faster.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+comparison = timing.compare_models(model, model, level_a="disable", level_b="all", feeds=feeds,
+                                   label_a="ours, unfused", label_b="onnxruntime 'all' (fused)")
+comparison
+
+# %% [markdown]
+# Faster is only half the story. A fusion must also give the **same answers**. `fusionlab.verify` runs both
+# models on the same random inputs and compares every output within float32 tolerances:
+
+# %%
+report = fusionlab.verify(model, model, fused_level="all")
+print("onnxruntime's fused model is equivalent:", report.ok)
+
+# %% [markdown]
+# ## Summary
+#
+# - Fusion merges operators so intermediate tensors skip the trip to memory and kernels launch less often.
+#   Sometimes, as with Conv+BN, the algebra removes an operator outright.
+# - Every notebook follows the same pipeline: model → analysis → fusion plan → rewrite → verify → measure →
+#   explain.
+# - Measurements here are medians with confidence intervals from interleaved runs on this CPU. Ascend numbers
+#   are modelled from published specifications, not measured.
+#
+# **Try next:** change `C_out` or `H, W` above and re-run the timing cells. Does the gain from onnxruntime's
+# fusion grow or shrink with the tensor size? Then open `01_conv_bn_folding` to fold the BatchNormalization
+# yourself.

@@ -1,0 +1,192 @@
+# %% [markdown]
+# # 02 · Vertical fusion on a real network
+#
+# **What you will learn**
+#
+# 1. how a vertical-fusion pass finds producer→consumer chains (Conv→BN→activation, MatMul→Add→Gelu, …)
+#    and records them in a **fusion plan**;
+# 2. how the plan is applied: folded weights, onnxruntime's fused kernels (`FusedConv`, `FusedGemm`,
+#    `BiasGelu`, …), and a check that the fused model still computes the same outputs;
+# 3. how our fusions compare with onnxruntime's own graph optimisations, op by op and in latency;
+# 4. why the gain on this CPU differs from the seed's "23 % lower latency on an Atlas 300I".
+#
+# Notebook 01 folded one BatchNormalization by hand. Here the same algebra runs as a pass over whole
+# networks, with the legality checks a real pass needs.
+
+# %%
+import warnings
+
+warnings.filterwarnings("ignore")
+
+import tempfile
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+import fusionlab
+from fusionlab import timing, viz, zoo
+from fusionlab.passes import fuse, vertical
+from fusionlab.runtime import session
+
+# %% [markdown]
+# ## 1. A real network: YOLOv5s, as an exporter writes it
+#
+# `fusionlab.zoo` builds real architectures with deterministic random weights, exported the way
+# `torch.onnx` does: every convolution is followed by a separate `BatchNormalization`, and SiLU is written
+# as `Sigmoid` and `Mul`. We use a YOLOv5s-style detector at a small input size so this notebook runs in
+# seconds; the architecture (C3 blocks, SPPF, PANet neck) is the real one.
+
+# %%
+model = zoo.yolov5s(image_size=160)
+graph = fusionlab.load(model)
+print(graph)
+for op, n in graph.op_counts().items():
+    print(f"{op:<20} {n:>4}")
+
+# %% [markdown]
+# ## 2. The plan: which chains fuse, and why
+#
+# The pass first **plans**: it walks the graph and, for every chain it can prove legal, records a
+# `FusionGroup` with its member nodes, the rule that formed it, what it saves, and what it will become.
+# Legality is checked node by node: the Conv's output must have a single consumer and must not be a graph
+# output, BN must be in inference mode with constant parameters, and so on (see notebook 01). A chain that
+# fails any check is left alone.
+
+# %%
+plan = vertical.plan(graph)
+print(plan.table(max_rows=8))
+
+# %%
+for rule, n in plan.rule_counts().items():
+    print(f"{rule:<24} {n:>3} groups")
+
+# %% [markdown]
+# Each `conv_bn_silu`-style group replaces four kernels (Conv, BatchNormalization, Sigmoid, Mul) by one,
+# and the three intermediate tensors between them are never written to memory and read back. The
+# "saved" column counts exactly those bytes (written once, read once) at this input size.
+#
+# A picture of one C3 block, with the groups highlighted:
+
+# %%
+first = [n.name for n in graph.topological_order()][:14]
+fig = viz.draw(graph, plan, nodes=first, title="YOLOv5s stem and first C3 block: the plan")
+
+# %% [markdown]
+# ## 3. Apply, then verify
+#
+# `fuse` runs the plan on a **copy** of the model (the original is never modified) and returns the fused
+# graph with the plan. `fusionlab.verify` runs both models on the same random input, the original with all
+# of onnxruntime's optimisations off, and compares every output with fp32 tolerances (rtol 1e-4,
+# atol 1e-5).
+
+# %%
+result = fuse(model, passes=("vertical",))
+print(result.summary())
+report = fusionlab.verify(model, result.graph)
+print(report)
+
+# %%
+fig = viz.before_after(graph, result.graph, plan=result.plan, nodes_a=first[:8],
+                       nodes_b=[n.name for n in result.graph.topological_order()][:3],
+                       titles=("before: Conv, BN, Sigmoid, Mul", "after: one fused kernel each"))
+
+# %% [markdown]
+# ## 4. What does onnxruntime do on its own?
+#
+# onnxruntime has its own fusion passes. At **BASIC** it folds constants and BatchNormalization into Conv;
+# at **EXTENDED** it also emits contrib fused kernels (`FusedConv`, `QuickGelu`, `BiasGelu`,
+# `SkipLayerNormalization`, …). We ask it to save the model it actually runs at each level and count the
+# ops, next to ours.
+
+# %%
+def ort_optimised(model, level):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{level}.onnx"
+        session(model, level, optimized_path=path)
+        return fusionlab.load(path, check=False).op_counts()
+
+
+def side_by_side(model, fused):
+    columns = {"original": fusionlab.load(model).op_counts(),
+               "ORT basic": ort_optimised(model, "basic"),
+               "ORT extended": ort_optimised(model, "extended"),
+               "fusionlab": fused.op_counts()}
+    ops = sorted(set().union(*columns.values()))
+    print(f"{'op':<30}" + "".join(f"{c:>14}" for c in columns))
+    for op in ops:
+        print(f"{op:<30}" + "".join(f"{columns[c].get(op, 0):>14}" for c in columns))
+    print(f"{'total':<30}" + "".join(f"{sum(columns[c].values()):>14}" for c in columns))
+
+
+side_by_side(model, result.graph)
+
+# %% [markdown]
+# ## 5. Measure
+#
+# Two questions, each answered with interleaved runs on one thread (the speedup is the median of
+# per-round ratios `time(original) / time(fused)`, with a 95 % confidence interval):
+#
+# * **ours vs theirs**: our fused model with onnxruntime's optimisations *off*, against the original with
+#   onnxruntime's EXTENDED fusions *on*. This isolates the fusions: same kernels library, different planner.
+# * **never slower**: both under `ORT_ENABLE_ALL`. Our rewrite must not get in the way of onnxruntime's
+#   best.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ours_vs_theirs = timing.compare_models(model, result.graph, level_a="extended", level_b="disable", min_time=3,
+                                       label_a="original, ORT extended", label_b="fused, ORT off")
+print(ours_vs_theirs)
+both_all = timing.compare_models(model, result.graph, level_a="all", level_b="all", min_time=3,
+                                 label_a="original, ORT all", label_b="fused, ORT all")
+print(both_all)
+unfused = timing.compare_models(model, result.graph, level_a="disable", level_b="disable", min_time=3,
+                                label_a="original, ORT off", label_b="fused, ORT off")
+print(unfused)
+
+# %% [markdown]
+# ## 6. The same on a Transformer
+#
+# BERT's vertical chains are different: `MatMul → Add` becomes a bias inside the matmul or a `Gemm`,
+# `Add → Gelu` (written out as `Erf` by the exporter) becomes `BiasGelu`, and the eight-op decomposed
+# LayerNorm becomes one `LayerNormalization` (or `SkipLayerNormalization` with the residual `Add`).
+
+# %%
+bert = zoo.bert(layers=2, hidden=64, heads=2, intermediate=256, vocab=1000)
+bert_result = fuse(bert, passes=("vertical",))
+for rule, n in bert_result.plan.rule_counts().items():
+    print(f"{rule:<24} {n:>3} groups")
+print(fusionlab.verify(bert, bert_result.graph, dims={"sequence": 16}))
+
+# %%
+side_by_side(bert, bert_result.graph)
+
+# %% [markdown]
+# ## 7. Where the gain comes from, and why it is not the seed's 23 %
+#
+# Fusion saves two things: **kernel launches** (fixed overhead per op: dispatch, thread-pool wake-up,
+# output allocation) and **intermediate memory traffic** (each unfused op writes its output and the next
+# reads it back). Which one matters depends on the layer:
+#
+# * A 3×3 convolution with many channels does hundreds of multiply-adds per byte it touches: it is
+#   **compute-bound**, and the BN/SiLU that follow are a small fraction of its time. Folding BN removes a
+#   whole pass over the tensor, but the conv dominates.
+# * The elementwise ops after a conv (BN, Sigmoid, Mul) do one or two operations per element: they are
+#   **memory-bound**. Fusing them into the conv's epilogue removes their traffic almost entirely.
+# * On a CPU, a kernel launch costs microseconds; on an accelerator driven through a runtime and a PCIe link,
+#   launches and synchronisation cost more, and its memory is faster relative to its compute, so the
+#   elementwise share of the time is larger. That is why the seed reports 23 % on an Atlas 300I while this
+#   CPU shows the number measured above: the same fusion, a different balance of compute, bandwidth and
+#   launch overhead. Notebook 05 models that balance per device.
+#
+# ## Summary
+#
+# * A vertical pass is **plan** (find chains, prove legality, record what each saves) plus **apply**
+#   (fold weights, emit fused kernels) plus **verify** (same outputs, stated tolerances).
+# * On real exported models nearly every Conv carries a BN and an activation: the plan collapses most of
+#   the graph.
+# * onnxruntime's own EXTENDED level does similar fusions; with our plan applied first, onnxruntime has
+#   nothing left to fuse, and the latency comparison above tells you whether the two planners agree.
+#
+# **Try next:** run `fusionlab fuse` on a model of your own, then `fusionlab verify` and
+# `fusionlab bench --level extended original.onnx fused.onnx`.

@@ -1,0 +1,186 @@
+"""The double-buffering simulator against analytic expectations, and the CPU tile pipeline."""
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fusionlab import pipeline as P
+
+times = st.tuples(*[st.floats(0.01, 5.0, allow_nan=False)] * 3).map(lambda t: P.StageTimes(*t))
+
+
+def test_inplace_single_buffer_is_fully_serial():
+    t = P.StageTimes(2.0, 3.0, 1.0)
+    s = P.simulate(10, t, 1, inplace=True)
+    assert s.total == pytest.approx(P.serial_time(10, t)) == pytest.approx(10 * 6.0)
+    # each unit busy only its share: with equal stages that is the CANN docs' "1/3"
+    eq = P.simulate(30, (1.0, 1.0, 1.0), 1, inplace=True)
+    assert eq.busy()["Vector"] == pytest.approx(1 / 3)
+
+
+def test_single_buffer_queues_overlap_copy_in_with_copy_out():
+    a, b, c = 2.0, 3.0, 1.5
+    s = P.simulate(10, (a, b, c), 1)
+    assert s.total == pytest.approx(a + b + c + 9 * (b + max(a, c)))
+    assert s.total < P.serial_time(10, (a, b, c))
+
+
+def test_balanced_double_buffering_approaches_n_times_one_stage():
+    t, n = 1.0, 50
+    s = P.simulate(n, (t, t, t), 2)
+    assert s.total == pytest.approx(n * t + 2 * t)  # n x max(stage) + fill and drain
+    assert s.busy()["Vector"] == pytest.approx(n / (n + 2))
+
+
+def test_dominant_stage_leaves_nothing_to_gain():
+    gains = [P.double_buffer_gain((1.0, k, 1.0), 64) for k in (1, 4, 16, 64, 256)]
+    assert gains == sorted(gains, reverse=True)
+    assert gains[-1] < 0.01
+    assert P.double_buffer_gain((200.0, 1.0, 1.0), 64) < 0.01  # copy-bound: same story
+
+
+@given(times, st.integers(1, 4), st.booleans())
+def test_simulated_period_matches_the_analytic_one(t, buffers, inplace):
+    s = P.simulate(120, t, buffers, inplace=inplace)
+    period = (s.ends[-1, 2] - s.ends[-41, 2]) / 40
+    assert period == pytest.approx(P.steady_state_period(t, buffers, inplace=inplace), rel=1e-9)
+
+
+@given(times, st.integers(1, 30), st.integers(1, 4), st.booleans())
+def test_schedule_respects_every_dependency(t, n, buffers, inplace):
+    s = P.simulate(n, t, buffers, inplace=inplace)
+    S, E = s.starts, s.ends
+    assert np.allclose(E - S, np.array(t.as_tuple())[None, :])
+    for i in range(n):
+        assert S[i, 1] >= E[i, 0] - 1e-12 and S[i, 2] >= E[i, 1] - 1e-12  # data flow
+        if i:
+            assert (S[i] >= E[i - 1] - 1e-12).all()  # one engine per stage, tiles in order
+        if i >= buffers:  # buffer reuse
+            release_in = E[i - buffers, 2] if inplace else E[i - buffers, 1]
+            assert S[i, 0] >= release_in - 1e-12
+            if not inplace:
+                assert S[i, 1] >= E[i - buffers, 2] - 1e-12
+    assert s.total >= n * t.bottleneck - 1e-9
+    assert s.total <= P.serial_time(n, t) + 1e-9
+
+
+@given(times, st.integers(1, 40), st.booleans())
+def test_more_buffers_never_slower(t, n, inplace):
+    one = P.simulate(n, t, 1, inplace=inplace).total
+    two = P.simulate(n, t, 2, inplace=inplace).total
+    three = P.simulate(n, t, 3, inplace=inplace).total
+    assert two <= one + 1e-9 and three <= two + 1e-9
+
+
+def test_seed_plus_18_percent_needs_copy_small_next_to_compute():
+    r = P.ratio_for_gain(0.18)
+    # separate in/out queues: gain = copy/(2 x compute) on the compute-bound side -> copy = 36% of compute
+    assert r == pytest.approx(0.36, abs=1e-6)
+    g = P.double_buffer_gain((r / 2, 1.0, r / 2), n_tiles=2000)
+    assert g == pytest.approx(0.18, abs=0.002)
+    # the fully serial baseline: gain = copy/compute -> 18%
+    assert P.ratio_for_gain(0.18, inplace=True) == pytest.approx(0.18, abs=1e-6)
+    assert P.ratio_for_gain(0.0) == 0.0
+
+
+def test_ub_capacity_limits_the_tile():
+    ub = 192 * 1024
+    for buffers in (1, 2):
+        tile = P.max_tile_elems(ub, buffers, in_bytes=2, out_bytes=2, inputs=2, outputs=1)
+        assert buffers * (2 * 2 + 2) * tile <= ub
+        assert buffers * (2 * 2 + 2) * (tile + 16) > ub  # one more 32-byte block would not fit
+        assert tile % 16 == 0
+    assert P.max_tile_elems(ub, 2) * 2 == P.max_tile_elems(ub, 1)
+    with pytest.raises(ValueError):
+        P.max_tile_elems(0, 2)
+
+
+def test_stage_times_from_a_device_preset():
+    from fusionlab import devices
+
+    dev = devices.load_devices()["Atlas 300I Pro"]
+    core = P.core_from_device(dev)
+    assert core.ub_bytes == int(dev.ub_kb * 1024)
+    assert core.copy_gbs == pytest.approx(dev.mem_bandwidth_gbs / dev.ai_cores)
+    tile = P.max_tile_elems(core.ub_bytes, 2)
+    t = P.stage_times(core, tile)
+    assert t.copy_in == pytest.approx(2 * tile / (core.copy_gbs * 1e3))
+    assert t.compute == pytest.approx(tile / (core.vector_gflops * 1e3))
+    # a single elementwise op per element is memory-bound on this device by a wide margin
+    assert t.copy_in > 5 * t.compute
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        P.simulate(3, (1.0, -1.0, 1.0))
+    with pytest.raises(ValueError):
+        P.simulate(3, (1.0, 1.0, 1.0), 0)
+    assert P.simulate(0, (1.0, 1.0, 1.0)).total == 0.0
+
+
+def test_draw_pipeline():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = P.draw_pipeline(P.simulate(12, (1, 2, 1), 2), max_tiles=5)
+    assert "first 5 of 12" in fig.axes[0].get_title()
+    plt.close(fig)
+
+
+# -- CPU analogue ----------------------------------------------------------------------------------
+
+def _tiles(n=6, size=1000):
+    data = np.arange(n * size, dtype=np.float64).reshape(n, size)
+    return data, [np.empty(size) for _ in range(2)]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_run_tiles_computes_every_tile_in_order(overlap):
+    data, bufs = _tiles()
+
+    def load(i, buf):
+        buf[:] = data[i]
+
+    out = P.run_tiles(load, lambda b: float(b.sum()), len(data), bufs, overlap=overlap)
+    assert out == [float(r.sum()) for r in data]
+
+
+def test_overlap_really_loads_ahead_but_never_more_than_the_buffers():
+    data, bufs = _tiles(8)
+    loaded = [threading.Event() for _ in range(len(data))]
+    computed = [threading.Event() for _ in range(len(data))]
+    ahead = []
+
+    def load(i, buf):
+        if i >= len(bufs):
+            assert computed[i - len(bufs)].is_set(), "a buffer was overwritten before its tile was computed"
+        buf[:] = data[i]
+        loaded[i].set()
+
+    def compute(buf):
+        i = int(buf[0] // buf.size)
+        if i + 1 < len(data):
+            ahead.append(loaded[i + 1].wait(timeout=5))  # the next tile loads while this one computes
+        s = float(buf.sum())
+        computed[i].set()
+        return s
+
+    out = P.run_tiles(load, compute, len(data), bufs, overlap=True)
+    assert all(ahead) and len(out) == len(data)
+
+
+def test_run_tiles_propagates_loader_errors():
+    data, bufs = _tiles()
+
+    def load(i, buf):
+        if i == 3:
+            raise RuntimeError("read failed")
+        buf[:] = data[i]
+
+    with pytest.raises(RuntimeError, match="read failed"):
+        P.run_tiles(load, lambda b: 0, len(data), bufs, overlap=True)

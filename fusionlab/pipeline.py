@@ -326,13 +326,20 @@ def run_tiles(load: Callable[[int, np.ndarray], object], compute: Callable[[np.n
 
 
 class TileFile:
-    """Tiles of float32 data in a file, read with `os.preadv` (which releases the GIL) into caller buffers."""
+    """Tiles of float32 data in a file, read with `os.preadv` (which releases the GIL) into caller buffers.
 
-    def __init__(self, path, tile_elems: int):
+    `device_gbs` emulates a slower storage device, like a DMA engine that works without the CPU: a load
+    takes at least bytes / device_gbs, the thread sleeping (no CPU used) for whatever the read did not take.
+    """
+
+    def __init__(self, path, tile_elems: int, *, device_gbs: float | None = None):
         import os
 
+        if device_gbs is not None and device_gbs <= 0:
+            raise ValueError("device_gbs must be > 0")
         self.path = path
         self.tile_elems = int(tile_elems)
+        self.device_gbs = device_gbs
         self._fd = os.open(path, os.O_RDONLY)
         size = os.fstat(self._fd).st_size
         self.n_tiles = size // (4 * self.tile_elems)
@@ -343,13 +350,19 @@ class TileFile:
     def load(self, i: int, buf: np.ndarray) -> None:
         """Read tile `i` into `buf` (float32, tile_elems long)."""
         import os
+        import time
 
         if not 0 <= i < self.n_tiles:
             raise IndexError(f"tile {i} out of range (0..{self.n_tiles - 1})")
         want = 4 * self.tile_elems
+        t0 = time.perf_counter()
         got = os.preadv(self._fd, [memoryview(buf).cast("B")], i * want)
         if got != want:
             raise OSError(f"short read of tile {i}: {got} of {want} bytes")
+        if self.device_gbs:
+            rest = want / (self.device_gbs * 1e9) - (time.perf_counter() - t0)
+            if rest > 0:
+                time.sleep(rest)
 
     def close(self) -> None:
         import os

@@ -258,3 +258,19 @@ def test_outputs_identical_names_and_values_beyond_tolerance_check():
     for name in ("q1", "k1", "v1"):
         np.testing.assert_allclose(got[name], ref[name], rtol=1e-4, atol=1e-5)
     assert not np.allclose(got["q1"], ref["k1"])
+
+
+def test_after_vertical_fusion_fusedconv_siblings_fuse():
+    # the graph vertical fusion leaves behind: Conv+BN folded, activation inside com.microsoft:FusedConv
+    nodes, inits = [], []
+    for k, act in (("a", "Relu"), ("b", "Relu"), ("c", "Sigmoid")):
+        nodes.append(helper.make_node("FusedConv", ["x", f"W{k}", f"B{k}"], [k], name=f"{k}_fc", domain="com.microsoft",
+                                      kernel_shape=[1, 1], activation=act))
+        inits += [tensor(f"W{k}", _w(3, 4, 1, 1)), tensor(f"B{k}", _w(3))]
+    nodes.append(helper.make_node("Concat", ["a", "b", "c"], ["y"], name="cat", axis=1))
+    m = make_model(nodes, [value_info("x", np.float32, [1, 4, 5, 5])], [value_info("y", np.float32, [1, 9, 5, 5])],
+                   inits, extra_opsets={"com.microsoft": 1})
+    g = load(m, check=False)
+    result = fuse(g, ("horizontal",))
+    assert len(result.plan) == 1 and sorted(result.plan[0].nodes) == ["a_fc", "b_fc"]  # same activation only
+    assert verify(g, result.graph).ok

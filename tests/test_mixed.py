@@ -192,7 +192,7 @@ def test_max_group_ops_caps_groups_and_reason():
     g = load(chain_model(["Relu", "Exp", "Neg", "Abs", "Sin", "Cos", "Relu", "Exp", "Neg", "Abs", "Sin", "Cos"]))
     assert _groups(mixed.plan(g, max_group_ops=None)) == [sorted(f"n{i}" for i in range(12))]
     p = mixed.plan(g, max_group_ops=5)
-    assert [grp.size for grp in p] == [2, 5, 5]  # fusion runs toward the end: the tail fills first
+    assert [grp.size for grp in p] == [5, 5, 2]  # a group grows from its first node until the cap
     assert any(grp.reason.startswith("max ops reached") for grp in p)
     with pytest.raises(ValueError):
         mixed.plan(g, max_group_ops=0)
@@ -272,3 +272,41 @@ def test_buffer_budget_splits_a_group():
     p = mixed.plan(g, buffer_kb=80)
     assert all(grp.extra["working_set_kb"] <= 80 for grp in p) and all(grp.size < 4 for grp in p)
     assert any("buffer budget exceeded" in grp.reason for grp in p)
+
+
+# --------------------------------------------------------------------------------------------------
+# lowering to ONNX functions: the result runs and computes the same
+# --------------------------------------------------------------------------------------------------
+
+from fusionlab.passes import fuse  # noqa: E402
+from fusionlab.runtime import verify  # noqa: E402
+
+
+def _check_lowered(g, result, dims=None):
+    onnx.checker.check_model(result.graph.to_proto(), full_check=True)
+    result.graph.topological_order()  # raises on a cycle
+    assert all(grp.lowered_to.startswith("fusionlab.fused:") for grp in result.plan), \
+        [(grp.id, grp.lowered_to) for grp in result.plan]
+    calls = sum(n.domain == "fusionlab.fused" for n in result.graph)
+    assert calls == len(result.plan)
+    copies = [n for grp in result.plan for n in grp.nodes if "#rc" in n]
+    extra = len(copies) - len({c.split("#rc")[0] for c in copies})  # recomputed: one copy per consumer
+    assert len(result.graph) == len(g) + extra - result.plan.saved_launches
+    assert [o.name for o in result.graph.outputs()] == [o.name for o in g.outputs()]
+    report = verify(g, result.graph, dims=dims)
+    assert report.ok, report.table()
+
+
+def test_lowered_layernorm_with_recompute_verifies():
+    g = load(layernorm_model())
+    result = fuse(g, ("mixed",), max_group_ops=None, allow_recompute=True)
+    assert any(grp.extra["recomputed"] for grp in result.plan)
+    _check_lowered(g, result, dims={"batch": 3})
+
+
+@pytest.mark.parametrize("name", ["bert_tiny", "yolov5n"])
+def test_lowered_zoo_model_verifies(zoo_graphs, name):
+    g = zoo_graphs[name]
+    result = fuse(g, ("mixed",), max_group_ops=5, buffer_kb=192)
+    assert len(result.plan) > 5
+    _check_lowered(g, result, dims={"batch": 2, "sequence": 16})

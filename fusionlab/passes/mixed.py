@@ -388,7 +388,7 @@ class _Partitioner:
         for i in self._paths(src, sink):
             k = self.pattern[self.root(i)]
             if not fcond(k, False):
-                return False, f"path to {self.g[sink].name} passes {self.g[i].name} ({self.g[i].node.op_type}, {k.name.lower()})"
+                return False, f"path to {self.g[sink].name} passes {self.g[i].name} ({self.g[i].node.op_type}, {k.name.lower()} group)"
         k = self.pattern[self.root(sink)]
         if not fcond(k, True):
             return False, f"post-dominator {self.g[sink].name} is a {k.name.lower()} group"
@@ -411,7 +411,6 @@ class _Partitioner:
     def _record(self, phase, i, target, fused, reason):
         g = self.g[i]
         tname = self.g[target].name if target is not None else ""
-        self.steps.append(Step(phase, g.name, g.node.op_type, g.kind.name.lower(), tname, fused, reason))
         if fused:
             self.stop.pop(i, None)
         else:
@@ -419,6 +418,7 @@ class _Partitioner:
             if n_cons > 1 and g.kind <= _B and not self.allow_recompute and not g.extern_ref:
                 reason = f"multi-consumer output ({n_cons} consumers) and recompute not allowed; {reason}"
             self.stop[i] = reason
+        self.steps.append(Step(phase, g.name, g.node.op_type, g.kind.name.lower(), tname, fused, reason))
 
     def run(self, phase: int) -> None:
         for i, g in enumerate(self.g):

@@ -124,7 +124,7 @@ def _only_read_by(value: ir.Value, nodes: Iterable[ir.Node]) -> bool:
     return not value.is_graph_output() and all(id(u.node) in allowed for u in value.uses())
 
 
-def _dtype(value: ir.Value) -> np.dtype | None:
+def _own_dtype(value: ir.Value) -> np.dtype | None:
     try:
         return np.dtype(value.dtype.numpy()) if value.dtype is not None else None
     except Exception:
@@ -148,14 +148,27 @@ class _Context:
         self.dims = dims or {}
         self.claimed: set[int] = set()
         self._shapes: dict | None = None
+        self._types: dict = {}
         self.refusals: list[str] = []
         self._names = {n.name for n in graph.graph} | set(graph.graph.initializers)
 
     # -- shapes ------------------------------------------------------------------------------------
     def shapes(self) -> dict[str, tuple]:
         if self._shapes is None:
-            self._shapes = _symbolic_shapes(self.graph)
+            self._shapes, self._types = _symbolic_shapes(self.graph)
         return self._shapes
+
+    def dtype(self, value: ir.Value) -> np.dtype | None:
+        """Element type of a value: its own, else from shape inference."""
+        own = _own_dtype(value)
+        if own is not None:
+            return own
+        self.shapes()
+        code = self._types.get(value.name)
+        try:
+            return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(code)) if code else None
+        except Exception:
+            return None
 
     def shape(self, value: ir.Value) -> tuple | None:
         """Shape of a value: ints and dim names (str); None entries are unknown dims; None if rank unknown."""
@@ -194,7 +207,7 @@ class _Context:
         return value
 
 
-def _symbolic_shapes(graph: Graph) -> dict[str, tuple]:
+def _symbolic_shapes(graph: Graph) -> tuple[dict[str, tuple], dict[str, int]]:
     """{value name: shape} by onnx shape inference without binding symbolic dims (names kept as str)."""
     proto = graph.to_proto()
     for init in proto.graph.initializer:  # shapes only need dims; drop the bytes to keep it fast
@@ -212,33 +225,37 @@ def _symbolic_shapes(graph: Graph) -> dict[str, tuple]:
     except Exception:
         inferred = proto
     out: dict[str, tuple] = {}
+    types: dict[str, int] = {}
     for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
         tt = vi.type.tensor_type
+        if tt.elem_type:
+            types[vi.name] = tt.elem_type
         if not tt.HasField("shape"):
             continue
         out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
     for init in inferred.graph.initializer:
         out[init.name] = tuple(init.dims)
-    return out
+        types[init.name] = init.data_type
+    return out, types
 
 
 # --------------------------------------------------------------------------------------------------
 # legality helpers shared by the rules
 # --------------------------------------------------------------------------------------------------
 
-def conv_bn_verdict(graph: Graph, conv: ir.Node, bn: ir.Node) -> tuple[bool, str]:
-    """Whether BN may fold into the Conv/Gemm/MatMul before it (uses fusionlab.legality when present)."""
+def conv_bn_verdict(graph: Graph, producer: ir.Node, bn: ir.Node, shapes: dict | None = None) -> tuple[bool, str]:
+    """Whether BN may fold into the Conv/ConvTranspose/MatMul/Gemm before it: fusionlab.legality plus our checks."""
     try:
-        from ..legality import conv_bn_legal  # written in parallel; optional
-    except ImportError:
-        conv_bn_legal = None
-    if conv_bn_legal is not None and conv.op_type == "Conv":
-        try:
-            verdict = conv_bn_legal(graph, conv, bn)
-            if not verdict.ok:
-                return False, str(verdict.reason)
-        except Exception:  # a helper bug must not make us fuse; our own checks below still decide
-            pass
+        from .. import legality
+    except ImportError:  # pragma: no cover - legality is optional
+        legality = None
+    if legality is not None:
+        if producer.op_type in ("Conv", "ConvTranspose"):
+            verdict = legality.conv_bn_legal(graph, producer, bn)
+        else:
+            verdict = legality.matmul_bn_legal(graph, producer, bn, shapes)
+        if not verdict.ok:
+            return False, str(verdict.reason)
     try:
         _bn_checks(graph, bn)
     except _Refused as exc:
@@ -353,7 +370,7 @@ def _silu_tail(value: ir.Value) -> tuple[ir.Node, ir.Node] | None:
 
 def _nbytes(ctx: _Context, value: ir.Value) -> int:
     shape = ctx.shape(value)
-    dt = _dtype(value)
+    dt = ctx.dtype(value)
     if shape is None or dt is None:
         return 0
     n = 1
@@ -576,8 +593,8 @@ def _match_linear(ctx: _Context, node: ir.Node) -> _Match | None:
     if not _is(node, "MatMul", "Gemm") or len(node.outputs) != 1 or any(v is None for v in node.inputs[:2]):
         return None
     a, b = node.inputs[0], node.inputs[1]
-    dt = _dtype(a)
-    if dt not in _FLOATS or _dtype(b) != dt:
+    dt = ctx.dtype(a)
+    if dt not in _FLOATS or ctx.dtype(b) != dt:
         return None
     a_shape, b_shape = ctx.shape(a), ctx.shape(b)
     is_gemm = node.op_type == "Gemm"
@@ -607,7 +624,7 @@ def _match_linear(ctx: _Context, node: ir.Node) -> _Match | None:
     if nxt is not None and ctx.free([nxt]):
         if not is_gemm and _is(nxt, "Add") and "matmul_add_gemm" in rules:
             others = [v for v in nxt.inputs if v is not cur]
-            if len(nxt.inputs) == 2 and len(others) == 1 and _dtype(others[0]) == dt:
+            if len(nxt.inputs) == 2 and len(others) == 1 and ctx.dtype(others[0]) == dt:
                 cs = ctx.shape(others[0])
                 if cs is not None and None not in cs and _bias_ok_for(cs, m, n):
                     add_node, c_value = nxt, others[0]
@@ -617,7 +634,7 @@ def _match_linear(ctx: _Context, node: ir.Node) -> _Match | None:
         elif _is(nxt, "BatchNormalization") and ("gemm_bn" if is_gemm else "matmul_bn") in rules \
                 and nxt.inputs[0] is cur and isinstance(n, int):
             try:
-                ok, why = conv_bn_verdict(ctx.graph, node, nxt)
+                ok, why = conv_bn_verdict(ctx.graph, node, nxt, ctx.shapes())
                 if not ok:
                     raise _Refused(why)
                 w = ctx.constant(b)
@@ -628,8 +645,6 @@ def _match_linear(ctx: _Context, node: ir.Node) -> _Match | None:
                     c = ctx.constant(node.inputs[2])
                     if c is None:
                         raise _Refused("Gemm C is not a constant")
-                if is_gemm and float(_attr(node, "alpha", 1.0)) != 1.0:
-                    raise _Refused("Gemm alpha != 1")
                 s, t = _bn_scale_shift(ctx, nxt, n, w.dtype)
                 folded = derive.fold_gemm_bn(w, None, s, t, np.zeros(n), np.ones(n), 0.0, trans_b=bool(trans_b))
                 beta = float(_attr(node, "beta", 1.0)) if is_gemm else 1.0
@@ -735,7 +750,7 @@ def _match_gelu_core(ctx: _Context, erf: ir.Node) -> tuple[list[ir.Node], ir.Val
         nodes.append(m2)
     else:
         return None
-    dt = _dtype(x)
+    dt = ctx.dtype(x)
     if dt not in _FLOATS:
         return None
     return nodes, x
@@ -758,7 +773,7 @@ def _match_gelu(ctx: _Context, erf: ir.Node) -> _Match | None:
     nodes, x = core
     if not ctx.free(nodes):
         return None
-    dt = _dtype(x)
+    dt = ctx.dtype(x)
     bias = _bias_before(ctx, x, nodes, dt) if "bias_gelu" in ctx.rules and ctx.lower != "onnx" and dt == _F32 else None
     if bias is not None:
         add, inp, b = bias
@@ -801,7 +816,7 @@ def _match_gelu_node(ctx: _Context, gelu: ir.Node) -> _Match | None:
     if not ((gelu.domain == "com.microsoft") or (gelu.domain in _DEFAULT and _attr(gelu, "approximate", "none") == "none")):
         return None
     x = gelu.inputs[0]
-    dt = _dtype(x) if x is not None else None
+    dt = ctx.dtype(x) if x is not None else None
     if x is None or dt != _F32 or not ctx.free([gelu]):
         return None
     found = _bias_before(ctx, x, [gelu], dt)
@@ -882,7 +897,7 @@ def _match_layernorm_core(ctx: _Context, mean: ir.Node):
                 if bc is not None and bc.ndim == 1 and bc.shape == gc.shape:
                     beta = bv
                     nodes.append(badd)
-    dt = _dtype(x)
+    dt = ctx.dtype(x)
     if dt not in (_F32, np.dtype(np.float16)):
         return None
     if gamma is not None:
@@ -936,7 +951,7 @@ def _skip_add(ctx: _Context, x: ir.Value, readers: list[ir.Node]):
     sa, sb = ctx.shape(a), ctx.shape(b)
     if sa is None or sb is None or sa != sb or None in sa or len(sa) not in (2, 3):
         return None
-    if _dtype(a) != _F32 or _dtype(b) != _F32:
+    if ctx.dtype(a) != _F32 or ctx.dtype(b) != _F32:
         return None
     return add, a, b
 
@@ -978,7 +993,7 @@ def _match_silu(ctx: _Context, sig: ir.Node) -> _Match | None:
     if "silu" not in ctx.rules or ctx.lower == "onnx" or not _is(sig, "Sigmoid") or sig.inputs[0] is None:
         return None
     x = sig.inputs[0]
-    if _dtype(x) != _F32:
+    if ctx.dtype(x) != _F32:
         return None
     mul = _sole_consumer(sig.outputs[0])
     if not _is(mul, "Mul") or _other(mul, sig.outputs[0]) is not x or not ctx.free([sig, mul]):

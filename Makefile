@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 ## make lab: JupyterLab on notebooks/, bound to 127.0.0.1 (headless-safe: prints its URL).
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) \
-		--ServerApp.root_dir=notebooks $(if $(DISPLAY),,--no-browser)
+		--ServerApp.root_dir=notebooks $(if $(DISPLAY),,--no-browser) \
+		$(if $(filter 0,$(shell id -u)),--allow-root)
 
 ## make test: unit tests and strict nbval over every notebook.
 test: $(STAMP)

@@ -25,7 +25,7 @@ def tensor(name: str, array) -> onnx.TensorProto:
 
 
 def value_info(name: str, dtype=np.float32, shape=None) -> onnx.ValueInfoProto:
-    """A typed graph input/output; `shape` entries may be ints or symbolic names."""
+    """A typed graph input/output; `shape` entries may be ints or symbolic names (give one: the checker needs it)."""
     return helper.make_tensor_value_info(name, _DTYPES[np.dtype(dtype)], shape)
 
 

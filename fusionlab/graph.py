@@ -357,7 +357,7 @@ class Graph:
 
     def is_overridable(self, value: ir.Value) -> bool:
         """An initializer that is also a graph input can be replaced at run time: not a constant."""
-        return value.is_graph_input()
+        return value.is_graph_input() and value.name in self.model.graph.initializers
 
     def constant(self, value: ir.Value | None) -> np.ndarray | None:
         """The constant a value holds, seen through Identity and Constant nodes; None if not constant."""

@@ -136,6 +136,7 @@ def _bn_params(graph: Graph, bn: ir.Node, channels: int) -> Verdict | list[np.nd
         for v, what in zip(bn.inputs[1:5], ("BN scale", "BN bias", "BN mean", "BN var")):
             if graph.constant(v) is None:
                 return _non_constant_reason(graph, v, what)
+        return _no("non_constant", "BN parameters are not constants")
     for p, what in zip(params, ("scale", "bias", "mean", "var")):
         if p.ndim != 1:
             return _no("not_per_channel", f"BN {what} has shape {tuple(p.shape)}, not a per-channel vector")

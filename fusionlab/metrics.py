@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
 __all__ = ["TARGETS", "OpPoint", "Utilisation", "cost_table", "op_points", "utilisation", "modelled", "with_cores",
-           "meets_targets", "peak_efficiency", "draw_roofline", "table"]
+           "with_peak", "ort_matmul_gflops", "meets_targets", "peak_efficiency", "draw_roofline", "table"]
 
 #: the seed's targets (§6.2): utilisation above 65%, bandwidth below 80% of peak, above 4 TOPS/W
 TARGETS = {"compute_util": 0.65, "bandwidth_util": 0.80, "tops_per_watt": 4.0}
@@ -130,6 +130,35 @@ def with_cores(device, cores: int):
                    peak_fp32_tflops=(device.peak_fp32_tflops or device.peak_fp16_tflops) * cores)
 
 
+def with_peak(device, gflops: float, name: str | None = None):
+    """The device with its compute peak set to `gflops` GFLOP/s (e.g. a measured onnxruntime MatMul)."""
+    if not gflops > 0:
+        raise ValueError("gflops must be > 0")
+    return replace(device, name=name or device.name, peak_fp16_tflops=gflops / 1e3, peak_fp32_tflops=gflops / 1e3)
+
+
+def ort_matmul_gflops(n: int = 1024, threads: int = 1, min_time: float = 0.5) -> float:
+    """Measured fp32 GFLOP/s of onnxruntime's own MatMul kernel (n x n x n) with `threads` intra-op threads.
+
+    The practical compute roof of this CPU for onnxruntime: the same kernels (MLAS) that run the models.
+    """
+    import numpy as np
+    from onnx import helper
+
+    from .build import make_model, tensor, value_info
+    from .runtime import session
+    from .timing import bench
+
+    rng = np.random.default_rng(0)
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["c"], name="mm")],
+                       [value_info("a", np.float32, [n, n])], [value_info("c", np.float32, [n, n])],
+                       [tensor("b", rng.standard_normal((n, n)).astype(np.float32))])
+    sess = session(model, "disable", threads)
+    feeds = {"a": rng.standard_normal((n, n)).astype(np.float32)}
+    t = bench(lambda: sess.run(["c"], feeds), min_time=min_time, warmup=2)
+    return 2.0 * n**3 / t.median / 1e9
+
+
 def _dtype_for(device) -> str:
     return "float32" if getattr(device, "precision", "fp16") == "fp32" else "float16"
 
@@ -145,18 +174,28 @@ def op_points(profile, costs) -> list[OpPoint]:
     return out
 
 
-def utilisation(profile, costs, device, *, time: str = "run") -> Utilisation:
-    """Measured figures: the cost model's work over a profile's time (time='run': wall time; 'kernel': kernels only)."""
+def utilisation(measurement, costs, device, *, time: str = "run") -> Utilisation:
+    """Measured figures: the cost model's work over a measured time per run.
+
+    `measurement` is a `Profile` (time='run': wall time of a run; 'kernel': time inside kernels) or a
+    time per run in seconds (e.g. a `Timing.median` from `fusionlab.timing`).
+    """
     if time not in ("run", "kernel"):
         raise ValueError("time must be 'run' or 'kernel'")
     table_ = cost_table(costs)
     flops = sum(f for f, _ in table_.values())
     nbytes = sum(b for _, b in table_.values())
-    seconds = (profile.run_us if time == "run" else profile.kernel_us) * 1e-6
+    if isinstance(measurement, (int, float)):
+        if not measurement > 0:
+            raise ValueError("time per run must be > 0 seconds")
+        seconds, points, note = float(measurement), [], "time per run given"
+    else:
+        seconds = (measurement.run_us if time == "run" else measurement.kernel_us) * 1e-6
+        points = op_points(measurement, costs)
+        note = f"{time} time, median of {measurement.n_runs} profiled runs"
     return Utilisation(device=device.name, measured=True, flops=flops, bytes=nbytes, time_s=seconds,
                        peak_flops=device.peak_flops(_dtype_for(device)), peak_bandwidth=device.bandwidth,
-                       power_w=device.power_w, points=op_points(profile, costs),
-                       note=f"{time} time, median of {profile.n_runs} profiled runs")
+                       power_w=device.power_w, points=points, note=note)
 
 
 def modelled(graph, device, plan=None, *, dims: dict | None = None) -> Utilisation:

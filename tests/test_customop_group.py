@@ -132,7 +132,7 @@ def test_groups_that_cannot_be_proven_legal_are_refused(kwargs, message):
 
 
 def test_conv_bn_alone_needs_no_custom_op():
-    g = conv_model([], bn=True) if False else load(zoo.conv_bn_relu(3, 4, 3, image_size=8))
+    g = load(zoo.conv_bn_relu(3, 4, 3, image_size=8))
     grp = group_of(g, names={"/conv/Conv", "/bn/BatchNormalization"})
     with pytest.raises(UnsupportedGroup, match="single op after folding"):
         declare_group(g, grp)

@@ -299,3 +299,9 @@ def test_huge_model_keeps_weights_on_disk_and_still_runs(tmp_path, monkeypatch):
     assert out["y"].shape == (1, 4, 8, 8)
     ref = fusionlab.run(conv_relu_model())
     np.testing.assert_allclose(out["y"], ref["y"], rtol=1e-6)
+
+
+def test_plain_graph_input_is_not_called_overridable():
+    g = load(conv_relu_model())
+    x = g.node("conv").inputs[0]
+    assert x.is_graph_input() and not g.is_overridable(x)

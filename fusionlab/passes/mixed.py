@@ -63,7 +63,10 @@ DEFAULT_TILE_KB = 16.0
 
 _E, _B, _I, _R, _O, _X = (OpKind.ELEMWISE, OpKind.BROADCAST, OpKind.INJECTIVE, OpKind.REDUCTION,
                           OpKind.OUT_EWISE_FUSABLE, OpKind.OPAQUE)
-_UNSET = object()
+
+
+def _a(word: str) -> str:
+    return ("an " if word[:1] in "aeiou" else "a ") + word
 
 
 # --------------------------------------------------------------------------------------------------
@@ -391,7 +394,7 @@ class _Partitioner:
                 return False, f"path to {self.g[sink].name} passes {self.g[i].name} ({self.g[i].node.op_type}, {k.name.lower()} group)"
         k = self.pattern[self.root(sink)]
         if not fcond(k, True):
-            return False, f"post-dominator {self.g[sink].name} is a {k.name.lower()} group"
+            return False, f"post-dominator {self.g[sink].name} is {_a(k.name.lower())} group"
         return True, ""
 
     def _candidate(self, src: int, sink: int) -> list[int]:
@@ -446,14 +449,14 @@ class _Partitioner:
                     continue
                 if dom_pat != _E:
                     self._record(phase, i, pd, False,
-                                 f"post-dominator {self.g[pd].name} ({self.g[pd].node.op_type}) is reached through a "
-                                 f"{dom_pat.name.lower()} op; an out-fusable group only grows through elementwise ops")
+                                 f"post-dominator {self.g[pd].name} ({self.g[pd].node.op_type}) is reached through "
+                                 f"{_a(dom_pat.name.lower())} op; an out-fusable group only grows through elementwise ops")
                     continue
                 ok, why = self._check_path(i, pd, lambda k, sink: k <= _B)
             elif kind <= _B:
                 if not (dom_pat <= _I or dom_pat == _R):
                     self._record(phase, i, pd, False,
-                                 f"post-dominator {self.g[pd].name} is reached through a {dom_pat.name.lower()} op")
+                                 f"post-dominator {self.g[pd].name} is reached through {_a(dom_pat.name.lower())} op")
                     continue
                 ok, why = self._check_path(
                     i, pd, lambda k, sink: k <= _I if not sink else (k <= _B or k in (_R, _I, _O)))

@@ -221,7 +221,7 @@ def _symbolic_shapes(graph: Graph) -> tuple[dict[str, tuple], dict[str, int]]:
             init.data_location = onnx.TensorProto.DEFAULT
             init.raw_data = b""
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=False)
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception:
         inferred = proto
     out: dict[str, tuple] = {}
@@ -1094,6 +1094,7 @@ def apply(graph: Graph, plan: FusionPlan, *, rules: Iterable[str] | str | None =
     found = {m.key: m for m in _find(ctx)}
     g = graph.graph
     functions: list[str] = []
+    replaced: dict[int, ir.Value] = {}  # values earlier rewrites retired -> their replacements
     for key, group in wanted.items():
         m = found.get(key)
         if m is None:
@@ -1101,6 +1102,12 @@ def apply(graph: Graph, plan: FusionPlan, *, rules: Iterable[str] | str | None =
             group.lowered_to = "not applied"
             continue
         new_nodes = m.build()
+        for n in new_nodes:
+            for i, v in enumerate(n.inputs):
+                if v is not None and id(v) in replaced:
+                    while id(v) in replaced:
+                        v = replaced[id(v)]
+                    n.replace_input_with(i, v)
         last = m.nodes[-1]
         out = last.outputs[0]
         new_out = new_nodes[-1].outputs[0]
@@ -1110,6 +1117,7 @@ def apply(graph: Graph, plan: FusionPlan, *, rules: Iterable[str] | str | None =
         out.name = f"{name}__replaced"
         out.replace_all_uses_with(new_out, replace_graph_outputs=True)
         new_out.name = name
+        replaced[id(out)] = new_out
         for n in new_nodes[:-1]:
             for o in n.outputs:
                 o.name = ctx.fresh(f"{name}__{n.op_type.lower()}")

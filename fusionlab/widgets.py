@@ -1,0 +1,209 @@
+"""The fusion-threshold explorer: plain functions that tests and notebooks call, and a thin widget on top.
+
+`explore_state` makes a plan for the chosen fusion kinds and thresholds and costs it on every device;
+`sweep_group_size` is the curve behind "over-fusion": predicted latency and peak memory against the
+largest group allowed; `measure` runs the fused model against the original on this CPU. `explore`
+only wires ipywidgets controls to these functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import cost
+from .devices import Device, get as get_device, load_devices
+from .graph import Graph, load
+from .passes import get_pass
+from .plan import FusionPlan
+
+__all__ = ["ExplorerResult", "make_plan", "explore_state", "sweep_group_size", "sweep_table", "plot_sweep",
+           "measure", "explore"]
+
+KINDS = ("vertical", "horizontal", "mixed")
+
+
+def _as_graph(model) -> Graph:
+    return model if isinstance(model, Graph) else load(model)
+
+
+def make_plan(model, kinds=KINDS, max_group_ops: int | None = 5, buffer_kb: float | None = None,
+              dims: dict | None = None) -> FusionPlan:
+    """One plan from the chosen passes in order; a later pass keeps only groups of nodes still free."""
+    graph = _as_graph(model)
+    names = {n.name for n in graph}
+    combined = FusionPlan(model=graph.name)
+    skipped = 0
+    for kind in kinds:
+        if kind not in KINDS:
+            raise ValueError(f"unknown fusion kind {kind!r}; choose from {', '.join(KINDS)}")
+        part = get_pass(kind).plan(graph, max_group_ops=max_group_ops, buffer_kb=buffer_kb, dims=dims)
+        taken = combined.node_to_group()
+        for g in part:
+            if any(n in taken or n not in names for n in g.nodes):
+                skipped += 1
+                continue
+            combined.add(g)
+    if skipped:
+        combined.notes.append(f"{skipped} group(s) overlapping an earlier pass's groups left out")
+    return combined
+
+
+@dataclass
+class ExplorerResult:
+    """What the explorer shows for one setting: the plan, its cost on the chosen device, all devices."""
+
+    plan: FusionPlan
+    cost: cost.PlanCost
+    baseline: cost.PlanCost
+    devices: cost.CostTable
+    figure: object = None
+    settings: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """Deterministic text: the setting, groups by kind, and predicted latency / peak memory."""
+        by_kind = {k: len(self.plan.by_kind(k)) for k in KINDS if len(self.plan.by_kind(k))}
+        b, c = self.baseline, self.cost
+        return "\n".join([
+            ", ".join(f"{k}={v}" for k, v in self.settings.items()),
+            f"groups: {len(self.plan)} ({', '.join(f'{k} {v}' for k, v in by_kind.items()) or 'none'}), "
+            f"kernels {b.kernels} -> {c.kernels}",
+            f"{c.device}: predicted {b.latency_s * 1e6:.1f} -> {c.latency_s * 1e6:.1f} us "
+            f"({b.latency_s / c.latency_s:.2f}x), peak memory {b.peak_memory_bytes / 2**20:.2f} -> "
+            f"{c.peak_memory_bytes / 2**20:.2f} MiB, traffic {b.bytes_moved / 2**20:.2f} -> "
+            f"{c.bytes_moved / 2**20:.2f} MiB",
+        ])
+
+
+def explore_state(model, max_group_ops: int | None = 5, buffer_kb: float | None = None, kinds=KINDS,
+                  device: str | Device = "Atlas 300I Pro", *, dims: dict | None = None, picture: bool = False,
+                  devices: list | None = None) -> ExplorerResult:
+    """Plan with these thresholds, cost it on `device` and on every preset; optionally draw the groups."""
+    graph = _as_graph(model)
+    dev = get_device(device)
+    plan = make_plan(graph, kinds, max_group_ops, buffer_kb, dims)
+    a = cost._Analysis(graph, dims, dev.precision)
+    base = cost.plan_cost(graph, None, dev, _analysis=a)
+    fused = cost.plan_cost(graph, plan, dev, _analysis=a)
+    others = devices if devices is not None else list(load_devices().values())
+    table = cost.compare(graph, {"unfused": None, "plan": plan}, others, dims=dims)
+    fig = None
+    if picture:
+        from . import viz
+
+        fig = viz.draw(graph, plan, title=f"{len(plan)} groups, max {max_group_ops} ops per group")
+    settings = {"kinds": "+".join(kinds), "max_group_ops": max_group_ops, "buffer_kb": buffer_kb, "device": dev.name}
+    return ExplorerResult(plan, fused, base, table, fig, settings)
+
+
+def sweep_group_size(model, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16), device: str | Device = "Atlas 300I Pro", *,
+                     kinds=("mixed",), buffer_kb: float | None = None, dims: dict | None = None,
+                     chip_buffer_kb: float | None = None) -> list[dict]:
+    """Predicted cost for each largest-group size: groups, kernels, latency, traffic, spill, peak memory.
+
+    `buffer_kb` is the mixed pass's per-group budget; `chip_buffer_kb` overrides the device's on-chip
+    capacity in the cost model (what decides spills).
+    """
+    graph = _as_graph(model)
+    dev = get_device(device)
+    a = cost._Analysis(graph, dims, dev.precision)
+    base = cost.plan_cost(graph, None, dev, _analysis=a, buffer_kb=chip_buffer_kb)
+    rows = []
+    for size in sizes:
+        plan = make_plan(graph, kinds, size, buffer_kb, dims)
+        c = cost.plan_cost(graph, plan, dev, _analysis=a, buffer_kb=chip_buffer_kb)
+        rows.append({
+            "max_group_ops": size, "groups": len(plan), "largest": max((g.size for g in plan), default=1),
+            "kernels": c.kernels, "latency_us": round(c.latency_s * 1e6, 2),
+            "speedup": round(base.latency_s / c.latency_s, 3), "MiB_moved": round(c.bytes_moved / 2**20, 3),
+            "spill_MiB": round(c.spill_bytes / 2**20, 3), "peak_MiB": round(c.peak_memory_bytes / 2**20, 3),
+            "peak_vs_unfused": round(c.peak_memory_bytes / base.peak_memory_bytes, 3),
+        })
+    return rows
+
+
+def sweep_table(rows: list[dict]) -> str:
+    """The sweep as a plain-text table."""
+    header = list(rows[0]) if rows else []
+    cells = [[str(r[h]) for h in header] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(header)]
+    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))
+    return "\n".join([line(header)] + [line(c) for c in cells])
+
+
+def plot_sweep(rows: list[dict], ax=None, title: str | None = None):
+    """Latency (left axis) and peak memory (right axis) against the largest group allowed."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+    else:
+        fig = ax.figure
+    xs = [r["max_group_ops"] for r in rows]
+    ax.plot(xs, [r["latency_us"] for r in rows], "o-", color="tab:blue", label="predicted latency")
+    ax.set_xlabel("max ops per fused group")
+    ax.set_ylabel("predicted latency (us)", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.plot(xs, [r["peak_MiB"] for r in rows], "s--", color="tab:red", label="peak memory")
+    ax2.set_ylabel("predicted peak memory (MiB)", color="tab:red")
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def measure(model, kinds=KINDS, max_group_ops: int | None = 5, buffer_kb: float | None = None, *,
+            dims: dict | None = None, min_time: float = 1.0):
+    """Fuse with these settings, verify against the original, and time both on this CPU (1 thread)."""
+    from .passes import fuse
+    from .runtime import verify
+    from .timing import compare_models
+
+    graph = _as_graph(model)
+    result = fuse(graph, passes=[k for k in kinds], max_group_ops=max_group_ops, buffer_kb=buffer_kb, dims=dims)
+    report = verify(graph, result.graph, dims=dims)
+    if not report.ok:
+        raise ValueError("the fused model does not match the original:\n" + report.table())
+    return compare_models(graph, result.graph, dims=dims, min_time=min_time, label_a="original", label_b="fused")
+
+
+def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: str = "Atlas 300I Pro"):
+    """An ipywidgets explorer over `explore_state`, `sweep_group_size` and `measure` (thin layer)."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    graph = _as_graph(model)
+    ops = w.IntSlider(value=max_group_ops, min=1, max=16, description="max ops", continuous_update=False)
+    buf = w.IntSlider(value=0, min=0, max=512, step=16, description="UB KiB", continuous_update=False,
+                      tooltip="buffer budget the mixed pass may fill per group (0 = no limit)")
+    kinds = w.SelectMultiple(options=KINDS, value=KINDS, description="kinds")
+    dev = w.Dropdown(options=list(load_devices()) + ["this machine"], value=device, description="device")
+    button = w.Button(description="measure on this CPU")
+    out, measured = w.Output(), w.Output()
+
+    def show(*_):
+        out.clear_output(wait=True)
+        with out:
+            res = explore_state(graph, ops.value, buf.value or None, kinds.value or ("vertical",), dev.value,
+                                dims=dims, picture=len(graph) <= 80)
+            print(res.summary())
+            print(res.plan.table(max_rows=15))
+            print(res.devices.table())
+            if res.figure is not None:
+                display(res.figure)
+                plt.close(res.figure)
+
+    def run_measure(_):
+        measured.clear_output(wait=True)
+        with measured:
+            print("measuring (fuse, verify, interleaved timing)...")
+            print(measure(graph, kinds.value or ("vertical",), ops.value, buf.value or None, dims=dims).table())
+
+    for c in (ops, buf, kinds, dev):
+        c.observe(show, names="value")
+    button.on_click(run_measure)
+    show()
+    box = w.VBox([w.HBox([ops, buf]), w.HBox([kinds, dev, button]), out, measured])
+    display(box)
+    return box

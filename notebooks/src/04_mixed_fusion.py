@@ -1,0 +1,241 @@
+# %% [markdown]
+# # 04 · Mixed fusion: grouping ops in any topology
+#
+# **What you will learn**
+#
+# - how ops are classified for fusion (elementwise, broadcast, injective, reduction, out-elementwise-fusable,
+#   opaque) — the vocabulary of TVM's `FuseOps`;
+# - what a **post-dominator tree** is and why fusion follows it through diamonds and branches;
+# - the grouping algorithm step by step (union-find groups, fusion conditions per kind, phases);
+# - how backend thresholds change the groups: **maximum ops per group** (the seed's rule: split above 5
+#   on Atlas 800I A2), an **on-chip buffer budget**, and whether a multi-consumer result may be recomputed;
+# - lowering the groups to ONNX functions and checking that the model still computes the same.
+#
+# The seed (§2.2) calls this "mixed fusion" (complex topologies), with 40–60% gains on Ascend. We cannot
+# measure Ascend kernels here; this notebook is about *which* groups form and *why*.
+
+# %%
+import warnings
+
+warnings.filterwarnings("ignore")
+
+import numpy as np
+from onnx import helper
+
+from fusionlab import opclass, viz, zoo
+from fusionlab.build import make_model, tensor, value_info
+from fusionlab.graph import load
+from fusionlab.passes import fuse, mixed
+from fusionlab.runtime import verify
+
+rng = np.random.default_rng(0)
+
+# %% [markdown]
+# ## 1. Op classes
+#
+# Every op gets a pattern kind; combining two kinds takes the larger one.
+
+# %%
+by_kind = {}
+for op, kind in opclass.table():
+    by_kind.setdefault(kind, []).append(op)
+for kind, ops in by_kind.items():
+    print(f"{opclass.OpKind[kind].value}  {kind:<18} {', '.join(ops[:12])}{' ...' if len(ops) > 12 else ''}")
+print("anything else (Softmax, control flow, custom domains): OPAQUE")
+
+# %% [markdown]
+# The rules follow from what a fused kernel can do in one pass over its output:
+#
+# - elementwise and broadcast ops can be fused into almost anything — they are computed on the fly;
+# - injective ops (reshape, transpose, concat) move data; they join when every path stays injective;
+# - a reduction can *end* a group (its inputs are computed on the fly) but nothing is fused after it;
+# - Conv/MatMul (out-elementwise-fusable) can absorb elementwise ops into their output, never another
+#   Conv/MatMul;
+# - opaque ops stand alone.
+#
+# ## 2. A branchy graph
+#
+# A Conv whose output splits into two branches that meet again (a diamond), a second Conv, a
+# decomposed LayerNorm-style reduction, and a Softmax.
+
+# %%
+def branchy():
+    c = 16
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "W1", "b1"], ["c1"], name="conv1", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        n("Relu", ["c1"], ["r1"], name="relu1"),
+        n("Sigmoid", ["r1"], ["s1"], name="sigmoid"),
+        n("Mul", ["r1", "s1"], ["m1"], name="silu_mul"),
+        n("Tanh", ["r1"], ["t1"], name="tanh"),
+        n("Add", ["m1", "t1"], ["a1"], name="join"),
+        n("Conv", ["a1", "W2"], ["c2"], name="conv2", kernel_shape=[1, 1]),
+        n("Add", ["c2", "b2"], ["c2b"], name="bias2"),
+        n("ReduceMean", ["c2b"], ["mu"], name="mean", axes=[1], keepdims=1),
+        n("Sub", ["c2b", "mu"], ["d"], name="center"),
+        n("Mul", ["d", "d"], ["d2"], name="square"),
+        n("ReduceMean", ["d2"], ["var"], name="variance", axes=[1], keepdims=1),
+        n("Add", ["var", "eps"], ["ve"], name="add_eps"),
+        n("Sqrt", ["ve"], ["sd"], name="sqrt"),
+        n("Div", ["d", "sd"], ["nrm"], name="normalise"),
+        n("Reshape", ["nrm", "shape"], ["flat"], name="flatten"),
+        n("Softmax", ["flat"], ["y"], name="softmax", axis=-1),
+    ]
+    inits = [tensor("W1", rng.standard_normal((c, 3, 3, 3)).astype(np.float32) * 0.3),
+             tensor("b1", rng.standard_normal(c).astype(np.float32)),
+             tensor("W2", rng.standard_normal((c, c, 1, 1)).astype(np.float32) * 0.3),
+             tensor("b2", rng.standard_normal((c, 1, 1)).astype(np.float32)),
+             tensor("eps", np.array(1e-5, np.float32)), tensor("shape", np.array([1, -1], np.int64))]
+    return make_model(nodes, [value_info("x", np.float32, [1, 3, 32, 32])],
+                      [value_info("y", np.float32, [1, c * 32 * 32])], inits)
+
+
+g = load(branchy())
+for node in g:
+    print(f"{node.name:<10} {node.op_type:<11} {opclass.classify(node).name}")
+
+# %% [markdown]
+# ## 3. The post-dominator tree
+#
+# Node *B* post-dominates node *A* when every path from *A* to the end of the graph goes through *B*.
+# The immediate post-dominator is the closest one. Fusion only ever merges a node with its immediate
+# post-dominator and everything in between — so the merged group has one exit, and no path can leave the
+# group and come back (no cycle). The tree is built in one sweep from the outputs backwards: a node's
+# post-dominator is the lowest common ancestor, in the tree built so far, of all its consumers.
+
+# %%
+tree = mixed.post_dominator_tree(g)
+for node, pd in tree.items():
+    print(f"{node:<10} -> {pd}")
+
+# %% [markdown]
+# `relu1` feeds three ops, yet every path from it meets again at `join`: `join` is its post-dominator.
+# `center` feeds `square` and `normalise`; the paths meet at `normalise`. `softmax` writes the graph
+# output, so it post-dominates nothing below it.
+#
+# ## 4. The grouping, step by step
+#
+# Each node, in topological order, tries to fuse into its post-dominator's group. All nodes on all paths
+# in between must pass a condition that depends on the kind; if they do (and the thresholds allow it)
+# union-find merges them. Phase 0 lets Conv/MatMul take their elementwise tails and elementwise ops fuse
+# forward; phase 1 adds injective ops, after the Conv groups are complete (as TVM does).
+
+# %%
+plan, steps = mixed.plan(g, max_group_ops=None, trace=True)
+for s in steps:
+    print(s)
+
+# %%
+print(plan.table())
+for grp in plan:
+    print(f"{grp.id}: stopped because {grp.reason}")
+
+# %%
+viz.draw(g, plan, title="FuseOps groups, no thresholds")
+
+# %% [markdown]
+# Read the picture with the trace: `conv1` takes the whole diamond (everything between it and `join` is
+# elementwise or broadcast), but stops at `conv2` — one Conv per group. `center` cannot join `normalise`:
+# one of its paths runs through a reduction (`variance`), which may only *end* a group.
+#
+# ## 5. Thresholds
+#
+# **Maximum ops per group.** The seed's rule for Atlas 800I A2 is to split a custom op that fuses more
+# than 5 basic ops. TVM's equivalent knob is `relay.FuseOps.max_depth` (default 256).
+
+# %%
+for max_ops in (None, 5, 3, 2):
+    p = mixed.plan(g, max_group_ops=max_ops)
+    sizes = [grp.size for grp in p]
+    print(f"max_group_ops={str(max_ops):<5} groups={len(p)} sizes={sizes} kernels={len(g) - p.saved_launches}")
+
+# %%
+p3 = mixed.plan(g, max_group_ops=3)
+viz.draw(g, p3, title="max_group_ops=3")
+
+# %% [markdown]
+# **On-chip buffer budget.** (Feature maps here are 16 channels of 32x32 fp32 = 64 KB each.) A fused kernel keeps its intermediates on chip. On an Ascend AI core that is
+# the Unified Buffer: 192 KB on Ascend 910B, 256 KB on 310P3 (`cann_facts.md` §3.3). `fusionlab` uses a
+# simple tile model: every tensor the group touches takes a tile of `min(size, 16 KB)`; group inputs and
+# outputs are double-buffered (copy-in/copy-out overlap compute), intermediates take one tile from the op
+# that makes them to their last reader. Conv/MatMul inputs travel through L1/L0 to the cube unit, not UB.
+# The working set must fit the budget.
+
+# %%
+for kb in (None, 96, 64, 48):
+    p = mixed.plan(g, max_group_ops=None, buffer_kb=kb)
+    ws = [grp.extra["working_set_kb"] for grp in p]
+    print(f"buffer_kb={str(kb):<5} groups={len(p)} sizes={[grp.size for grp in p]} working sets KB={ws}")
+print(mixed.plan(g, max_group_ops=None, buffer_kb=64)[0].reason)
+print(mixed.plan(g, max_group_ops=None, buffer_kb=64)[-1].reason)
+
+# %% [markdown]
+# **Recompute.** `center` has two consumers and cannot fuse into its post-dominator. With
+# `allow_recompute=True` a cheap (elementwise/broadcast) op like it is *copied* into each consumer's group:
+# the subtraction runs twice, but its result is never written to memory.
+
+# %%
+pr = mixed.plan(g, max_group_ops=None, allow_recompute=True)
+print(pr.table())
+print(pr.notes[0])
+
+# %% [markdown]
+# ## 6. Lowering and verifying
+#
+# onnxruntime has no kernel for an arbitrary group, but ONNX can still *express* one: `apply` moves each
+# group into a model-local function (`fusionlab.lower.to_functions`) and calls it once. onnxruntime
+# inlines the functions when it loads the model, so this shows the grouping rather than speeding it up —
+# on Ascend, each function is what would become one custom op. The result must compute the same.
+
+# %%
+for opts in ({"max_group_ops": 5}, {"max_group_ops": None, "allow_recompute": True}):
+    res = fuse(g, ("mixed",), **opts)
+    report = verify(g, res.graph)
+    print(opts, "->", len(res.graph), "nodes;", [grp.lowered_to for grp in res.plan],
+          "equivalent" if report.ok else "NOT equivalent")
+
+# %% [markdown]
+# ## 7. A zoo model: YOLOv5n
+#
+# On a real network the same algorithm runs in milliseconds. YOLOv5 exports Conv+BN+SiLU (SiLU as
+# Sigmoid+Mul): each Conv takes its BN and SiLU; residual Adds and Concats decide where groups end.
+
+# %%
+yolo = load(zoo.get("yolov5n", image_size=160))
+for max_ops in (None, 5, 3):
+    for kb in (None, 192, 64):
+        p = mixed.plan(yolo, max_group_ops=max_ops, buffer_kb=kb)
+        print(f"max_group_ops={str(max_ops):<5} buffer_kb={str(kb):<5} groups={len(p):>3} "
+              f"kernels={len(yolo) - p.saved_launches:>3} / {len(yolo)} nodes")
+
+# %%
+yp = mixed.plan(yolo, max_group_ops=5, buffer_kb=192)
+reasons = {}
+for grp in yp:
+    key = grp.reason.split(";")[-1].split("(")[0].strip()
+    reasons[key] = reasons.get(key, 0) + 1
+for key, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+    print(f"{n:>3} groups stopped: {key}")
+
+# %%
+first = yp[4]
+viz.draw(yolo, yp, nodes=viz.neighbourhood(yolo, first.nodes, hops=1), title=f"YOLOv5n around {first.id}")
+
+# %%
+yres = fuse(yolo, ("mixed",), max_group_ops=5, buffer_kb=192)
+print(len(yolo), "->", len(yres.graph), "nodes;", "equivalent" if verify(yolo, yres.graph).ok else "NOT equivalent")
+
+# %% [markdown]
+# ## Summary
+#
+# - Ops are classified by how their output depends on their inputs; the class decides what may fuse.
+# - Fusion follows the post-dominator tree: a node joins its immediate post-dominator together with every
+#   node in between, so groups have one exit and never form cycles.
+# - Phases order the work: Conv/MatMul groups first, injective ops later.
+# - Backend limits reshape the groups: a cap on ops per group (the seed's 5 on Atlas 800I A2), the on-chip
+#   buffer, recompute of multi-consumer results. Each group records why it stopped.
+# - Lowered to ONNX functions, the model still verifies against the original.
+#
+# **Try next:** change `tile_kb` and `buffer_kb` together (256 KB for a 310P3 core); plan BERT-tiny
+# (`zoo.get("bert_tiny")`) and look at the LayerNorm groups with and without recompute; compare the
+# groups with what onnxruntime fuses at level `all` (notebook on onnxruntime's optimiser).

@@ -301,13 +301,14 @@ def _threads_of(sess) -> dict:
 
 
 def compare_models(model_a, model_b, *, level_a: str = "disable", level_b: str = "disable", threads: int = 1,
-                   feeds: dict | None = None, seed: int = 0, dims: dict[str, int] | None = None, **kw) -> Comparison:
+                   feeds: dict | None = None, seed: int = 0, dims: dict[str, int] | None = None,
+                   custom_ops_library: str | None = None, **kw) -> Comparison:
     """Interleaved comparison of two models' onnxruntime runs on the same inputs (1 intra-op thread by default)."""
     from . import runtime
 
     runtime.quiet_onnxruntime()
-    sa = runtime.session(model_a, level_a, threads, inter_threads=1)
-    sb = runtime.session(model_b, level_b, threads, inter_threads=1)
+    sa = runtime.session(model_a, level_a, threads, inter_threads=1, custom_ops_library=custom_ops_library)
+    sb = runtime.session(model_b, level_b, threads, inter_threads=1, custom_ops_library=custom_ops_library)
     if feeds is None:
         feeds = runtime.make_feeds(model_a, seed=seed, dims=dims, sess=sa)
     fa = {k: v for k, v in feeds.items() if k in {i.name for i in sa.get_inputs()}}

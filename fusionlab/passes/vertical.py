@@ -221,7 +221,7 @@ def _symbolic_shapes(graph: Graph) -> tuple[dict[str, tuple], dict[str, int]]:
             init.data_location = onnx.TensorProto.DEFAULT
             init.raw_data = b""
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=False)
     except Exception:
         inferred = proto
     out: dict[str, tuple] = {}
@@ -472,17 +472,27 @@ def _match_conv(ctx: _Context, conv: ir.Node) -> _Match | None:
     has_bn = any(s[0].op_type == "BatchNormalization" for s in steps)
     rule = act_rule if act else (bn_rule if has_bn else ("conv_scale_bias" if steps else "pad_conv"))
     # fold the affine steps (float64, cast back once); refuse if folded weights overflow the dtype
-    new_w, new_b = w, bias
+    folded_cache: list = []
+
+    def fold():
+        if not folded_cache:
+            scale, shift = np.ones(channels), np.zeros(channels)
+            for _, s, t in steps:
+                scale, shift = s * scale, s * shift + t
+            folded_cache.append(derive.fold_conv_bn(w, bias, scale, shift, np.zeros(channels), np.ones(channels),
+                                                    0.0, group=group, transpose=transpose))
+        return folded_cache[0]
+
     if steps:
-        scale, shift = np.ones(channels), np.zeros(channels)
+        # cheap bound first (folding every conv twice, in plan and apply, would dominate the pass time)
+        s_max, t_max = 1.0, 0.0
         for _, s, t in steps:
-            scale, shift = s * scale, s * shift + t
-        folded = derive.fold_conv_bn(w, bias, scale, shift, np.zeros(channels), np.ones(channels), 0.0,
-                                     group=group, transpose=transpose)
-        if folded.overflow:
+            s_max, t_max = s_max * float(np.abs(s).max()), float(np.abs(s).max()) * t_max + float(np.abs(t).max())
+        b_max = float(np.abs(bias).max()) if bias is not None else 0.0
+        bound = max(float(np.abs(w).max()) * s_max, s_max * b_max + t_max)
+        if not bound < float(np.finfo(w.dtype).max) / 4 and fold().overflow:
             ctx.refusals.append(f"{conv.name}: folded weights overflow {w.dtype}")
             return None
-        new_w, new_b = folded.weight, folded.bias
     fused_conv = act is not None and act[0] != "SiLU" and act[0] in FUSED_CONV_ACTIVATIONS and \
         w.dtype == _F32 and not transpose
     kernel = act is None or fused_conv or act[0] == "SiLU"
@@ -498,8 +508,9 @@ def _match_conv(ctx: _Context, conv: ir.Node) -> _Match | None:
     def build() -> list[ir.Node]:
         x = pad_node.inputs[0] if pad_node is not None else conv.inputs[0]
         if steps:
-            wv = ctx.new_initializer(f"{conv.name}_W_fused", new_w)
-            bv = ctx.new_initializer(f"{conv.name}_B_fused", new_b)
+            folded = fold()
+            wv = ctx.new_initializer(f"{conv.name}_W_fused", folded.weight)
+            bv = ctx.new_initializer(f"{conv.name}_B_fused", folded.bias)
         else:
             wv = conv.inputs[1]
             bv = conv.inputs[2] if len(conv.inputs) > 2 else None
@@ -593,6 +604,10 @@ def _match_linear(ctx: _Context, node: ir.Node) -> _Match | None:
     if not _is(node, "MatMul", "Gemm") or len(node.outputs) != 1 or any(v is None for v in node.inputs[:2]):
         return None
     a, b = node.inputs[0], node.inputs[1]
+    first = _sole_consumer(node.outputs[0])
+    if first is None or not ctx.free([first]) or first.domain not in _DEFAULT or \
+            first.op_type not in ("Add", "BatchNormalization", *FUSED_GEMM_ACTIVATIONS):
+        return None
     dt = ctx.dtype(a)
     if dt not in _FLOATS or ctx.dtype(b) != dt:
         return None

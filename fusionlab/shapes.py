@@ -12,7 +12,7 @@ import onnx_ir as ir
 
 from .graph import Graph
 
-__all__ = ["bind_dims", "infer_shapes", "shape_of", "nbytes", "DEFAULT_DIMS"]
+__all__ = ["Shapes", "bind_dims", "infer_shapes", "shape_of", "nbytes", "DEFAULT_DIMS"]
 
 DEFAULT_DIMS = {"batch": 1, "sequence": 8}
 
@@ -42,23 +42,52 @@ def bind_dims(proto: onnx.ModelProto, dims: dict[str, int] | None = None) -> onn
     return out
 
 
-def infer_shapes(graph: Graph, dims: dict[str, int] | None = None) -> dict[str, tuple[int, ...]]:
-    """{value name: concrete shape} for inputs, initializers and every node output it can infer.
+class Shapes(dict):
+    """{value name: concrete shape}, plus `.dtypes` {value name: numpy dtype}."""
 
-    Also writes the inferred shapes onto the graph's values when they had none.
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.dtypes: dict[str, np.dtype] = {}
+
+
+def _collect(model: onnx.ModelProto, out: Shapes) -> None:
+    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            continue
+        if tt.elem_type:
+            try:
+                out.dtypes.setdefault(vi.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)))
+            except Exception:
+                pass
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            out.setdefault(vi.name, tuple(int(d.dim_value) for d in tt.shape.dim))
+    for init in model.graph.initializer:
+        out.setdefault(init.name, tuple(init.dims))
+        out.dtypes.setdefault(init.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)))
+
+
+def infer_shapes(graph: Graph, dims: dict[str, int] | None = None) -> Shapes:
+    """Concrete shapes (and dtypes) for inputs, initializers and every node output that can be inferred.
+
+    onnx's shape inference runs first; where it leaves gaps (e.g. a Slice whose end comes from
+    Shape→Gather, as in exported BERT position ids), onnxruntime's symbolic shape inference fills them.
+    The graph itself is not modified.
     """
     proto = bind_dims(graph.to_proto(), dims)
+    shapes = Shapes()
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
+        _collect(onnx.shape_inference.infer_shapes(proto, data_prop=True), shapes)
     except Exception:
-        inferred = proto
-    shapes: dict[str, tuple[int, ...]] = {}
-    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
-        tt = vi.type.tensor_type
-        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
-            shapes[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)
-    for init in inferred.graph.initializer:
-        shapes[init.name] = tuple(init.dims)
+        _collect(proto, shapes)
+    wanted = {v.name for n in graph for v in n.outputs if v is not None and v.name}
+    if wanted - set(shapes):
+        try:
+            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+            _collect(SymbolicShapeInference.infer_shapes(proto, auto_merge=True), shapes)
+        except Exception:
+            pass  # custom ops or unsupported patterns: keep what onnx inferred
     return shapes
 
 
@@ -74,10 +103,16 @@ def shape_of(value: ir.Value, shapes: dict[str, tuple[int, ...]] | None = None) 
 def nbytes(value: ir.Value, shapes: dict[str, tuple[int, ...]] | None = None) -> int | None:
     """Size in bytes of a value's tensor, or None if its shape or dtype is unknown."""
     shape = shape_of(value, shapes)
-    if shape is None or value.dtype is None:
+    if shape is None:
         return None
-    try:
-        itemsize = value.dtype.itemsize
-    except Exception:
+    itemsize = None
+    if value.dtype is not None:
+        try:
+            itemsize = int(value.dtype.itemsize)
+        except Exception:
+            itemsize = None
+    if itemsize is None and isinstance(shapes, Shapes) and value.name in shapes.dtypes:
+        itemsize = shapes.dtypes[value.name].itemsize
+    if itemsize is None:
         return None
-    return int(np.prod(shape, dtype=np.int64)) * int(itemsize)
+    return int(np.prod(shape, dtype=np.int64)) * itemsize

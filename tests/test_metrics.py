@@ -116,3 +116,21 @@ def test_roofline_draws_the_targets(measured):
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert not any("TOPS/W" in l for l in labels)  # no power figure, no efficiency line
     plt.close(fig)
+
+
+def test_utilisation_from_a_time_per_run(measured):
+    _, _, costs = measured
+    u = M.utilisation(0.002, costs, _cpu())
+    assert u.time_s == 0.002 and u.points == []
+    assert u.compute_util == pytest.approx(sum(c.flops for c in costs) / 0.002 / 50e9)
+    with pytest.raises(ValueError):
+        M.utilisation(0.0, costs, _cpu())
+
+
+def test_with_peak_and_the_onnxruntime_roof():
+    roof = M.ort_matmul_gflops(64, threads=1, min_time=0.01)
+    assert roof > 0 and math.isfinite(roof)
+    dev = M.with_peak(_cpu(), roof, "roof")
+    assert dev.name == "roof" and dev.peak_flops("float32") == pytest.approx(roof * 1e9)
+    with pytest.raises(ValueError):
+        M.with_peak(_cpu(), 0)

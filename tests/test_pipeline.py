@@ -184,3 +184,33 @@ def test_run_tiles_propagates_loader_errors():
 
     with pytest.raises(RuntimeError, match="read failed"):
         P.run_tiles(load, lambda b: 0, len(data), bufs, overlap=True)
+
+
+def test_tile_file_round_trip_and_compute(tmp_path):
+    path = P.write_tile_file(tmp_path / "t.bin", 3, 64, seed=1)
+    expected = np.random.default_rng(1).standard_normal(3 * 64, dtype=np.float32).reshape(3, 64)
+    buf = np.empty(64, dtype=np.float32)
+    with P.TileFile(path, 64) as tf:
+        assert tf.n_tiles == 3
+        tf.load(2, buf)
+        np.testing.assert_array_equal(buf, expected[2])
+        with pytest.raises(IndexError):
+            tf.load(3, buf)
+    compute = P.elementwise_compute(2, 64)
+    assert compute(buf) == pytest.approx(float(np.tanh(np.tanh(expected[2])).sum(dtype=np.float64)), rel=1e-5)
+    with pytest.raises(ValueError):
+        P.TileFile(path, 10**6)
+    with pytest.raises(ValueError):
+        P.elementwise_compute(0, 64)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.bin"]  # written atomically, no temp left
+
+
+def test_emulated_device_makes_loads_at_least_bytes_over_bandwidth(tmp_path):
+    import time
+
+    path = P.write_tile_file(tmp_path / "t.bin", 2, 1024)
+    buf = np.empty(1024, dtype=np.float32)
+    with P.TileFile(path, 1024, device_gbs=0.001) as tf:  # 4 KiB at 1 MB/s: >= 4.096 ms
+        t0 = time.perf_counter()
+        tf.load(0, buf)
+        assert time.perf_counter() - t0 >= 4096 / 1e6

@@ -74,6 +74,10 @@ def _bypass(graph: Graph, node: ir.Node) -> bool:
         return False
     if any(extra.uses() or extra.is_graph_output() for extra in node.outputs[1:]):
         return False
+    if x.type is None:
+        x.type = y.type
+    if x.shape is None:
+        x.shape = y.shape
     if y.is_graph_output():
         # Only an intermediate value produced in this graph may take over the output's name.
         if x.is_graph_input() or x.is_initializer() or x.is_graph_output() or x.producer() is None:

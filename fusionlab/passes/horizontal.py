@@ -49,11 +49,6 @@ def _int_attr(node: ir.Node, name: str, default: int) -> int:
     return default if a is None else int(a.value)
 
 
-def _float_attr(node: ir.Node, name: str, default: float) -> float:
-    a = node.attributes.get(name)
-    return default if a is None else float(a.value)
-
-
 # --------------------------------------------------------------------------------------------------
 # candidates
 # --------------------------------------------------------------------------------------------------

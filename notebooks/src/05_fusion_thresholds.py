@@ -70,7 +70,7 @@ from onnx import helper
 
 from fusionlab.build import make_model, value_info
 
-n = 1024
+n = 4096
 toy = fusionlab.load(make_model(
     [helper.make_node("MatMul", ["a", "b"], ["c"], name="matmul"),
      helper.make_node("Add", ["c", "a"], ["d"], name="add"),
@@ -216,8 +216,10 @@ for name, model in (("resnet_small", fusionlab.load(zoo.get("resnet_small"))), (
         rows.append((name, kind, len(result.plan), predicted, measured))
 print(f"{'model':<13} {'kind':<10} {'groups':>6} {'predicted':>9} {'measured':>8} {'error':>7}")
 for name, kind, groups, p, m in rows:
-    err = (p - m) / m if groups else float("nan")
-    print(f"{name:<13} {kind:<10} {groups:>6} {p:>8.2f}x {m:>7.2f}x {err:>+7.0%}")
+    if not groups:
+        print(f"{name:<13} {kind:<10} {groups:>6} {'-':>9} {'-':>8} {'-':>7}  (nothing to fuse)")
+        continue
+    print(f"{name:<13} {kind:<10} {groups:>6} {p:>8.2f}x {m:>7.2f}x {(p - m) / m:>+7.0%}")
 
 # %% [markdown]
 # Read the error column with the model's assumptions in mind. It charges every unfused intermediate at

@@ -142,7 +142,8 @@ print(f"\nprofile: gaps {before.gap_us:.0f} -> {after.gap_us:.0f} us per run, "
 #
 # Expect nothing: since onnxruntime 1.14 the execution plan puts all CPU nodes into one stream, so the parallel
 # mode has no independent streams to run (reported upstream as microsoft/onnxruntime#16158). The profile below
-# shows the proof: in parallel mode the kernels still run one after another, on one lane (a worker thread).
+# shows the proof: in parallel mode the kernels still run one after another, on one lane (a worker thread), and
+# handing each run over to the inter-op thread pool can only add time.
 
 # %%
 branchy = zoo.inception(image_size=96, width=0.25)

@@ -260,27 +260,36 @@ with pipeline.TileFile(data_file, TILE) as cached:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-with pipeline.TileFile(data_file, TILE, device_gbs=2.0) as device:
-    dma_result = measure(device, "loader = emulated 2 GB/s device (needs no CPU while it transfers)")
+with pipeline.TileFile(data_file, TILE, device_gbs=4.0) as device:
+    dma_result = measure(device, "loader = emulated 4 GB/s device (needs no CPU while it transfers)")
 workdir.cleanup()
 
 # %% [markdown]
 # Read the verdict lines, not just the medians: each says whether the 95% interval of the paired ratio excludes 1.
-# The next cell states, from the measurements, how close each case came to the simulator's prediction.
+# What theory expects: overlap pays when the loader waits on something that is *not* the CPU doing the compute
+# (the emulated device here, MTE2 on an AI Core). When the copy itself needs a CPU core, as a memcpy does, the
+# loader and the computation compete for the cores, and so does every other process on this machine's two shared
+# cores. The next cell states, from the measurements and the machine's load at the time, what happened here.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+load_1min = os.getloadavg()[0]
+print(f"machine load (1-minute average): {load_1min:.1f} on {os.cpu_count()} cores")
 for name, (predicted, c) in (("page-cache loader", memcpy_result), ("emulated device", dma_result)):
-    achieved = (c.speedup - 1) / (predicted - 1) if predicted > 1 else float("nan")
-    print(f"{name}: predicted {predicted:.2f}x, measured {c.speedup:.2f}x "
-          f"(95% CI {c.ci_low:.2f}-{c.ci_high:.2f}x): {achieved:.0%} of the predicted gain realised")
+    if c.ci_low > 1:
+        outcome = "overlap paid off"
+    elif c.ci_high < 1:
+        outcome = "overlap cost time: the loader and the computation competed for the CPU"
+    else:
+        outcome = "no clear difference"
+    print(f"{name}: simulator predicted {predicted:.2f}x, measured {c.speedup:.2f}x "
+          f"(95% CI {c.ci_low:.2f}-{c.ci_high:.2f}x): {outcome}")
 
 # %% [markdown]
-# The pattern to expect: overlap pays when the loader waits on something that is *not* the CPU doing the
-# compute, which is the emulated device here and MTE2 on an AI Core. When the copy needs the same CPU cores, as a
-# memcpy does on two cores shared with other work, the loader and the computation compete for the same cores and
-# the gain shrinks or disappears. That is the CPU version of "one stage dominates": the shared resource is the
-# real bottleneck.
+# When the measured ratio falls short of the prediction, the simulator's assumption is what broke: it gives each
+# stage its own engine. An AI Core really has separate MTE2, Vector and MTE3 queues; a busy two-core machine does
+# not give a Python loader thread a free core. That is the CPU version of "one stage dominates": the shared
+# resource becomes the bottleneck.
 #
 # ## Summary
 #

@@ -1,0 +1,102 @@
+"""`fusionlab fuse IN.onnx -o OUT.onnx`: plan, rewrite, verify and write a fused model."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from . import check_output, load_input
+
+
+def register(sub) -> None:
+    p = sub.add_parser("fuse", help="fuse operators in a model and write the result",
+                       description="Run fusion passes over a model, check the result computes the same outputs "
+                                   "as the original (onnxruntime, optimisations off), and write it atomically.")
+    p.add_argument("input", help="model to fuse (never overwritten)")
+    p.add_argument("-o", "--output", required=True, help="where to write the fused model")
+    p.add_argument("--passes", default="vertical",
+                   help="comma-separated pass names, run in order (default: vertical)")
+    p.add_argument("--rules", default=None, help="comma-separated subset of vertical rules (default: all)")
+    p.add_argument("--lower", default="runtime", choices=["runtime", "functions", "onnx"],
+                   help="runtime: onnxruntime com.microsoft fused ops; onnx: standard ops only; "
+                        "functions: runtime + model-local functions for groups with no fused kernel")
+    p.add_argument("--report", default=None, help="also write the plan and op counts as JSON here")
+    p.add_argument("--no-verify", action="store_true", help="skip checking the fused model against the original")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                   help="size of a symbolic dimension for verification, e.g. --dim batch=4 (repeatable)")
+    p.set_defaults(func=run)
+
+
+def _passes(text: str) -> list[str]:
+    from ..cli import UsageError
+    from ..passes import PASSES
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--passes needs at least one pass name")
+    unknown = [n for n in names if n not in PASSES]
+    if unknown:
+        raise UsageError(f"unknown pass {unknown[0]!r}; choose from {', '.join(PASSES)}")
+    return names
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run(args) -> int:
+    from ..cli import UsageError
+    from ..graph import ModelError, save_model
+    from ..passes import fuse
+    from .verify import parse_dims
+
+    names = _passes(args.passes)
+    dims = parse_dims(args.dim)
+    target = check_output(args.output, [args.input])
+    report_path = None
+    if args.report:
+        report_path = check_output(args.report, [args.input, args.output])
+    graph = load_input(args.input)
+    options = {"lower": args.lower}
+    if args.rules:
+        options["rules"] = args.rules
+    try:
+        result = fuse(graph, names, **options)
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"pass not available: {exc.name}") from None
+    except ValueError as exc:
+        if isinstance(exc, ModelError):
+            raise
+        raise UsageError(str(exc).splitlines()[0]) from None
+    verdict = "not verified (--no-verify)"
+    if not args.no_verify:
+        from ..runtime import verify
+
+        report = verify(graph, result.graph, dims=dims)
+        if not report.ok:
+            print(report.table())
+            print(f"fusionlab fuse: the fused model is NOT equivalent; nothing written")
+            return 1
+        verdict = f"verified: max abs error {report.max_abs:.2e}"
+    save_model(result.graph, target, source=args.input)
+    if report_path is not None:
+        _write_json_atomic(report_path, {
+            "input": str(args.input), "output": str(args.output), "passes": names, "lower": args.lower,
+            "before": result.before, "after": result.after, "verified": not args.no_verify,
+            "plan": result.plan.to_dict(),
+        })
+    print(result.summary())
+    print(verdict)
+    print(f"wrote {target.name}")
+    return 0

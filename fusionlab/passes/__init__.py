@@ -70,10 +70,19 @@ def fuse(model, passes=("vertical",), **options) -> FusionResult:
 
 
 def plan_only(model, passes=("vertical",), **options) -> FusionPlan:
-    """The plan the passes would make, without rewriting (for the cost model and explorers)."""
+    """The plans the passes would make on the unchanged graph, merged (for the cost model and explorers).
+
+    Each pass plans on the original graph; a group that overlaps one from an earlier pass is left out
+    and noted (in `fuse`, the later pass would see the rewritten graph instead).
+    """
     graph = _as_graph(model)
     combined = FusionPlan(model=graph.name)
     for name in passes:
+        taken = combined.node_to_group()
         for group in get_pass(name).plan(graph, **options):
+            clash = [n for n in group.nodes if n in taken]
+            if clash:
+                combined.notes.append(f"{name}: group {group.id} left out, {clash[0]} is already in {taken[clash[0]]}")
+                continue
             combined.add(group)
     return combined

@@ -795,7 +795,7 @@ def _match_gelu(ctx: _Context, erf: ir.Node) -> _Match | None:
         def build_bias() -> list[ir.Node]:
             return [_new_node(ctx, "BiasGelu", [inp, b], {}, domain="com.microsoft", name=f"{add.name}_biasgelu")]
         return _Match("bias_gelu", [add] + nodes, build_bias, "com.microsoft:BiasGelu",
-                      "Add of a 1-D constant bias over the last axis, then erf-GELU")
+                      "Add of a 1-D bias over the last axis, then erf-GELU")
     if "gelu" not in ctx.rules:
         return None
     target = _gelu_target(ctx, dt)
@@ -810,16 +810,17 @@ def _match_gelu(ctx: _Context, erf: ir.Node) -> _Match | None:
 
 
 def _bias_before(ctx: _Context, x: ir.Value, readers: list[ir.Node], dt) -> tuple[ir.Node, ir.Value, ir.Value] | None:
-    """(Add, input, bias) when x = Add(input, 1-D constant bias over the last axis) read only by `readers`."""
+    """(Add, input, bias) when x = Add(input, 1-D bias over the last axis) is read only by `readers`."""
     add = x.producer()
     if not _is(add, "Add") or len(add.inputs) != 2 or not ctx.free([add]) or not _only_read_by(x, readers):
         return None
     for inp, b in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
-        c = ctx.constant(b)
-        if c is None or c.ndim != 1 or c.dtype != dt:
+        if inp is None or b is None or ctx.dtype(b) != dt or ctx.dtype(inp) != dt:
             continue
-        shape = ctx.shape(inp)
-        if shape and shape[-1] == c.shape[0] and inp.const_value is None and ctx.constant(inp) is None:
+        bs, shape = ctx.shape(b), ctx.shape(inp)
+        if bs is None or len(bs) != 1 or not isinstance(bs[0], int) or not shape or len(shape) < 2:
+            continue
+        if shape[-1] == bs[0]:  # the input keeps its shape: the bias only broadcasts over leading axes
             return add, inp, b
     return None
 

@@ -279,7 +279,8 @@ for name, (predicted, c) in (("page-cache loader", memcpy_result), ("emulated de
     if c.ci_low > 1:
         outcome = "overlap paid off"
     elif c.ci_high < 1:
-        outcome = "overlap cost time: the loader and the computation competed for the CPU"
+        outcome = ("overlap cost time: thread hand-offs and competition for the CPU cost more than "
+                   "the loading it hid")
     else:
         outcome = "no clear difference"
     print(f"{name}: simulator predicted {predicted:.2f}x, measured {c.speedup:.2f}x "

@@ -1,0 +1,100 @@
+"""The vertical passes over onnxruntime's own graph-transformer test models (MIT, shared/peer-tests).
+
+For every model: no crash, no hang; the result is either a clear refusal (ModelError), an unchanged
+model, or a model onnxruntime loads and that matches the original on random inputs. Models the
+original of which cannot run on random inputs (shape-inconsistent unit-test graphs) must still give a
+fused model onnxruntime can load; they are listed, not hidden.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from fusionlab import ModelError, load, verify
+from fusionlab.passes import fuse
+from fusionlab.runtime import make_feeds, run, session
+
+PEER = Path(__file__).resolve().parents[2] / "shared" / "peer-tests"
+MODELS = PEER / "ort-transform" / "models"
+SURVEY = PEER / "ort-transform" / "ORT_1.32_CPU_fusion_survey.tsv"
+PER_MODEL_SECONDS = 20
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
+def _ort_errors() -> set[str]:
+    """Models onnxruntime itself could not load (survey rows reading ERROR)."""
+    if not SURVEY.exists():
+        return set()
+    out = set()
+    for line in SURVEY.read_text().splitlines()[1:]:
+        cols = line.split("\t")
+        if len(cols) > 2 and any(c.strip() == "ERROR" for c in cols[2:]):
+            out.add(cols[0])
+    return out
+
+
+def _check_one(path: Path, ort_errors: set[str]) -> str:
+    rel = path.relative_to(MODELS).as_posix()
+    try:
+        graph = load(path)
+    except ModelError:
+        return "refused"
+    try:
+        res = fuse(graph, passes=("vertical",))
+    except ModelError:
+        return "refused"
+    if len(res.plan) == 0:
+        assert res.after == res.before, f"{rel}: no groups but the graph changed"
+        return "unchanged"
+    assert rel not in ort_errors, f"{rel}: onnxruntime cannot load the original, yet we rewrote it"
+    fused_session = session(res.graph)  # must load: raises ModelError (test failure) otherwise
+    try:
+        ref = session(graph)
+        feeds = make_feeds(graph, sess=ref)
+        run(ref, feeds)
+    except Exception:
+        return "fused, original not runnable on random inputs"
+    report = verify(graph, res.graph, feeds=feeds, fused_session=fused_session)
+    assert report.ok, f"{rel}: fused model differs\n{report.table()}"
+    return "fused and verified"
+
+
+@pytest.mark.skipif(not MODELS.exists(), reason=f"peer corpus not found at ../shared/peer-tests (looked in {PEER.name})")
+def test_vertical_passes_over_ort_transform_corpus():
+    paths = sorted(MODELS.rglob("*.onnx"))
+    assert len(paths) > 100
+    ort_errors = _ort_errors()
+    outcome: dict[str, list[str]] = {}
+    failures: list[str] = []
+    old = signal.signal(signal.SIGALRM, _alarm)
+    start = time.perf_counter()
+    try:
+        for path in paths:
+            rel = path.relative_to(MODELS).as_posix()
+            signal.alarm(PER_MODEL_SECONDS)
+            try:
+                outcome.setdefault(_check_one(path, ort_errors), []).append(rel)
+            except _Timeout:
+                failures.append(f"{rel}: took over {PER_MODEL_SECONDS} s")
+            except AssertionError as exc:
+                failures.append(str(exc))
+            except Exception as exc:  # a crash
+                failures.append(f"{rel}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            finally:
+                signal.alarm(0)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert not failures, "\n".join(failures)
+    assert len(outcome.get("fused and verified", [])) >= 30, {k: len(v) for k, v in outcome.items()}
+    assert time.perf_counter() - start < 120

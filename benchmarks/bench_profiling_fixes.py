@@ -88,7 +88,7 @@ def main() -> int:
         path = pipeline.write_tile_file(os.path.join(tmp, "tiles.bin"), n_tiles, tile)
         compute_fn = pipeline.elementwise_compute(2, tile)
         bufs = [np.empty(tile, dtype=np.float32) for _ in range(2)]
-        for label, gbs in (("page-cache memcpy loader", None), ("emulated 2 GB/s device loader", 2.0)):
+        for label, gbs in (("page-cache memcpy loader", None), ("emulated 4 GB/s device loader", 4.0)):
             with pipeline.TileFile(path, tile, device_gbs=gbs) as tf:
                 lt = bench(lambda: tf.load(3, bufs[0]), min_time=0.3).median
                 ct = bench(lambda: compute_fn(bufs[0]), min_time=0.3).median

@@ -188,6 +188,39 @@ def _from_path(path: Path) -> tuple[onnx.ModelProto, Path]:
     return _parse_bytes(data, name), path.parent
 
 
+def _checker_problem(model) -> str | None:
+    """The checker's complaint in one line, or None when the model passes."""
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        text = str(exc).strip()
+        return text.splitlines()[0] if text else type(exc).__name__
+    except ValueError as exc:  # e.g. "too large" from the checker
+        return str(exc).strip().splitlines()[0]
+    return None
+
+
+def _sort_nodes(proto: onnx.ModelProto) -> None:
+    """Reorder the main graph's nodes topologically (stable), in place."""
+    model = ir.serde.deserialize_model(proto)
+    model.graph.sort()
+    proto.graph.ClearField("node")
+    proto.graph.node.extend(ir.serde.serialize_model(model).graph.node)
+
+
+def _onnxruntime_accepts(proto: onnx.ModelProto) -> bool:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception:
+        return False
+    return True
+
+
 def load(source, *, check: bool = True) -> "Graph":
     """Load an ONNX model from a path, bytes or ModelProto into a checked `Graph`."""
     name = _describe(source)
@@ -207,15 +240,20 @@ def load(source, *, check: bool = True) -> "Graph":
     _check_header(proto, name)
     has_external = any(True for _ in _tensors_with_external_data(proto.graph))
     _check_external_data(proto, base_dir, name)
+    notes: list[str] = []
     if check:
-        try:
-            # With external data the checker must see the files: check by path (also the >2 GiB route).
-            onnx.checker.check_model(str(source) if has_external else proto)
-        except onnx.checker.ValidationError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ModelError(name, f"invalid ONNX model: {first}") from None
-        except ValueError as exc:  # e.g. "too large" from the checker
-            raise ModelError(name, f"invalid ONNX model: {str(exc).splitlines()[0]}") from None
+        problem = _checker_problem(str(source) if has_external else proto)
+        if problem and "topologically sorted" in problem:
+            _sort_nodes(proto)  # a stored order is no property of the model: sort it in memory
+            notes.append("nodes were not topologically sorted; sorted on load")
+            problem = _checker_problem(str(source) if has_external else proto) if not has_external else None
+        if problem:
+            # The checker is stricter than the engine (e.g. contrib LayerNormalization below opset 17,
+            # IR<4 initializers not listed as inputs). onnxruntime is the engine we verify with: if it
+            # accepts the model, so do we, and the checker's complaint is kept as a note.
+            if has_external or not _onnxruntime_accepts(proto):
+                raise ModelError(name, f"invalid ONNX model: {problem}")
+            notes.append(f"onnx.checker: {problem} (onnxruntime accepts the model)")
     try:
         model = ir.serde.deserialize_model(proto)
     except Exception as exc:
@@ -225,7 +263,9 @@ def load(source, *, check: bool = True) -> "Graph":
         if has_external and _external_total(proto) < IN_MEMORY_LIMIT:
             # Small enough to hold in memory: later passes and onnxruntime need no file paths.
             ir.external_data.load_to_model(model)
-    return Graph(model, name=name, path=Path(source) if base_dir is not None else None)
+    graph = Graph(model, name=name, path=Path(source) if base_dir is not None else None)
+    graph.notes = notes
+    return graph
 
 
 # --------------------------------------------------------------------------------------------------
@@ -284,6 +324,7 @@ class Graph:
         self.model = model
         self.name = name
         self.path = path
+        self.notes: list[str] = []  # what loading had to accept or repair
 
     # -- basic views -------------------------------------------------------------------------------
     @property

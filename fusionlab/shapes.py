@@ -67,6 +67,25 @@ def _collect(model: onnx.ModelProto, out: Shapes) -> None:
         out.dtypes.setdefault(init.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)))
 
 
+def _symbolic_infer(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """onnxruntime's symbolic shape inference, keeping partial results.
+
+    Its public `infer_shapes` saves `sym_shape_infer_temp.onnx` into the current directory whenever
+    inference is incomplete (e.g. a custom op), so the same steps are run here without that write.
+    """
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        sym = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        sym._preprocess(proto)
+        while sym.run_:
+            sym._infer_impl()
+        sym._update_output_from_vi()
+        return sym.out_mp_
+    except Exception:
+        return None  # unsupported patterns: keep what onnx inferred
+
+
 def infer_shapes(graph: Graph, dims: dict[str, int] | None = None) -> Shapes:
     """Concrete shapes (and dtypes) for inputs, initializers and every node output that can be inferred.
 
@@ -82,12 +101,9 @@ def infer_shapes(graph: Graph, dims: dict[str, int] | None = None) -> Shapes:
         _collect(proto, shapes)
     wanted = {v.name for n in graph for v in n.outputs if v is not None and v.name}
     if wanted - set(shapes):
-        try:
-            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-            _collect(SymbolicShapeInference.infer_shapes(proto, auto_merge=True), shapes)
-        except Exception:
-            pass  # custom ops or unsupported patterns: keep what onnx inferred
+        partial = _symbolic_infer(proto)
+        if partial is not None:
+            _collect(partial, shapes)
     return shapes
 
 

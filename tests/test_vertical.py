@@ -551,3 +551,61 @@ def test_fuse_never_touches_the_input_model():
     g = load(m)
     fuse(g)
     assert g.op_counts() == {"BatchNormalization": 1, "Conv": 1}
+
+
+# ---------------------------------------------------------------------------------------------------
+# real (zoo) models: fuse, verify, and the expected group counts derived from the original graph
+# ---------------------------------------------------------------------------------------------------
+
+zoo = pytest.importorskip("fusionlab.zoo")
+
+ZOO_CASES = {
+    "resnet_small": {},
+    "yolov5s": {"image_size": 64, "width_mult": 0.125, "depth_mult": 0.33},
+    "mobilenet_v2": {"image_size": 32, "width_mult": 0.25},
+    "bert": {"layers": 2, "hidden": 64, "heads": 2, "intermediate": 128, "vocab": 100},
+}
+
+
+def _after_bn(graph, op):
+    """How many BatchNormalization outputs feed straight (and only) into `op`."""
+    count = 0
+    for n in graph:
+        if n.op_type == "BatchNormalization":
+            users = graph.consumers(n.outputs[0])
+            if op in ("Relu", "Clip") and len(users) == 1 and users[0].op_type == op:
+                count += 1
+            elif op == "SiLU" and sorted(u.op_type for u in users) == ["Mul", "Sigmoid"]:
+                count += 1
+    return count
+
+
+@pytest.mark.parametrize("name", sorted(ZOO_CASES))
+def test_zoo_models_fuse_and_verify(name):
+    model = zoo.get(name, **ZOO_CASES[name])
+    graph = load(model)
+    res = fuse(graph)
+    ref = __import__("fusionlab").run(model)
+    scale = max(1.0, max(float(np.abs(v).max()) for v in ref.values() if v.dtype.kind == "f"))
+    # Folding BN reassociates fp32 arithmetic in every conv; across a deep net the error grows with the
+    # activation scale, not per element (onnxruntime's own BASIC-level folding shows the same ~1e-6 x scale),
+    # so the absolute tolerance is taken relative to the largest output.
+    report = verify(model, res.graph.to_proto(), atol=1e-5 * scale)
+    assert report.ok, report.table()
+    rules = res.plan.rule_counts()
+    bn = graph.op_counts().get("BatchNormalization", 0)
+    if name != "bert":
+        assert res.after.get("BatchNormalization", 0) == 0
+        assert rules.get("conv_bn", 0) + rules.get("conv_bn_act", 0) == bn
+    if name == "resnet_small":
+        assert res.after.get("com.microsoft:FusedConv", 0) == _after_bn(graph, "Relu") > 0
+    if name == "mobilenet_v2":
+        assert res.after.get("com.microsoft:FusedConv", 0) == _after_bn(graph, "Clip") > 0
+    if name == "yolov5s":
+        assert res.after.get("com.microsoft:QuickGelu", 0) == _after_bn(graph, "SiLU") == bn
+        assert "Sigmoid" not in res.after
+    if name == "bert":
+        layers = ZOO_CASES["bert"]["layers"]
+        assert rules["bias_gelu"] == layers and "Erf" not in res.after
+        assert rules["skip_layernorm"] >= layers  # the FFN residual of every layer
+        assert rules["skip_layernorm"] + rules.get("layernorm", 0) == graph.op_counts()["Sqrt"]

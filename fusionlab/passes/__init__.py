@@ -79,7 +79,9 @@ def plan_only(model, passes=("vertical",), **options) -> FusionPlan:
     combined = FusionPlan(model=graph.name)
     for name in passes:
         taken = combined.node_to_group()
-        for group in get_pass(name).plan(graph, **options):
+        plan = get_pass(name).plan(graph, **options)
+        combined.notes.extend(plan.notes)
+        for group in plan:
             clash = [n for n in group.nodes if n in taken]
             if clash:
                 combined.notes.append(f"{name}: group {group.id} left out, {clash[0]} is already in {taken[clash[0]]}")

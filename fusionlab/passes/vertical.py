@@ -404,16 +404,23 @@ def _match_conv(ctx: _Context, conv: ir.Node) -> _Match | None:
     if not _is(conv, "Conv", "ConvTranspose") or len(conv.inputs) < 2 or len(conv.outputs) != 1:
         return None
     transpose = conv.op_type == "ConvTranspose"
-    w = ctx.constant(conv.inputs[1])
-    if w is None or w.dtype not in _FLOATS or w.ndim < 3:
+    if conv.inputs[1] is None or conv.inputs[0] is None:
+        return None
+    w = ctx.constant(conv.inputs[1])  # None: a run-time weight (activation and Pad fusion still legal)
+    w_shape = tuple(w.shape) if w is not None else ctx.shape(conv.inputs[1])
+    dtype = w.dtype if w is not None else ctx.dtype(conv.inputs[1])
+    if w_shape is None or len(w_shape) < 3 or not all(isinstance(d, int) for d in w_shape) or dtype not in _FLOATS:
         return None
     group = int(_attr(conv, "group", 1))
-    channels = w.shape[1] * group if transpose else w.shape[0]
+    channels = w_shape[1] * group if transpose else w_shape[0]
     bias = None
-    if len(conv.inputs) > 2 and conv.inputs[2] is not None:
+    has_bias = len(conv.inputs) > 2 and conv.inputs[2] is not None
+    if has_bias:
         bias = ctx.constant(conv.inputs[2])
-        if bias is None or bias.shape != (channels,) or bias.dtype != w.dtype:
+        if bias is not None and (bias.shape != (channels,) or bias.dtype != dtype):
             return None
+    can_fold = w is not None and (not has_bias or bias is not None)
+    rank = len(w_shape)
     rules = ctx.rules
     reason = ""
     # -- optional Pad in front
@@ -422,7 +429,7 @@ def _match_conv(ctx: _Context, conv: ir.Node) -> _Match | None:
         cand = conv.inputs[0].producer()
         if _is(cand, "Pad") and ctx.free([cand]):
             try:
-                pad_extra = _pad_into_conv(ctx, cand, conv, w.ndim)
+                pad_extra = _pad_into_conv(ctx, cand, conv, rank)
                 pad_node = cand
             except _Refused as exc:
                 ctx.refusals.append(f"pad_conv {cand.name}: {exc}")
@@ -432,16 +439,16 @@ def _match_conv(ctx: _Context, conv: ir.Node) -> _Match | None:
     bn_rule = "convtranspose_bn" if transpose else "conv_bn"
     while True:
         nxt = _sole_consumer(cur)
-        if nxt is None or not ctx.free([nxt]) or nxt.domain not in _DEFAULT:
+        if nxt is None or not ctx.free([nxt]) or nxt.domain not in _DEFAULT or not can_fold:
             break
         try:
             if nxt.op_type == "BatchNormalization" and bn_rule in rules and nxt.inputs[0] is cur:
                 ok, why = conv_bn_verdict(ctx.graph, conv, nxt)
                 if not ok:
                     raise _Refused(why)
-                s, t = _bn_scale_shift(ctx, nxt, channels, w.dtype)
+                s, t = _bn_scale_shift(ctx, nxt, channels, dtype)
             elif nxt.op_type in ("Mul", "Add", "Sub") and "conv_scale_bias" in rules:
-                s, t = _channel_affine(ctx, nxt, cur, channels, w.ndim, 1, w.dtype)
+                s, t = _channel_affine(ctx, nxt, cur, channels, rank, 1, dtype)
             else:
                 break
         except _Refused as exc:
@@ -457,13 +464,13 @@ def _match_conv(ctx: _Context, conv: ir.Node) -> _Match | None:
     if (act_rule in rules or "conv_bn_act" in rules) and ctx.lower != "onnx":
         nxt = _sole_consumer(cur)
         silu = _silu_tail(cur)
-        if silu is not None and ctx.free(silu) and w.dtype == _F32:
+        if silu is not None and ctx.free(silu) and dtype == _F32:
             act_nodes, act = list(silu), ("SiLU", {})
         elif nxt is not None and ctx.free([nxt]):
-            table = FUSED_CONV_ACTIVATIONS if (w.dtype == _F32 and not transpose) else {}
-            found = _activation(ctx, nxt, w.dtype, table)
+            table = FUSED_CONV_ACTIVATIONS if (dtype == _F32 and not transpose) else {}
+            found = _activation(ctx, nxt, dtype, table)
             if found is None and ctx.lower == "functions":
-                found = _activation(ctx, nxt, w.dtype, None)
+                found = _activation(ctx, nxt, dtype, None)
             if found is not None:
                 act_nodes, act = [nxt], found
     nodes = ([pad_node] if pad_node else []) + [conv] + [s[0] for s in steps] + act_nodes
@@ -494,7 +501,7 @@ def _match_conv(ctx: _Context, conv: ir.Node) -> _Match | None:
             ctx.refusals.append(f"{conv.name}: folded weights overflow {w.dtype}")
             return None
     fused_conv = act is not None and act[0] != "SiLU" and act[0] in FUSED_CONV_ACTIVATIONS and \
-        w.dtype == _F32 and not transpose
+        dtype == _F32 and not transpose
     kernel = act is None or fused_conv or act[0] == "SiLU"
     if act is None:
         lowered = conv.op_type
@@ -899,30 +906,25 @@ def _match_layernorm_core(ctx: _Context, mean: ir.Node):
     nodes = [mean, sub, sq, var, add, sqrt, div]
     gamma = beta = None
     cur = div.outputs[0]
+    x_shape = ctx.shape(x)
+    h = x_shape[-1] if x_shape else None
+    if not isinstance(h, int):
+        return None
+
+    def vector(v):  # a 1-D tensor of length H (a constant or a run-time input of known shape)
+        return v is not None and ctx.shape(v) == (h,) and ctx.dtype(v) == ctx.dtype(x)
+
     mul = _sole_consumer(cur)
-    if _is(mul, "Mul"):
-        g = _other(mul, cur)
-        gc = ctx.constant(g) if g is not None else None
-        if gc is not None and gc.ndim == 1:
-            gamma, cur = g, mul.outputs[0]
-            nodes.append(mul)
-            badd = _sole_consumer(cur)
-            if _is(badd, "Add"):
-                bv = _other(badd, cur)
-                bc = ctx.constant(bv) if bv is not None else None
-                if bc is not None and bc.ndim == 1 and bc.shape == gc.shape:
-                    beta = bv
-                    nodes.append(badd)
+    if _is(mul, "Mul") and vector(_other(mul, cur)):
+        gamma, cur = _other(mul, cur), mul.outputs[0]
+        nodes.append(mul)
+        badd = _sole_consumer(cur)
+        if _is(badd, "Add") and vector(_other(badd, cur)):
+            beta = _other(badd, cur)
+            nodes.append(badd)
     dt = ctx.dtype(x)
     if dt not in (_F32, np.dtype(np.float16)):
         return None
-    if gamma is not None:
-        h = ctx.constant(gamma).shape[0]
-        shape = ctx.shape(x)
-        if shape is None or shape[-1] != h:
-            return None
-        if ctx.constant(gamma).dtype != dt or (beta is not None and ctx.constant(beta).dtype != dt):
-            return None
     return nodes, x, gamma, beta, float(eps.reshape(-1)[0])
 
 
@@ -984,8 +986,8 @@ def _match_ln_node(ctx: _Context, ln: ir.Node) -> _Match | None:
     axis = int(_attr(ln, "axis", -1))
     if x is None or rank is None or axis not in (-1, rank - 1):
         return None
-    gc = ctx.constant(gamma)
-    if gc is None or gc.ndim != 1 or (beta is not None and ctx.constant(beta) is None):
+    gs = ctx.shape(gamma) if gamma is not None else None
+    if gs is None or len(gs) != 1 or (beta is not None and ctx.shape(beta) != gs):
         return None
     skip = _skip_add(ctx, x, [ln])
     if skip is None or not ctx.free([ln]):

@@ -202,7 +202,18 @@ def run(model, feeds: dict | None = None, *, level: str = "disable", threads: in
     if feeds is None:
         feeds = make_feeds(model, seed=seed, dims=dims, sess=sess)
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
+    return dict(zip(names, _run_session(sess, names, feeds)))
+
+
+def _run_session(sess: ort.InferenceSession, names: list[str], feeds: dict) -> list:
+    """sess.run with onnxruntime's failures turned into one-line ModelErrors (and no C++ log line)."""
+    opts = ort.RunOptions()
+    opts.log_severity_level = 4
+    try:
+        return sess.run(names, feeds, opts)
+    except Exception as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError("<model>", f"onnxruntime failed to run it: {msg}") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -241,11 +252,12 @@ class VerifyReport:
         return self.ok
 
     def table(self) -> str:
-        lines = [f"{'output':<24} {'shape':<18} {'dtype':<8} {'max abs err':>11} {'max rel err':>11}  within tol"]
+        lines = [f"{'output':<24} {'shape':<18} {'dtype':<8} {'max abs err':>11} {'max rel err':>11} {'atol used':>9}  within tol"]
         for o in self.outputs:
             shape = "x".join(map(str, o.shape)) or "scalar"
             verdict = "yes" if o.ok else f"NO {o.problem}".strip()
-            lines.append(f"{o.name[:24]:<24} {shape[:18]:<18} {o.dtype:<8} {o.max_abs:>11.2e} {o.max_rel:>11.2e}  {verdict}")
+            lines.append(f"{o.name[:24]:<24} {shape[:18]:<18} {o.dtype:<8} {o.max_abs:>11.2e} {o.max_rel:>11.2e} "
+                         f"{o.atol:>9.1e}  {verdict}")
         lines.append("equivalent" if self.ok else "NOT equivalent")
         return "\n".join(lines)
 
@@ -253,7 +265,7 @@ class VerifyReport:
         return self.table()
 
 
-def _compare(name, a: np.ndarray, b: np.ndarray, rtol, atol) -> OutputCheck:
+def _compare(name, a: np.ndarray, b: np.ndarray, rtol, atol, scale_atol: bool = True) -> OutputCheck:
     a = np.asarray(a)
     b = np.asarray(b)
     tol = TOLERANCES.get(a.dtype, (0.0, 0.0))
@@ -272,6 +284,8 @@ def _compare(name, a: np.ndarray, b: np.ndarray, rtol, atol) -> OutputCheck:
         return OutputCheck(name, a.shape, str(a.dtype), float("nan"), float("nan"), r, t, False,
                            "NaN/Inf at different positions")
     fin = ~nan_a
+    if scale_atol and fin.any():
+        t = t * max(1.0, float(np.max(np.abs(a64[fin]))))
     diff = np.abs(a64[fin] - b64[fin])
     max_abs = float(diff.max()) if diff.size else 0.0
     rel = diff / np.maximum(np.abs(a64[fin]), np.finfo(np.float64).tiny)
@@ -282,11 +296,17 @@ def _compare(name, a: np.ndarray, b: np.ndarray, rtol, atol) -> OutputCheck:
 
 def verify(original, fused, *, rtol: float | None = None, atol: float | None = None, seed: int = 0,
            dims: dict[str, int] | None = None, feeds: dict | None = None, fused_level: str = "disable",
-           custom_ops_library: str | None = None, fused_session: ort.InferenceSession | None = None) -> VerifyReport:
+           custom_ops_library: str | None = None, fused_session: ort.InferenceSession | None = None,
+           scale_atol: bool = True) -> VerifyReport:
     """Compare every output of `fused` with `original` on the same random inputs.
 
     The original runs with onnxruntime's optimisations off. Tolerances default per dtype (fp32:
-    rtol 1e-4, atol 1e-5); NaN/Inf must appear at the same positions in both.
+    rtol 1e-4, atol 1e-5); NaN/Inf must appear at the same positions in both. An element passes when
+    |fused - original| <= atol' + rtol·|original|, where atol' = atol · max(1, max|original|) with
+    `scale_atol` (the default). Why scale: floating-point rounding grows with the magnitude of the
+    values summed, so a fixed 1e-5 is meaningful only for outputs of order 1; deep networks whose
+    outputs reach tens (e.g. YOLO heads) differ by ~1e-5·max|y| even under onnxruntime's *own* BN
+    folding. For outputs of magnitude <= 1 nothing changes; pass `scale_atol=False` for the raw norm.
     """
     ref_sess = session(original, "disable")
     if feeds is None:
@@ -297,11 +317,11 @@ def verify(original, fused, *, rtol: float | None = None, atol: float | None = N
     missing = [n for n in ref if n not in got_names]
     report = VerifyReport(seed=seed)
     needed = {i.name for i in sess.get_inputs()}
-    got = dict(zip(got_names, sess.run(got_names, {k: v for k, v in feeds.items() if k in needed})))
+    got = dict(zip(got_names, _run_session(sess, got_names, {k: v for k, v in feeds.items() if k in needed})))
     for name, expected in ref.items():
         if name in missing:
             report.outputs.append(OutputCheck(name, np.shape(expected), str(np.asarray(expected).dtype),
                                               float("inf"), float("inf"), 0, 0, False, "output missing"))
             continue
-        report.outputs.append(_compare(name, expected, got[name], rtol, atol))
+        report.outputs.append(_compare(name, expected, got[name], rtol, atol, scale_atol))
     return report

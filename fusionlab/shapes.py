@@ -67,7 +67,7 @@ def _collect(model: onnx.ModelProto, out: Shapes) -> None:
         out.dtypes.setdefault(init.name, np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)))
 
 
-def _symbolic_infer(proto: onnx.ModelProto) -> onnx.ModelProto | None:
+def _symbolic_infer(proto: onnx.ModelProto, auto_merge: bool = True) -> onnx.ModelProto | None:
     """onnxruntime's symbolic shape inference, keeping partial results.
 
     Its public `infer_shapes` saves `sym_shape_infer_temp.onnx` into the current directory whenever
@@ -76,7 +76,7 @@ def _symbolic_infer(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-        sym = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        sym = SymbolicShapeInference(2**31 - 1, auto_merge, False, 0)
         sym._preprocess(proto)
         while sym.run_:
             sym._infer_impl()

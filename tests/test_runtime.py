@@ -69,3 +69,32 @@ def test_feeds_respect_dtypes_dims_ids_and_masks():
 def test_unknown_level_is_refused():
     with pytest.raises(ValueError, match="optimisation level"):
         session(scale_model(), level="turbo")
+
+
+def test_a_model_that_cannot_run_gives_a_model_error():
+    from fusionlab.graph import ModelError
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    m = make_model(nodes, [value_info("x", shape=["n", "k"])], [value_info("y", shape=["n", 5])],
+                   [tensor("w", np.ones((4, 5), np.float32))])  # 3 != 4: fails at run time only
+    with pytest.raises(ModelError, match="failed to run"):
+        run(m, {"x": np.ones((2, 3), np.float32)})
+
+
+def test_atol_scales_with_output_magnitude_only_when_asked():
+    # outputs of magnitude ~100: a 5e-5 difference is fp32 rounding (5e-7 relative to the scale)
+    nodes = [helper.make_node("Mul", ["x", "k"], ["y"]), helper.make_node("Add", ["y", "c"], ["z"])]
+
+    def model(c):
+        return make_model(nodes, [value_info("x", shape=[64])], [value_info("z", shape=[64])],
+                          [tensor("k", np.float32([100.0])), tensor("c", np.float32([c]))])
+
+    feeds = {"x": np.concatenate([np.zeros(8, np.float32), np.linspace(-1, 1, 56, dtype=np.float32)])}
+    shifted = model(5e-5)
+    assert verify(model(0.0), shifted, feeds=feeds).ok  # atol 1e-5 x max|z| = 1e-3
+    strict = verify(model(0.0), shifted, feeds=feeds, scale_atol=False)
+    assert not strict.ok  # at the zeros, 5e-5 > 1e-5
+    assert strict.outputs[0].atol == 1e-5 and verify(model(0.0), shifted, feeds=feeds).outputs[0].atol == pytest.approx(1e-3)
+    # for outputs of order 1 nothing changes
+    small = verify(scale_model(2.0), scale_model(2.0), feeds={"x": np.full((1, 4), 0.25, np.float32)})
+    assert small.outputs[0].atol == 1e-5

@@ -261,8 +261,11 @@ def draw_pipeline(schedule: Schedule, ax=None, title: str | None = None, max_til
     ax.set_yticks(range(3), [f"{unit} ({stage})" for stage, unit in STAGES])
     ax.set_ylim(2.6, -0.6)
     end = float(schedule.ends[n - 1, 2]) if n else 1.0
-    ax.set_xlim(0, end * 1.02)
-    ax.set_xlabel("time (µs)")
+    # Axes may be shared (sharex=True) with longer schedules: never cut an earlier one short.
+    ax.set_xlim(0, max(end * 1.02, ax.get_xlim()[1]) if ax.get_shared_x_axes().get_siblings(ax)[1:] else end * 1.02)
+    spec = ax.get_subplotspec()
+    if spec is None or spec.is_last_row():
+        ax.set_xlabel("time (µs)")
     shown = "" if n == schedule.n_tiles else f" (first {n} of {schedule.n_tiles} tiles)"
     ax.set_title(title or f"BUFFER_NUM = {schedule.buffer_num}{shown}")
     return ax.figure

@@ -394,11 +394,19 @@ def side_by_side(before: Profile, after: Profile, *, top: int = 8) -> str:
 # pictures
 # --------------------------------------------------------------------------------------------------
 
+_FIXED = {"Conv": 0, "FusedConv": 1, "BatchNormalization": 2, "Relu": 3, "Sigmoid": 6, "Mul": 4, "Add": 5,
+          "QuickGelu": 7, "MatMul": 8, "Gemm": 9, "Concat": 10, "MaxPool": 12, "Resize": 14, "Softmax": 16,
+          "LayerNormalization": 18, "Transpose": 11, "Reshape": 13}
+
+
 def _colours(types: Sequence[str]) -> dict[str, tuple]:
+    """A colour per op type that is the same in every picture (fixed for common ops, else by name hash)."""
+    import zlib
+
     import matplotlib
 
     cmap = matplotlib.colormaps["tab20"]
-    return {t: cmap(i % 20) for i, t in enumerate(sorted(types))}
+    return {t: cmap(_FIXED.get(t.split(":")[-1], zlib.crc32(t.encode()) % 20)) for t in sorted(types)}
 
 
 def draw_timeline(profile: Profile, run: int | None = None, ax=None, title: str | None = None, legend: int = 8,

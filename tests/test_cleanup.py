@@ -103,3 +103,29 @@ def test_needed_and_as_a_pass():
     assert cleanup.needed(load(dirty))
     res = fuse(dirty, passes=("cleanup",))
     assert res.after == {"MatMul": 1} and len(res.plan) == 0 and any("Identity" in n for n in res.plan.notes)
+
+
+def test_constant_nodes_become_initializers_and_results_stay_equal():
+    import numpy as np
+    from onnx import helper as oh
+
+    from fusionlab import load, verify
+    from fusionlab.build import make_model, value_info
+    from fusionlab.passes.cleanup import clean
+
+    nodes = [
+        oh.make_node("Constant", [], ["k"], value_floats=[2.0, 3.0], name="k"),
+        oh.make_node("Constant", [], ["shape"], value_ints=[4, 2], name="shape"),
+        oh.make_node("Mul", ["x", "k"], ["m"], name="mul"),
+        oh.make_node("Reshape", ["m", "shape"], ["r"], name="reshape"),
+        oh.make_node("Constant", [], ["y2"], value_float=1.0, name="out_const"),  # a graph output: stays
+        oh.make_node("Identity", ["r"], ["y"], name="id"),
+    ]
+    model = make_model(nodes, [value_info("x", shape=[4, 2])], [value_info("y", shape=[4, 2]), value_info("y2", shape=[])])
+    g = load(model)
+    report = clean(g)
+    assert report["Constant"] == 2
+    assert g.op_counts().get("Constant") == 1
+    assert {"k", "shape"} <= set(g.graph.initializers)
+    assert verify(model, g).ok
+    np.testing.assert_array_equal(g.constant(g.graph.initializers["k"]), np.float32([2.0, 3.0]))

@@ -8,7 +8,9 @@ module removes them without changing what the model computes:
   `x` is an ordinary intermediate value, which is then renamed `y` (graph-output names never change).
 - `Dropout` is removed only when it is provably the identity: no `training_mode` input, or a constant
   false one, and its mask output unused.
-- nodes none of whose outputs are used, and initializers nothing reads, are deleted.
+- nodes none of whose outputs are used, and initializers nothing reads, are deleted;
+- `Constant` nodes become initializers (IR version 4 and later): at run time a Constant is a kernel
+  launch that copies its value every run, an initializer is not.
 
 As a pass (`fuse(model, passes=("cleanup",))`) it plans no fusion groups; its plan carries notes.
 """
@@ -22,7 +24,7 @@ import onnx_ir as ir
 from ..graph import Graph
 from ..plan import FusionPlan
 
-__all__ = ["clean", "needed", "ensure_node_names", "remove_dead", "plan", "apply"]
+__all__ = ["clean", "needed", "ensure_node_names", "remove_dead", "lift_constants", "plan", "apply"]
 
 _DEFAULT = ("", "ai.onnx")
 
@@ -111,10 +113,28 @@ def remove_dead(graph: Graph) -> tuple[int, int]:
     return dead_nodes, dead_inits
 
 
+def _liftable_constants(graph: Graph) -> int:
+    if graph.model.ir_version is not None and graph.model.ir_version < 4:
+        return 0  # before IR 4 every initializer must also be a graph input
+    return sum(1 for n in graph.graph if n.op_type == "Constant" and n.domain in _DEFAULT
+               and len(n.attributes) == 1 and not n.outputs[0].is_graph_output())
+
+
+def lift_constants(graph: Graph) -> int:
+    """Turn Constant nodes of the main graph into initializers (IR >= 4); returns how many."""
+    before = _liftable_constants(graph)
+    if before == 0:
+        return 0
+    from onnx_ir.passes.common import LiftConstantsToInitializersPass
+
+    LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(graph.model)
+    return before - _liftable_constants(graph)
+
+
 def _counts(graph: Graph) -> dict[str, int]:
     identity = sum(1 for n in graph.graph if n.op_type == "Identity" and n.domain in _DEFAULT)
     dropout = sum(1 for n in graph.graph if _is_noop_dropout(graph, n))
-    return {"Identity": identity, "Dropout": dropout}
+    return {"Constant": _liftable_constants(graph), "Identity": identity, "Dropout": dropout}
 
 
 def needed(graph: Graph) -> bool:
@@ -141,6 +161,7 @@ def clean(graph: Graph) -> dict[str, int]:
             report["Identity"] += int(_bypass(graph, node))
         elif _is_noop_dropout(graph, node):
             report["Dropout"] += int(_bypass(graph, node))
+    report["Constant"] = lift_constants(graph)
     report["dead nodes"], report["dead initializers"] = remove_dead(graph)
     return dict(sorted(report.items()))
 

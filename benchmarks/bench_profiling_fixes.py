@@ -42,7 +42,7 @@ def main() -> int:
     size = 96 if args.quick else 160
     model = zoo.yolov5s(image_size=size, width_mult=0.25)
     branchy = zoo.inception(image_size=96 if args.quick else 128, width=0.25)
-    rows, notes = [], []
+    rows = []
 
     # 1. launch gaps -> fusion
     fused = fuse(model, passes=("vertical",))

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, machine_line, markdown_table, parser, write_result
+from common import machine_line, markdown_table, parser, write_result
 
 from fusionlab import zoo
 from fusionlab.graph import load

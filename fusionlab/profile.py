@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from .files import atomic_write
 from .graph import ModelError
 
 __all__ = [
@@ -201,7 +202,7 @@ class Profile:
         lines = [",".join(keys)]
         for r in rows:
             lines.append(",".join(_csv_cell(r[k]) for k in keys))
-        return _atomic_write(Path(path), ("\n".join(lines) + "\n").encode())
+        return atomic_write(Path(path), ("\n".join(lines) + "\n").encode())
 
     def __str__(self) -> str:
         s = self.summary()
@@ -310,19 +311,6 @@ def profile_model(model, *, runs: int = 10, warmup: int = 2, level: str = "disab
 # the trace file (Perfetto / chrome://tracing)
 # --------------------------------------------------------------------------------------------------
 
-def _atomic_write(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def trace_events(*profiles: Profile) -> list[dict]:
     """Chrome-trace events for the profiles, one process each, runs rebased to start at 0 one after another."""
     out: list[dict] = []
@@ -354,7 +342,7 @@ def write_trace(path, *profiles: Profile) -> Path:
         raise ValueError("write_trace needs at least one profile")
     doc = {"traceEvents": trace_events(*profiles), "displayTimeUnit": "ms",
            "otherData": {"producer": "fusionlab.profile", "profiles": [p.label for p in profiles]}}
-    return _atomic_write(Path(path), json.dumps(doc, indent=None, separators=(",", ":")).encode())
+    return atomic_write(Path(path), json.dumps(doc, indent=None, separators=(",", ":")).encode())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -381,7 +369,7 @@ def side_by_side(before: Profile, after: Profile, *, top: int = 8) -> str:
     lines.append(f"{'gap per op (us)':<30} {ga:>{w}.2f} {gb:>{w}.2f}")
     ta, tb = before.by_op_type(), after.by_op_type()
     types = sorted(set(ta) | set(tb), key=lambda t: (-max(ta.get(t, {}).get("time_us", 0), tb.get(t, {}).get("time_us", 0)), t))
-    lines.append(f"time per op type (us, count):")
+    lines.append("time per op type (us, count):")
     for t in types[:top]:
         x, y = ta.get(t, {"time_us": 0.0, "count": 0}), tb.get(t, {"time_us": 0.0, "count": 0})
         lines.append(f"  {t[:28]:<28} {x['time_us']:>{w - 5}.1f} ({x['count']:>2}) {y['time_us']:>{w - 5}.1f} ({y['count']:>2})")

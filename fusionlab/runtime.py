@@ -18,6 +18,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from .graph import Graph, ModelError, has_external_tensors, load, save_model
+from .shapes import dim_value
 
 __all__ = [
     "LEVELS", "TOLERANCES", "session", "model_bytes", "make_feeds", "run", "verify", "VerifyReport",
@@ -119,17 +120,6 @@ _ORT_TYPES = {
 }
 
 
-def _default_dim(name: str, defaults: dict[str, int]) -> int:
-    if name in defaults:
-        return defaults[name]
-    low = name.lower()
-    if "batch" in low or low in ("n", "b"):
-        return defaults.get("batch", 1)
-    if "seq" in low or "len" in low or "token" in low:
-        return defaults.get("sequence", 8)
-    return 1
-
-
 def _index_bound(graph: Graph | None, input_name: str) -> int | None:
     """For an integer input feeding Gather(data, indices), the size of the gathered axis."""
     if graph is None:
@@ -178,7 +168,7 @@ def make_feeds(model, *, seed: int = 0, dims: dict[str, int] | None = None,
         if inp.name in shapes:
             shape = tuple(shapes[inp.name])
         else:
-            shape = tuple(d if isinstance(d, int) and d >= 0 else _default_dim(str(d), dims) for d in inp.shape)
+            shape = tuple(d if isinstance(d, int) and d >= 0 else dim_value(str(d), dims) for d in inp.shape)
         low = inp.name.lower()
         if dtype.kind == "f":
             arr = rng.standard_normal(shape).astype(dtype)

@@ -17,7 +17,8 @@ __all__ = ["Shapes", "bind_dims", "infer_shapes", "shape_of", "nbytes", "DEFAULT
 DEFAULT_DIMS = {"batch": 1, "sequence": 8}
 
 
-def _dim_value(name: str, dims: dict[str, int]) -> int:
+def dim_value(name: str, dims: dict[str, int]) -> int:
+    """Size for a symbolic dimension: `dims[name]`, else by its name (batch -> 1, sequence -> 8), else 1."""
     if name in dims:
         return dims[name]
     low = name.lower()
@@ -38,7 +39,7 @@ def bind_dims(proto: onnx.ModelProto, dims: dict[str, int] | None = None) -> onn
             continue
         for d in vi.type.tensor_type.shape.dim:
             if d.HasField("dim_param") or not d.HasField("dim_value"):
-                d.dim_value = _dim_value(d.dim_param, dims)
+                d.dim_value = dim_value(d.dim_param, dims)
     return out
 
 

@@ -20,7 +20,6 @@ import inspect
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -30,6 +29,7 @@ import onnx
 from onnx import helper
 
 from .build import make_model, tensor, value_info
+from .files import atomic_write
 
 __all__ = [
     "MODELS", "get", "path", "build", "cache_dir", "summary", "extract", "conv_bn_relu", "resnet50", "resnet18",
@@ -646,18 +646,6 @@ def _cache_file(name: str, params: dict) -> Path:
     return cache_dir() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.onnx"
 
 
-def _write_atomic(target: Path, data: bytes) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def build(name: str, **params) -> onnx.ModelProto:
     """Build a zoo model by name without touching the cache."""
     full = _params(name, params)
@@ -669,7 +657,7 @@ def path(name: str, **params) -> Path:
     full = _params(name, params)
     target = _cache_file(name, full)
     if not target.exists():
-        _write_atomic(target, _REGISTRY[name].builder(**full).SerializeToString())
+        atomic_write(target, _REGISTRY[name].builder(**full).SerializeToString())
     return target
 
 
@@ -682,7 +670,7 @@ def get(name: str, *, cache: bool = True, **params) -> onnx.ModelProto:
     if target.exists():
         return onnx.load_model_from_string(target.read_bytes())
     model = _REGISTRY[name].builder(**full)
-    _write_atomic(target, model.SerializeToString())
+    atomic_write(target, model.SerializeToString())
     return model
 
 

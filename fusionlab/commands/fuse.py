@@ -86,7 +86,7 @@ def run(args) -> int:
         report = verify(graph, result.graph, dims=dims)
         if not report.ok:
             print(report.table())
-            print(f"fusionlab fuse: the fused model is NOT equivalent; nothing written")
+            print("fusionlab fuse: the fused model is NOT equivalent; nothing written")
             return 1
         verdict = f"verified: max abs error {report.max_abs:.2e}"
     save_model(result.graph, target, source=args.input)

@@ -12,11 +12,10 @@ the Ascend C project that `msopgen -lan cpp` lays out (`op_host/`, `op_kernel/`,
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 
+from ..files import atomic_write
 from .declare import DTYPES, OpDecl
 
 __all__ = ["snake", "reg_op_chain", "proto_header", "proto_source", "msopgen_json", "onnx_plugin",
@@ -109,23 +108,23 @@ def _infer_body(decl: OpDecl) -> str:
     """C++ body of the infer function: Conv2D formula for conv ops, shape of x for element-wise ones."""
     first = decl.inputs[0].name
     if _uses_conv(decl):
-        return f"""  auto x_dims = op.GetInputDescByName("x").GetShape().GetDims();
+        return """  auto x_dims = op.GetInputDescByName("x").GetShape().GetDims();
   auto w_dims = op.GetInputDescByName("filter").GetShape().GetDims();
   std::vector<int64_t> strides, pads, dilations;
-  if (op.GetAttr("strides", strides) != GRAPH_SUCCESS || op.GetAttr("pads", pads) != GRAPH_SUCCESS) {{
+  if (op.GetAttr("strides", strides) != GRAPH_SUCCESS || op.GetAttr("pads", pads) != GRAPH_SUCCESS) {
     return GRAPH_FAILED;
-  }}
-  if (op.GetAttr("dilations", dilations) != GRAPH_SUCCESS) {{
-    dilations = {{1, 1, 1, 1}};
-  }}
+  }
+  if (op.GetAttr("dilations", dilations) != GRAPH_SUCCESS) {
+    dilations = {1, 1, 1, 1};
+  }
   if (x_dims.size() != 4 || w_dims.size() != 4 || strides.size() != 4 || pads.size() != 4 ||
-      dilations.size() != 4) {{
+      dilations.size() != 4) {
     return GRAPH_FAILED;
-  }}
+  }
   // NCHW; pads are (top, bottom, left, right), as for the built-in Conv2D
   int64_t oh = (x_dims[2] + pads[0] + pads[1] - (dilations[2] * (w_dims[2] - 1) + 1)) / strides[2] + 1;
   int64_t ow = (x_dims[3] + pads[2] + pads[3] - (dilations[3] * (w_dims[3] - 1) + 1)) / strides[3] + 1;
-  std::vector<int64_t> y_dims = {{x_dims[0], w_dims[0], oh, ow}};
+  std::vector<int64_t> y_dims = {x_dims[0], w_dims[0], oh, ow};
   TensorDesc y_desc = op.GetOutputDescByName("y");
   y_desc.SetShape(ge::Shape(y_dims));
   y_desc.SetDataType(op.GetInputDescByName("x").GetDataType());
@@ -292,7 +291,7 @@ extern "C" __global__ __aicore__ void {s}({args}, GM_ADDR workspace, GM_ADDR til
 
 def onnx_plugin(decl: OpDecl, domain: str = "ai.onnx.contrib", version: int = 1) -> str:
     """`framework/onnx_plugin/<op>_plugin.cc`: maps the ONNX node to the op's attributes for ATC."""
-    n, s = decl.name, snake(decl.name)
+    n = decl.name
     cases = []
     for a in decl.attrs:
         t = a.type
@@ -504,22 +503,6 @@ def package_files(decls: list[OpDecl], model_name: str | None = None, input_shap
     return dict(sorted(files.items()))
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        if path.suffix == ".sh":
-            os.chmod(tmp, 0o755)
-        else:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_package(out_dir, files: dict[str, str], *, force: bool = False) -> list[Path]:
     """Write the files under `out_dir` (each atomically); refuse a non-empty folder unless `force`."""
     out = Path(out_dir)
@@ -530,6 +513,6 @@ def write_package(out_dir, files: dict[str, str], *, force: bool = False) -> lis
     written = []
     for rel, text in files.items():
         p = out / rel
-        _atomic_write(p, text.encode())
+        atomic_write(p, text.encode(), mode=0o755 if p.suffix == ".sh" else 0o644)
         written.append(p)
     return written

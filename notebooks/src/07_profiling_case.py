@@ -116,6 +116,8 @@ print("kernel events:", sum(e.get("cat") == "Node" for e in events),
 # %%
 # NBVAL_IGNORE_OUTPUT
 print(profile.side_by_side(before, after))
+
+# %%
 fig = profile.draw_op_types(before, after)
 plt.close(fig)
 fig

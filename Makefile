@@ -40,6 +40,7 @@ notebooks: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/update_readme.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .cache

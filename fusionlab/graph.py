@@ -470,11 +470,20 @@ class Graph:
         return ir.serde.serialize_model(self.model)
 
     def copy(self) -> "Graph":
-        """A deep copy that passes may rewrite without touching this graph."""
-        model = ir.serde.deserialize_model(self.to_proto())
-        if self.path is not None:
-            ir.external_data.set_base_dir(model.graph, str(self.path.parent))
-        return Graph(model, name=self.name, path=self.path)
+        """A copy whose nodes and values passes may rewrite without touching this graph.
+
+        Tensor data is shared, not copied (onnx-ir's clone): passes never write into a tensor, they
+        create new initializers, so sharing is safe and copying ResNet-50 takes milliseconds, not 0.25 s.
+        """
+        try:
+            model = self.model.clone()
+        except Exception:  # clone refuses some odd graphs (e.g. IR<4 inputs shadowing initializers)
+            model = ir.serde.deserialize_model(self.to_proto())
+            if self.path is not None:
+                ir.external_data.set_base_dir(model.graph, str(self.path.parent))
+        copy = Graph(model, name=self.name, path=self.path)
+        copy.notes = list(self.notes)
+        return copy
 
     def save(self, path, **kw) -> Path:
         return save_model(self, path, source=self.path, **kw)

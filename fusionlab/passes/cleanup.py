@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import onnx_ir as ir
 
 from ..graph import Graph
@@ -122,13 +123,28 @@ def _liftable_constants(graph: Graph) -> int:
 
 def lift_constants(graph: Graph) -> int:
     """Turn Constant nodes of the main graph into initializers (IR >= 4); returns how many."""
-    before = _liftable_constants(graph)
-    if before == 0:
+    if _liftable_constants(graph) == 0:
         return 0
-    from onnx_ir.passes.common import LiftConstantsToInitializersPass
-
-    LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(graph.model)
-    return before - _liftable_constants(graph)
+    lifted = 0
+    for node in list(graph.graph):
+        if not (node.op_type == "Constant" and node.domain in _DEFAULT and len(node.attributes) == 1):
+            continue
+        out = node.outputs[0]
+        if out.is_graph_output():
+            continue
+        array = graph.constant(out)  # reads value / value_float(s) / value_int(s) alike
+        if array is None or out.name in graph.graph.initializers:
+            continue
+        # A new tensor, not the attribute's own: the attribute may be shared with the caller's model
+        # (Graph.copy shares tensor data), and renaming it would change that model.
+        value = ir.Value(name=out.name, shape=ir.Shape(array.shape),
+                         type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                         const_value=ir.tensor(np.array(array), name=out.name))
+        out.replace_all_uses_with(value)
+        graph.graph.remove(node, safe=True)
+        graph.graph.register_initializer(value)
+        lifted += 1
+    return lifted
 
 
 def _counts(graph: Graph) -> dict[str, int]:

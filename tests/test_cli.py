@@ -103,3 +103,21 @@ def test_not_onnx_and_truncated_inputs(tmp_path, capsys):
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
     assert "COMMAND" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("max_ops", [2, 4])
+def test_fuse_with_all_passes_respects_max_group_ops(tmp_path, capsys, max_ops):
+    import json
+
+    src = tmp_path / "y.onnx"
+    src.write_bytes(zoo.yolov5s(image_size=64, width_mult=0.25).SerializeToString())
+    out, report = tmp_path / "f.onnx", tmp_path / "r.json"
+    argv = ["fuse", str(src), "-o", str(out), "--passes", "vertical,horizontal,mixed",
+            "--max-group-ops", str(max_ops), "--buffer-kb", "192", "--report", str(report)]
+    assert main(argv) == 0
+    assert "verified" in capsys.readouterr().out
+    plan = json.loads(report.read_text())["plan"]
+    mixed = [g for g in plan["groups"] if g["kind"] == "mixed"]
+    assert mixed and max(len(g["nodes"]) for g in mixed) <= max_ops
+    assert {g["kind"] for g in plan["groups"]} >= {"vertical", "mixed"}
+    assert main(argv[:2] + ["-o", str(tmp_path / "g.onnx"), "--buffer-kb", "0"]) == 2

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from . import check_output, load_input
@@ -22,6 +20,14 @@ def register(sub) -> None:
     p.add_argument("--lower", default="runtime", choices=["runtime", "functions", "onnx"],
                    help="runtime: onnxruntime com.microsoft fused ops; onnx: standard ops only; "
                         "functions: runtime + model-local functions for groups with no fused kernel")
+    p.add_argument("--max-group-ops", type=int, default=5, metavar="N",
+                   help="mixed pass: at most N ops per group (default 5, the seed's Atlas 800I A2 rule; 0 = no limit)")
+    p.add_argument("--buffer-kb", type=float, default=None, metavar="K",
+                   help="mixed pass: on-chip buffer budget per group in KiB (default: no limit)")
+    p.add_argument("--allow-recompute", action="store_true",
+                   help="mixed pass: copy a cheap multi-consumer op into each consumer's group")
+    p.add_argument("--min-branches", type=int, default=2, metavar="N",
+                   help="horizontal pass: fuse only N or more sibling branches (default 2)")
     p.add_argument("--report", default=None, help="also write the plan and op counts as JSON here")
     p.add_argument("--no-verify", action="store_true", help="skip checking the fused model against the original")
     p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
@@ -43,16 +49,9 @@ def _passes(text: str) -> list[str]:
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from ..files import atomic_write
+
+    atomic_write(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
 def run(args) -> int:
@@ -68,7 +67,10 @@ def run(args) -> int:
     if args.report:
         report_path = check_output(args.report, [args.input, args.output])
     graph = load_input(args.input)
-    options = {"lower": args.lower}
+    if args.max_group_ops < 0 or (args.buffer_kb is not None and args.buffer_kb <= 0) or args.min_branches < 2:
+        raise UsageError("--max-group-ops must be >= 0, --buffer-kb > 0 and --min-branches >= 2")
+    options = {"lower": args.lower, "max_group_ops": args.max_group_ops or None, "buffer_kb": args.buffer_kb,
+               "allow_recompute": args.allow_recompute, "min_branches": args.min_branches}
     if args.rules:
         options["rules"] = args.rules
     try:

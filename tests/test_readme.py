@@ -1,0 +1,25 @@
+"""The README's Python example runs as written, and its commands exist."""
+
+import re
+from pathlib import Path
+
+from fusionlab.cli import build_parser
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def test_python_examples_run(capsys):
+    blocks = re.findall(r"```python\n(.*?)```", README, re.S)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "equivalent" in out and "groups" in out
+
+
+def test_every_documented_command_exists():
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", README, re.S))
+    documented = set(re.findall(r"^fusionlab (\w+) ", blocks, re.M))
+    parser = build_parser()
+    available = set(parser._subparsers._group_actions[0].choices)
+    assert documented and documented <= available, documented - available

@@ -1,6 +1,5 @@
 """The `verify`, `bench` and `show` commands, and the command line as a whole."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -48,6 +48,7 @@ def conv_model(act_nodes, *, bias=True, bn=False, extra_out=False, c=6, training
         kw = {"training_mode": 1} if training else {}
         nodes.append(helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["n"], name="bn", **kw))
         cur = "n"
+    prev_in = cur  # a Mul multiplies the activation's output by that activation's input (SiLU)
     for i, (op, kw) in enumerate(act_nodes):
         out = "y" if i == len(act_nodes) - 1 else f"a{i}"
         if op == "Mul":

@@ -599,9 +599,11 @@ def test_zoo_models_fuse_and_verify(name):
     bn = graph.op_counts().get("BatchNormalization", 0)
     if name != "bert":
         assert res.after.get("BatchNormalization", 0) == 0
-        assert rules.get("conv_bn", 0) + rules.get("conv_bn_act", 0) == bn
+        assert rules.get("conv_bn", 0) + rules.get("conv_bn_act", 0) + rules.get("conv_add_act", 0) == bn
     if name == "resnet_small":
-        assert res.after.get("com.microsoft:FusedConv", 0) == _after_bn(graph, "Relu") > 0
+        # BN->Relu chains, plus BN->Add(residual)->Relu chains (FusedConv with its Z input)
+        residual = graph.op_counts()["Add"]
+        assert res.after.get("com.microsoft:FusedConv", 0) == _after_bn(graph, "Relu") + residual > residual
     if name == "mobilenet_v2":
         assert res.after.get("com.microsoft:FusedConv", 0) == _after_bn(graph, "Clip") > 0
     if name == "yolov5s":
@@ -615,3 +617,67 @@ def test_zoo_models_fuse_and_verify(name):
         opted = fuse(graph, passes=("vertical",), rules=RULES).plan.rule_counts()
         assert opted["skip_layernorm"] >= layers  # the FFN residual of every layer
         assert opted["skip_layernorm"] + opted.get("layernorm", 0) == graph.op_counts()["Sqrt"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Conv (+ BN) + residual Add + activation -> FusedConv with its Z input
+# ---------------------------------------------------------------------------------------------------
+
+def residual_model(*, z_shape=("batch", 8, 8, 8), bias=True, tail="Relu", add_inputs=("n", "z"), bn=True,
+                   extra_outputs=()):
+    nodes = ([bn_node("c", "n")] if bn else [h.make_node("Identity", ["c"], ["n"], name="id")]) + \
+        [h.make_node("Add", list(add_inputs), ["s"], name="add")]
+    if tail:
+        nodes.append(h.make_node(tail, ["s"], ["y"], name="act"))
+    else:
+        nodes.append(h.make_node("Neg", ["s"], ["y"], name="neg"))
+    m = conv_model(nodes, bn_params(8), bias=bias, extra_outputs=extra_outputs)
+    m.graph.input.append(value_info("z", np.float32, list(z_shape)))
+    return m
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("order", [("n", "z"), ("z", "n")])
+def test_residual_add_relu_becomes_one_fusedconv(bias, order):
+    m = residual_model(bias=bias, add_inputs=order)
+    res = check(m, {"com.microsoft:FusedConv": 1})
+    assert res.plan.rule_counts() == {"conv_add_act": 1}
+    fused = next(n for n in res.graph.graph if n.op_type == "FusedConv")
+    assert len(fused.inputs) == 4 and fused.inputs[3].name == "z"
+    assert res.plan[0].op_types == ["Conv", "BatchNormalization", "Add", "Relu"] and res.plan[0].saved_launches == 3
+
+
+def test_residual_add_is_not_fused_when_it_would_broadcast():
+    m = residual_model(z_shape=("batch", 8, 1, 1))
+    res = check(m)
+    assert "conv_add_act" not in res.plan.rule_counts()
+    assert res.after.get("Add") == 1
+    assert any("residual" in n for n in res.plan.notes)
+
+
+def test_residual_add_needs_a_fusedconv_activation_after_it():
+    res = check(residual_model(tail=None))
+    assert "conv_add_act" not in res.plan.rule_counts() and res.after.get("Add") == 1
+
+
+def test_residual_add_with_itself_or_as_graph_output_is_left_alone():
+    res = check(residual_model(add_inputs=("n", "n")))
+    assert "conv_add_act" not in res.plan.rule_counts()
+    res = check(residual_model(extra_outputs=("s",)))
+    assert "conv_add_act" not in res.plan.rule_counts() and res.after.get("Add") == 1
+
+
+def test_residual_add_not_in_onnx_lowering_and_opt_out():
+    res = check(residual_model(), lower="onnx")
+    assert "FusedConv" not in str(res.after) and res.after.get("Add") == 1
+    res = check(residual_model(), rules=[r for r in RULES if r != "conv_add_act"])
+    assert res.after == {"Add": 1, "Conv": 1, "Relu": 1}  # BN folded; the Relu follows the Add, not the conv
+
+
+def test_resnet_residual_blocks_fuse_their_adds():
+    from fusionlab import zoo
+
+    m = zoo.resnet_small()
+    res = check(m)
+    adds = load(m).op_counts()["Add"]
+    assert res.plan.rule_counts()["conv_add_act"] == adds and "Add" not in res.after and "Relu" not in res.after

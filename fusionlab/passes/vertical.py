@@ -40,7 +40,7 @@ from . import cleanup
 __all__ = ["RULES", "LOWERINGS", "FUSED_CONV_ACTIVATIONS", "FUSED_GEMM_ACTIVATIONS", "plan", "apply", "conv_bn_verdict"]
 
 RULES = (
-    "pad_conv", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act",
+    "pad_conv", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
     "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act",
     "gelu", "bias_gelu", "layernorm", "skip_layernorm", "silu",
 )
@@ -462,11 +462,17 @@ def _match_conv(ctx: _Context, conv: ir.Node) -> _Match | None:
             break
         steps.append((nxt, s, t))
         cur = nxt.outputs[0]
-    # -- activation
+    # -- residual Add before the activation: FusedConv's optional 4th input Z computes act(conv(x) + b + Z)
     act_nodes: list[ir.Node] = []
     act = None
-    act_rule = "conv_bn_act" if steps else "conv_act"
-    if (act_rule in rules or "conv_bn_act" in rules) and ctx.lower != "onnx":
+    add_node, z, act = _residual_add(ctx, cur, dtype) if (
+        "conv_add_act" in rules and ctx.lower != "onnx" and not transpose and (can_fold or not steps)) \
+        else (None, None, None)
+    if add_node is not None:
+        act_nodes = [_sole_consumer(add_node.outputs[0])]
+    # -- activation
+    act_rule = "conv_add_act" if add_node is not None else ("conv_bn_act" if steps else "conv_act")
+    if add_node is None and (act_rule in rules or "conv_bn_act" in rules) and ctx.lower != "onnx":
         nxt = _sole_consumer(cur)
         silu = _silu_tail(cur)
         if silu is not None and ctx.free(silu) and dtype == _F32:
@@ -478,7 +484,8 @@ def _match_conv(ctx: _Context, conv: ir.Node) -> _Match | None:
                 found = _activation(ctx, nxt, dtype, None)
             if found is not None:
                 act_nodes, act = [nxt], found
-    nodes = ([pad_node] if pad_node else []) + [conv] + [s[0] for s in steps] + act_nodes
+    nodes = ([pad_node] if pad_node else []) + [conv] + [s[0] for s in steps] + \
+        ([add_node] if add_node is not None else []) + act_nodes
     if len(nodes) == 1:
         return None
     has_bn = any(s[0].op_type == "BatchNormalization" for s in steps)
@@ -530,6 +537,11 @@ def _match_conv(ctx: _Context, conv: ir.Node) -> _Match | None:
         if pad_extra is not None:
             attrs["pads"] = pad_extra
         inputs = [x, wv] + ([bv] if bv is not None else [])
+        if z is not None:
+            if bv is None:  # Z is input 3: a bias must stand in slot 2
+                bv = ctx.new_initializer(f"{conv.name}_B_zero", np.zeros(channels, dtype=dtype))
+                inputs = [x, wv, bv]
+            inputs.append(z)
         if fused_conv:
             op, params = act
             attrs["activation"] = op
@@ -551,6 +563,40 @@ def _match_conv(ctx: _Context, conv: ir.Node) -> _Match | None:
                      "the weights" if steps else "single-consumer chain")
     return _Match(rule, nodes, build, lowered, why, kernel=kernel,
                   extra={"activation": act[0] if act else None})
+
+
+def _residual_add(ctx: _Context, cur: ir.Value, dtype: np.dtype):
+    """(Add, Z, activation) when `cur` feeds only `Add(cur, Z)` whose only reader is a FusedConv activation.
+
+    Legal only without broadcasting: Z must have exactly the conv output's shape (every dimension known
+    and equal, symbolic names included) and dtype. Z cannot depend on the conv: the conv's output reaches
+    nothing but this Add, and Z is the Add's *other* input. (None, None, None) when any check fails.
+    """
+    nothing = (None, None, None)
+    if dtype != _F32:
+        return nothing
+    add = _sole_consumer(cur)
+    if not _is(add, "Add") or not ctx.free([add]) or len(add.inputs) != 2 or add.outputs[0].is_graph_output():
+        return nothing
+    if add.inputs[0] is cur and add.inputs[1] is not cur:
+        z = add.inputs[1]
+    elif add.inputs[1] is cur and add.inputs[0] is not cur:
+        z = add.inputs[0]
+    else:
+        return nothing
+    a, b = ctx.shape(cur), ctx.shape(z)
+    if a is None or b is None or len(a) != len(b) or any(x is None or y is None or x != y for x, y in zip(a, b)):
+        ctx.refusals.append(f"conv_add_act {add.name}: cannot prove the residual has the conv output's shape")
+        return nothing
+    if ctx.dtype(z) != dtype:
+        return nothing
+    after = _sole_consumer(add.outputs[0])
+    if after is None or not ctx.free([after]):
+        return nothing
+    found = _activation(ctx, after, dtype, FUSED_CONV_ACTIVATIONS)
+    if found is None:
+        return nothing
+    return add, z, found
 
 
 def _pad_into_conv(ctx: _Context, pad: ir.Node, conv: ir.Node, rank: int) -> list[int]:

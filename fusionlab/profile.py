@@ -244,9 +244,12 @@ def parse_events(events: list[dict], *, warmup: int = 0, label: str = "", config
     runs = [RunSpan(i, ts, dur) for i, (ts, dur) in enumerate(kept)]
     nodes = [e for e in events if e.get("cat") == "Node" and e.get("ph", "X") == "X"
              and str(e.get("name", "")).endswith(_SUFFIX)]
+    # Lanes from the kept runs only: warm-up runs may have used other pool threads.
+    spans = [(r.ts_us, r.ts_us + r.dur_us) for r in runs]
     lanes: dict[int, int] = {}
     for e in sorted(nodes, key=lambda e: (_num(e["ts"]), str(e.get("tid")))):
-        lanes.setdefault(e.get("tid", 0), len(lanes))
+        if any(lo <= _num(e["ts"]) <= hi for lo, hi in spans):
+            lanes.setdefault(e.get("tid", 0), len(lanes))
     out: list[OpEvent] = []
     kept_raw: list[dict] = []
     for span in runs:

@@ -10,7 +10,7 @@ LEVEL_CHOICES = ["disable", "basic", "extended", "all"]
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="time one model, or two models interleaved",
-                       description="Time a model with onnxruntime (median and 95%% CI); with two models, run them "
+                       description="Time a model with onnxruntime (median and 95% CI); with two models, run them "
                                    "interleaved and report the median of paired ratios A/B (>1: B is faster).")
     p.add_argument("a", help="model A")
     p.add_argument("b", nargs="?", help="model B (optional)")

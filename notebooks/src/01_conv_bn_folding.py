@@ -414,9 +414,10 @@ for name in ("Atlas 300I Pro", "Atlas 800I A2 (Ascend 910B)"):
 
 # %% [markdown]
 # The prediction differs from the CPU measurement for a clear reason. On an accelerator with tens of
-# TFLOPS, the 7×7 conv finishes in a few microseconds, while the BN pass still has to stream the whole conv
-# output through memory at a few hundred GB/s and pay a launch. So the removed pass is a large share of
-# the layer there, and a small share on a CPU, where the conv itself takes milliseconds. Whether the
+# TFLOPS, the model has the 7×7 conv finish in a few microseconds, while the BN pass still has to stream the
+# whole conv output through memory at a few hundred GB/s and pay a launch. So the removed pass is a large
+# share of the layer there, and a small share on a CPU, where the conv itself takes far longer (compare the
+# medians in section 6). Whether the
 # write-up's 40% holds on real hardware would need `msprof` on an Atlas 300I Pro. The model only shows
 # that a saving of that order is *plausible* for a memory-bound BN after a fast conv.
 

@@ -154,12 +154,17 @@ p3 = mixed.plan(g, max_group_ops=3)
 viz.draw(g, p3, title="max_group_ops=3")
 
 # %% [markdown]
-# **On-chip buffer budget.** (Feature maps here are 16 channels of 32x32 fp32 = 64 KB each.) A fused kernel keeps its intermediates on chip. On an Ascend AI core that is
-# the Unified Buffer: 192 KB on Ascend 910B, 256 KB on 310P3 (`cann_facts.md` §3.3). `fusionlab` uses a
-# simple tile model: every tensor the group touches takes a tile of `min(size, 16 KB)`; group inputs and
-# outputs are double-buffered (copy-in/copy-out overlap compute), intermediates take one tile from the op
-# that makes them to their last reader. Conv/MatMul inputs travel through L1/L0 to the cube unit, not UB.
-# The working set must fit the budget.
+# **On-chip buffer budget.** A fused kernel keeps its intermediates on chip. On an Ascend AI core that is
+# the Unified Buffer: 192 KB on Ascend 910B, 256 KB on 310P3, according to the published specifications
+# (`cann_facts.md` §3.3 in the reference notes). `fusionlab` uses a simple tile model:
+#
+# - every tensor the group touches takes a tile of `min(size, 16 KB)`;
+# - group inputs and outputs are double-buffered (copy-in and copy-out overlap compute);
+# - an intermediate takes one tile from the op that makes it to its last reader;
+# - Conv/MatMul inputs travel through L1/L0 to the cube unit, not through the UB.
+#
+# The group's working set must fit the budget. (Each feature map here is 16 channels of 32x32 fp32,
+# 64 KB, so every tensor takes a full 16 KB tile.)
 
 # %%
 for kb in (None, 96, 64, 48):
@@ -197,7 +202,7 @@ for opts in ({"max_group_ops": 5}, {"max_group_ops": None, "allow_recompute": Tr
 # %% [markdown]
 # ## 7. A zoo model: YOLOv5n
 #
-# On a real network the same algorithm runs in milliseconds. YOLOv5 exports Conv+BN+SiLU (SiLU as
+# The same algorithm runs unchanged on a real network. YOLOv5 exports Conv+BN+SiLU (SiLU as
 # Sigmoid+Mul): each Conv takes its BN and SiLU; residual Adds and Concats decide where groups end.
 
 # %%
@@ -238,4 +243,4 @@ print(len(yolo), "->", len(yres.graph), "nodes;", "equivalent" if verify(yolo, y
 #
 # **Try next:** change `tile_kb` and `buffer_kb` together (256 KB for a 310P3 core); plan BERT-tiny
 # (`zoo.get("bert_tiny")`) and look at the LayerNorm groups with and without recompute; compare the
-# groups with what onnxruntime fuses at level `all` (notebook on onnxruntime's optimiser).
+# groups with what onnxruntime fuses on its own (notebook 02, section 4).

@@ -145,7 +145,8 @@ print(moved)
 
 # %% [markdown]
 # On a memory-bound chain the speedup should approach the ratio of bytes moved, and the fused kernel's
-# effective bandwidth (bytes it must move ÷ time) should approach what this machine can stream. The
+# effective bandwidth (bytes it must move ÷ time) should approach what this machine can stream. The numpy
+# chain also allocates a fresh array for every op, which can push the speedup past the bytes ratio. The
 # timings below vary from run to run. The benchmark `benchmarks/bench_elementwise.py` does the same on
 # 16M-element tensors and writes `benchmarks/results/elementwise.md`.
 
@@ -221,8 +222,9 @@ print(cost.compare(yolo, plans).table())
 
 # %% [markdown]
 # Per group, the model shows what fusion saves (MiB unfused → fused), the group's working set, and what
-# limits it. On the Atlas 300I Pro most groups are **launch-bound**: at 320×320 and batch 1, the assumed
-# 5 µs launch costs more than moving the group's data. That is why the launch figure matters so much.
+# limits it. It predicts that on the Atlas 300I Pro most groups are **launch-bound**: at 320×320 and batch 1,
+# the assumed 5 µs launch costs more than moving the group's data. That is why the launch figure matters so
+# much.
 
 # %%
 print(cost.plan_cost(yolo, plans["vertical"], "Atlas 300I Pro").table(max_rows=8))
@@ -342,10 +344,11 @@ print(state.plan.table(max_rows=5))
 #   intermediates are never written. It raises it when groups spill or hold large inputs and outputs
 #   together. That is the mechanism behind the seed's "over-fusion raised peak memory 15–20 %", shown
 #   here as a prediction, not a measurement.
-# * A generated one-pass loop really collects the saved bytes on memory-bound chains: it runs near the
-#   machine's streaming bandwidth. Transcendentals need vectorisable approximations of known error in
-#   place of scalar library calls; even then a chain heavy in them can be compute-bound, and the bytes
-#   ratio overstates what fusion buys.
+# * Saved bytes are only collected by a kernel that really makes one pass over memory, such as the
+#   generated loop. To judge it, compare its speedup with the bytes ratio and its GB/s with the machine's
+#   streaming bandwidth. Transcendentals need vectorisable approximations of known error in place of
+#   scalar library calls; even then a chain heavy in them can be compute-bound, and the bytes ratio
+#   overstates what fusion buys.
 # * The Ascend numbers are predictions from published specs, with an assumed launch overhead. On this
 #   CPU the model's predicted speedups are checked against measurement, with the error shown.
 #

@@ -205,7 +205,9 @@ fig
 
 # %%
 report = verify(graph, result.graph, custom_ops_library=library_path(), seed=0)
-print(report.table())
+for o in report.outputs:
+    print(f"{o.name}: shape {o.shape}, {o.dtype}, within rtol {o.rtol:g} / atol {o.atol:.1e}: {o.ok}")
+print("equivalent" if report.ok else "NOT equivalent")
 try:
     session(result.graph)
 except fusionlab.ModelError as err:
@@ -245,16 +247,16 @@ print(f"numpy kernel alone (no onnxruntime):       {timing.format_seconds(numpy_
 print(f"left for the PyOp bridge (custom - numpy): {timing.format_seconds(bridge)}")
 
 # %% [markdown]
-# **Reading the numbers honestly.** Fusion did not make this model faster on this machine. The custom op is
-# *slower* than onnxruntime's three separate native kernels, because the kernel is the wrong kind. The
-# last two lines split the custom op's time:
+# **Reading the numbers honestly.** Expect the custom op to be much *slower* than onnxruntime's three
+# separate native kernels (a speedup A/B well below 1): fusion cannot help when the fused kernel is the
+# wrong kind. The last two lines split the custom op's time:
 #
 # - **the convolution itself**: `conv_nd` is numpy, one `einsum` per kernel tap. onnxruntime's Conv runs
 #   MLAS's tuned im2col + GEMM code with SIMD. Compare "numpy kernel alone" with the native line.
 # - **per-call marshalling**: for every call the bridge copies each input into a new numpy array, and it
 #   hands the result back as `flatten().tolist()`, one Python float object per element, which C++ converts
-#   back into a tensor. In our runs this cost more than the numpy convolution itself: that is the
-#   "left for the PyOp bridge" line;
+#   back into a tensor. That is the "left for the PyOp bridge" line: compare it with the numpy
+#   convolution's own time;
 # - **the GIL**: each call takes Python's global interpreter lock, so custom-op nodes cannot run in parallel
 #   with each other or with other Python code.
 #

@@ -98,7 +98,7 @@ fig
 
 # %%
 with tempfile.TemporaryDirectory() as tmp:
-    trace = profile.write_trace(Path(tmp) / "yolov5n_profile.json", before, after)
+    trace = profile.write_trace(Path(tmp) / "yolov5_profile.json", before, after)
     import json
 
     events = json.loads(trace.read_text())["traceEvents"]
@@ -226,9 +226,10 @@ print(f"\nroof (onnxruntime MatMul): {cpu_1.peak_flops('float32') / 1e9:.1f} GFL
       f"{cpu_2.peak_flops('float32') / 1e9:.1f} GFLOP/s with 2; streaming bandwidth {calibrated.mem_bandwidth_gbs:.1f} GB/s")
 
 # %% [markdown]
-# On a machine with two cores shared with other work, a second thread can only help as much as the other core
-# is idle, and the two-thread roof is measured under the same conditions; the utilisation column says how much
-# of that roof the model really used.
+# When the cores are shared with other work, a second thread can only help as much as another core is idle.
+# The two-thread roof is measured under the same conditions, so the utilisation column says how much of that
+# roof the model really used. A small model gives each kernel little work to split, so do not expect the
+# second thread to double the speed: read the verdict line.
 #
 # ## 8. The seed's evaluation model, modelled for the Atlas presets
 #
@@ -280,8 +281,8 @@ fig
 #
 # - A profile answers "where does the time go?" per kernel. The msprof-style wait time shows the gaps between
 #   kernels; the timeline shows them as white space; the trace file lets you zoom in with Perfetto.
-# - **Launch gaps → fusion** works on this CPU: fewer kernels, fewer gaps, less arithmetic (the folded BN). The
-#   comparison in §5 gives the measured ratio with its confidence interval.
+# - **Launch gaps → fusion** removes kernels, and with them gaps and arithmetic (the folded BN). Whether that
+#   shows as a speedup on your CPU is in §5: the measured ratio with its confidence interval.
 # - **Launch gaps → parallel branches** cannot work with onnxruntime ≥ 1.14 on CPU: all nodes run in one stream,
 #   as the parallel-mode profile shows. Its measured ratio is printed in §5.
 # - **Frequent allocation → preallocation**: onnxruntime already preallocates by default (arena + memory

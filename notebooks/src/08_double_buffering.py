@@ -220,7 +220,7 @@ fig
 # Two loaders:
 #
 # 1. **a file in the page cache**: the "copy" is a memcpy done by a CPU core, so it competes for the cores with
-#    the computation (and, on this machine, with whatever else runs on the two shared cores);
+#    the computation (and with whatever else runs on the machine);
 # 2. **an emulated storage device** of fixed bandwidth (`device_gbs`): the loader sleeps while the "device"
 #    transfers, using no CPU, the way a DMA engine does. This is the situation MTE2 is in.
 #
@@ -268,8 +268,8 @@ workdir.cleanup()
 # Read the verdict lines, not just the medians: each says whether the 95% interval of the paired ratio excludes 1.
 # What theory expects: overlap pays when the loader waits on something that is *not* the CPU doing the compute
 # (the emulated device here, MTE2 on an AI Core). When the copy itself needs a CPU core, as a memcpy does, the
-# loader and the computation compete for the cores, and so does every other process on this machine's two shared
-# cores. The next cell states, from the measurements and the machine's load at the time, what happened here.
+# loader and the computation compete for the cores, and so does every other process on the machine. The next
+# cell states, from the measurements and the machine's load at the time, what happened on yours.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -288,8 +288,8 @@ for name, (predicted, c) in (("page-cache loader", memcpy_result), ("emulated de
 
 # %% [markdown]
 # When the measured ratio falls short of the prediction, the simulator's assumption is what broke: it gives each
-# stage its own engine. An AI Core really has separate MTE2, Vector and MTE3 queues; a busy two-core machine does
-# not give a Python loader thread a free core. That is the CPU version of "one stage dominates": the shared
+# stage its own engine. An AI Core really has separate MTE2, Vector and MTE3 queues; a CPU with few, busy cores
+# does not give a Python loader thread a free core. That is the CPU version of "one stage dominates": the shared
 # resource becomes the bottleneck.
 #
 # ## Summary

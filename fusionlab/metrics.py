@@ -47,8 +47,24 @@ def cost_table(costs) -> dict[str, tuple[float, float]]:
     return out
 
 
+class _Rates:
+    """Achieved rates of something with `flops`, `bytes` and `time_s`."""
+
+    flops: float
+    bytes: float
+    time_s: float
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.flops / self.time_s if self.time_s > 0 else 0.0
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes / self.time_s if self.time_s > 0 else 0.0
+
+
 @dataclass(frozen=True)
-class OpPoint:
+class OpPoint(_Rates):
     """One op on the roofline: its work and its time (measured or modelled)."""
 
     node: str
@@ -62,17 +78,10 @@ class OpPoint:
         """FLOPs per byte moved."""
         return self.flops / self.bytes if self.bytes else math.inf
 
-    @property
-    def flops_per_s(self) -> float:
-        return self.flops / self.time_s if self.time_s > 0 else 0.0
-
-    @property
-    def bytes_per_s(self) -> float:
-        return self.bytes / self.time_s if self.time_s > 0 else 0.0
 
 
 @dataclass
-class Utilisation:
+class Utilisation(_Rates):
     """The seed's three figures for one model on one device, measured or modelled."""
 
     device: str
@@ -86,13 +95,6 @@ class Utilisation:
     points: list[OpPoint] = field(default_factory=list)
     note: str = ""
 
-    @property
-    def flops_per_s(self) -> float:
-        return self.flops / self.time_s if self.time_s > 0 else 0.0
-
-    @property
-    def bytes_per_s(self) -> float:
-        return self.bytes / self.time_s if self.time_s > 0 else 0.0
 
     @property
     def compute_util(self) -> float:

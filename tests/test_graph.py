@@ -305,3 +305,34 @@ def test_plain_graph_input_is_not_called_overridable():
     g = load(conv_relu_model())
     x = g.node("conv").inputs[0]
     assert x.is_graph_input() and not g.is_overridable(x)
+
+
+# ----------------------------------------------------------------------------------------------
+# fuzz: a corrupted model is either loaded or refused with ModelError, never a crash
+# ----------------------------------------------------------------------------------------------
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+_VALID = conv_relu_model().SerializeToString()
+
+
+@given(st.lists(st.tuples(st.integers(0, len(_VALID) - 1), st.integers(0, 255)), min_size=1, max_size=8),
+       st.integers(1, len(_VALID)))
+def test_corrupted_bytes_load_or_refuse_cleanly(flips, keep):
+    data = bytearray(_VALID[:keep])
+    for pos, byte in flips:
+        if pos < len(data):
+            data[pos] = byte
+    try:
+        g = load(bytes(data))
+    except ModelError as exc:
+        assert "\n" not in str(exc)
+        return
+    # whatever loaded must be usable by the passes without crashing
+    from fusionlab.passes import fuse
+
+    try:
+        fuse(g, passes=("vertical",))
+    except ModelError:
+        pass

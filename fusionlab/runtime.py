@@ -325,4 +325,12 @@ def verify(original, fused, *, rtol: float | None = None, atol: float | None = N
                                               float("inf"), float("inf"), 0, 0, False, "output missing"))
             continue
         report.outputs.append(_compare(name, expected, got[name], rtol, atol, scale_atol))
+    if not report.ok:
+        # Before blaming the rewrite: does the original even agree with itself (training-mode Dropout,
+        # random ops)? Then no comparison can succeed, and the report says why.
+        again = run(ref_sess, feeds)
+        for check in report.outputs:
+            if not check.ok and check.problem != "output missing" and \
+                    not _compare(check.name, ref[check.name], again[check.name], rtol, atol, scale_atol).ok:
+                check.problem = "the original is nondeterministic (differs from itself run to run)"
     return report

@@ -98,3 +98,15 @@ def test_atol_scales_with_output_magnitude_only_when_asked():
     # for outputs of order 1 nothing changes
     small = verify(scale_model(2.0), scale_model(2.0), feeds={"x": np.full((1, 4), 0.25, np.float32)})
     assert small.outputs[0].atol == 1e-5
+
+
+def test_a_nondeterministic_original_is_named_not_blamed_on_the_rewrite():
+    nodes = [helper.make_node("Dropout", ["x", "ratio", "train"], ["y"])]  # training mode: a random mask per run
+    m = make_model(nodes, [value_info("x", shape=[64])], [value_info("y", shape=[64])],
+                   [tensor("ratio", np.float32(0.5)), tensor("train", np.bool_(True))])
+    report = verify(m, m)
+    assert not report.ok
+    assert "nondeterministic" in report.outputs[0].problem
+    # a deterministic mismatch is still reported as a plain tolerance failure
+    bad = verify(scale_model(2.0), scale_model(2.5))
+    assert bad.outputs[0].problem == "outside tolerance"

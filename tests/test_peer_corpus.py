@@ -44,20 +44,26 @@ def _ort_errors() -> set[str]:
     return out
 
 
-def _check_one(path: Path, ort_errors: set[str], lower: str = "runtime") -> str:
+def _check_one(path: Path, ort_errors: set[str], lower: str = "runtime", passes=("vertical",)) -> str:
     rel = path.relative_to(MODELS).as_posix()
     try:
         graph = load(path)
     except ModelError:
         return "refused"
     try:
-        res = fuse(graph, passes=("vertical",), lower=lower)
+        res = fuse(graph, passes=passes, lower=lower)
     except ModelError:
         return "refused"
     if len(res.plan) == 0:
         assert res.after == res.before, f"{rel}: no groups but the graph changed"
         return "unchanged"
-    assert rel not in ort_errors, f"{rel}: onnxruntime cannot load the original, yet we rewrote it"
+    if tuple(passes) == ("vertical",):
+        assert rel not in ort_errors, f"{rel}: onnxruntime cannot load the original, yet we rewrote it"
+    try:
+        session(graph)
+    except ModelError:
+        # e.g. training-only contrib ops: nothing can be run or compared; not crashing is all we can ask
+        return "rewritten, original not loadable by onnxruntime"
     fused_session = session(res.graph)  # must load: raises ModelError (test failure) otherwise
     try:
         ref = session(graph)
@@ -66,13 +72,13 @@ def _check_one(path: Path, ort_errors: set[str], lower: str = "runtime") -> str:
     except Exception:
         return "fused, original not runnable on random inputs"
     report = verify(graph, res.graph, feeds=feeds, fused_session=fused_session)
+    if not report.ok and all("nondeterministic" in o.problem for o in report.outputs if not o.ok):
+        return "fused, original nondeterministic (training-mode Dropout)"
     assert report.ok, f"{rel}: fused model differs\n{report.table()}"
     return "fused and verified"
 
 
-@pytest.mark.skipif(not MODELS.exists(), reason="peer corpus not found at ../shared/peer-tests relative to the repo")
-@pytest.mark.parametrize("lower", ["runtime", "onnx", "functions"])
-def test_vertical_passes_over_ort_transform_corpus(lower):
+def _run_corpus(lower: str, passes=("vertical",)) -> dict[str, list[str]]:
     paths = sorted(MODELS.rglob("*.onnx"))
     assert len(paths) > 100
     ort_errors = _ort_errors()
@@ -85,7 +91,7 @@ def test_vertical_passes_over_ort_transform_corpus(lower):
             rel = path.relative_to(MODELS).as_posix()
             signal.alarm(PER_MODEL_SECONDS)
             try:
-                outcome.setdefault(_check_one(path, ort_errors, lower), []).append(rel)
+                outcome.setdefault(_check_one(path, ort_errors, lower, passes), []).append(rel)
             except _Timeout:
                 failures.append(f"{rel}: took over {PER_MODEL_SECONDS} s")
             except AssertionError as exc:
@@ -97,6 +103,20 @@ def test_vertical_passes_over_ort_transform_corpus(lower):
     finally:
         signal.signal(signal.SIGALRM, old)
     assert not failures, "\n".join(failures)
+    assert time.perf_counter() - start < 180
+    return outcome
+
+
+@pytest.mark.skipif(not MODELS.exists(), reason="peer corpus not found at ../shared/peer-tests relative to the repo")
+@pytest.mark.parametrize("lower", ["runtime", "onnx", "functions"])
+def test_vertical_passes_over_ort_transform_corpus(lower):
+    outcome = _run_corpus(lower)
     assert len(outcome.get("fused and verified", [])) >= (15 if lower == "onnx" else 35), \
         {k: len(v) for k, v in outcome.items()}
-    assert time.perf_counter() - start < 120
+
+
+@pytest.mark.skipif(not MODELS.exists(), reason="peer corpus not found at ../shared/peer-tests relative to the repo")
+def test_all_passes_over_ort_transform_corpus():
+    """vertical, then horizontal, then mixed (lowered to local functions): same contract."""
+    outcome = _run_corpus("runtime", passes=("vertical", "horizontal", "mixed"))
+    assert len(outcome.get("fused and verified", [])) >= 200, {k: len(v) for k, v in outcome.items()}

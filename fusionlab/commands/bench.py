@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from . import load_input
-from .verify import parse_dims
+from . import add_dim_option, load_input, parse_dims
 
 LEVEL_CHOICES = ["disable", "basic", "extended", "all"]
 
@@ -20,7 +19,7 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1: stable on shared machines)")
     p.add_argument("--min-time", type=float, default=2.0, help="seconds of measurement at least (default 2)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N", help="size of a symbolic dimension")
+    add_dim_option(p)
     p.set_defaults(func=run)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import load_input
+from . import load_input, parse_passes
 
 
 def register(sub) -> None:
@@ -46,7 +46,7 @@ def run(args) -> int:
     from ..customop import UnsupportedGroup, declare_group, library_path, package_files, replace_groups, write_package
 
     graph = load_input(args.model)
-    passes = tuple(p.strip() for p in args.passes.split(",") if p.strip())
+    passes = tuple(parse_passes(args.passes))
     try:
         plan = plan_only(graph, passes)
     except ValueError as exc:

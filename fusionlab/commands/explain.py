@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import load_input
+from . import add_dim_option, load_input, parse_dims, parse_passes
 
 
 def register(sub) -> None:
@@ -16,8 +16,7 @@ def register(sub) -> None:
                    help="comma-separated fusion kinds, in order (default vertical,horizontal,mixed)")
     p.add_argument("--max-group-ops", type=int, default=5, help="largest group the mixed pass may form (default 5)")
     p.add_argument("--buffer-kb", type=float, default=None, help="on-chip budget per group for the mixed pass")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
-                   help="size of a symbolic dimension, e.g. --dim batch=4 (repeatable)")
+    add_dim_option(p)
     p.add_argument("--max-rows", type=int, default=30, help="groups to list (default 30)")
     p.set_defaults(func=run)
 
@@ -25,12 +24,8 @@ def register(sub) -> None:
 def run(args) -> int:
     from .. import cost, devices, widgets
     from ..cli import UsageError
-    from .verify import parse_dims
-
-    kinds = [k.strip() for k in args.passes.split(",") if k.strip()]
-    bad = [k for k in kinds if k not in widgets.KINDS]
-    if not kinds or bad:
-        raise UsageError(f"--passes expects a comma-separated list of {', '.join(widgets.KINDS)}, got {args.passes!r}")
+    
+    kinds = parse_passes(args.passes, allowed=widgets.KINDS)
     if args.max_group_ops < 1:
         raise UsageError("--max-group-ops must be >= 1")
     if args.buffer_kb is not None and args.buffer_kb <= 0:

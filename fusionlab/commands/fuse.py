@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import check_output, load_input
+from . import add_dim_option, check_output, load_input, parse_dims, parse_passes
 
 
 def register(sub) -> None:
@@ -30,22 +30,8 @@ def register(sub) -> None:
                    help="horizontal pass: fuse only N or more sibling branches (default 2)")
     p.add_argument("--report", default=None, help="also write the plan and op counts as JSON here")
     p.add_argument("--no-verify", action="store_true", help="skip checking the fused model against the original")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
-                   help="size of a symbolic dimension for verification, e.g. --dim batch=4 (repeatable)")
+    add_dim_option(p)
     p.set_defaults(func=run)
-
-
-def _passes(text: str) -> list[str]:
-    from ..cli import UsageError
-    from ..passes import PASSES
-
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
-        raise UsageError("--passes needs at least one pass name")
-    unknown = [n for n in names if n not in PASSES]
-    if unknown:
-        raise UsageError(f"unknown pass {unknown[0]!r}; choose from {', '.join(PASSES)}")
-    return names
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -58,9 +44,8 @@ def run(args) -> int:
     from ..cli import UsageError
     from ..graph import ModelError, save_model
     from ..passes import fuse
-    from .verify import parse_dims
-
-    names = _passes(args.passes)
+    
+    names = parse_passes(args.passes)
     dims = parse_dims(args.dim)
     target = check_output(args.output, [args.input])
     report_path = None

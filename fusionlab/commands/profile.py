@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import check_output, load_input
+from . import add_dim_option, check_output, load_input, parse_dims
 
 
 def register(sub) -> None:
@@ -21,16 +21,14 @@ def register(sub) -> None:
                    help="onnxruntime graph optimisation level (default: disable)")
     p.add_argument("--top", type=int, default=20, help="rows of the op table, longest first (0 = all, start order)")
     p.add_argument("--csv", default=None, help="also write the op table as an op_summary-style CSV")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
-                   help="size of a symbolic dimension, e.g. --dim batch=1 (repeatable)")
+    add_dim_option(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..cli import UsageError
     from ..profile import profile_model, side_by_side, write_trace
-    from .verify import parse_dims
-
+    
     if args.runs < 1 or args.warmup < 0 or args.threads < 1 or args.top < 0:
         raise UsageError("--runs and --threads must be >= 1, --warmup and --top >= 0")
     out = check_output(args.output, [args.model])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import check_output, load_input
+from . import check_output, load_input, parse_passes
 
 
 def register(sub) -> None:
@@ -31,7 +31,7 @@ def run(args) -> int:
     plan = None
     if args.plan:
         try:
-            plan = plan_only(graph, passes=[p.strip() for p in args.passes.split(",") if p.strip()])
+            plan = plan_only(graph, passes=parse_passes(args.passes))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     nodes = [n.strip() for n in args.nodes.split(",")] if args.nodes else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import load_input
+from . import add_dim_option, load_input, parse_dims
 
 
 def register(sub) -> None:
@@ -13,21 +13,8 @@ def register(sub) -> None:
     p.add_argument("--rtol", type=float, default=None, help="relative tolerance (default per dtype; fp32 1e-4)")
     p.add_argument("--atol", type=float, default=None, help="absolute tolerance (default per dtype; fp32 1e-5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
-                   help="size of a symbolic dimension, e.g. --dim batch=4 (repeatable)")
+    add_dim_option(p)
     p.set_defaults(func=run)
-
-
-def parse_dims(items: list[str]) -> dict[str, int]:
-    from ..cli import UsageError
-
-    dims = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        if not name or not value.isdigit() or int(value) <= 0:
-            raise UsageError(f"--dim expects NAME=N with N > 0, got {item!r}")
-        dims[name] = int(value)
-    return dims
 
 
 def run(args) -> int:

@@ -183,12 +183,17 @@ def _weights(graph: Graph, node: ir.Node, what: str) -> Verdict | tuple[np.ndarr
     return w, b, shared
 
 
-def conv_bn_legal(graph: Graph, conv_node: ir.Node, bn_node: ir.Node) -> Verdict:
-    """May `bn_node` be folded into the Conv/ConvTranspose `conv_node` before it?"""
-    bad = _common(graph, conv_node, bn_node, ("Conv", "ConvTranspose"))
+def _producer_weights(graph: Graph, node: ir.Node, bn_node: ir.Node, ops: tuple[str, ...]):
+    """The checks every BN fold shares, then (weight, bias, shared); a failing Verdict otherwise."""
+    bad = _common(graph, node, bn_node, ops)
     if bad is not None:
         return bad
-    got = _weights(graph, conv_node, conv_node.op_type)
+    return _weights(graph, node, node.op_type)
+
+
+def conv_bn_legal(graph: Graph, conv_node: ir.Node, bn_node: ir.Node) -> Verdict:
+    """May `bn_node` be folded into the Conv/ConvTranspose `conv_node` before it?"""
+    got = _producer_weights(graph, conv_node, bn_node, ("Conv", "ConvTranspose"))
     if isinstance(got, Verdict):
         return got
     w, b, shared = got
@@ -222,10 +227,7 @@ def matmul_bn_legal(graph: Graph, mm_node: ir.Node, bn_node: ir.Node, shapes: di
 
     (For Gemm the pass folds `beta·C` as the bias and writes beta=1; alpha stays on A·B.)
     """
-    bad = _common(graph, mm_node, bn_node, ("MatMul", "Gemm"))
-    if bad is not None:
-        return bad
-    got = _weights(graph, mm_node, mm_node.op_type)
+    got = _producer_weights(graph, mm_node, bn_node, ("MatMul", "Gemm"))
     if isinstance(got, Verdict):
         return got
     w, b, shared = got

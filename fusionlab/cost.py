@@ -30,6 +30,7 @@ from .devices import Device, get as get_device, load_devices
 from .graph import Graph, load
 from .plan import FusionPlan
 from .shapes import infer_shapes
+from .text import text_table
 
 __all__ = ["NodeCost", "KernelCost", "PlanCost", "CostTable", "node_costs", "plan_cost", "compare",
            "predicted_speedup", "VIEW_OPS", "ELEMENTWISE_COST"]
@@ -341,11 +342,9 @@ class PlanCost:
                  f"{k.working_set / 1024:.1f}", f"{k.spill_bytes / 1024:.1f}", _fmt_time(k.time_s), k.bound]
                 for k in self.groups()]
         shown = rows if max_rows is None else rows[:max_rows]
-        widths = [max([len(h)] + [len(r[i]) for r in shown]) for i, h in enumerate(header)]
-        line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
         out = [f"device: {self.device}"]
         if shown:
-            out += [line(header), line(["-" * w for w in widths])] + [line(r) for r in shown]
+            out += text_table(header, shown)
         if len(shown) < len(rows):
             out.append(f"... {len(rows) - len(shown)} more groups")
         s = self.summary()
@@ -524,9 +523,7 @@ class CostTable:
         header = ["plan", "device", "kernels", "latency", "speedup", "MiB moved", "peak MiB"]
         cells = [[r["plan"], r["device"], str(r["kernels"]), _fmt_time(r["latency_s"]), f"{r['speedup']:.2f}x",
                   f"{r['MiB_moved']:.2f}", f"{r['peak_MiB']:.2f}"] for r in self.rows]
-        widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(header)]
-        line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
-        return "\n".join([line(header), line(["-" * w for w in widths])] + [line(c) for c in cells])
+        return "\n".join(text_table(header, cells))
 
     def __str__(self) -> str:
         return self.table()

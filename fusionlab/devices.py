@@ -12,6 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .text import text_table
+
 __all__ = ["Device", "DEVICES_JSON", "THIS_MACHINE", "load_devices", "get", "names", "this_machine", "devices_table"]
 
 DEVICES_JSON = Path(__file__).resolve().parent.parent / "data" / "devices.json"
@@ -154,7 +156,4 @@ def devices_table(devices: list[Device] | None = None) -> str:
             row.append(text + ("?" if f in d.uncertain else ""))
         rows.append(row)
     header = [c[0] for c in cols]
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(cols))]
-    line = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()
-    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
-                     + ["? = derived, disputed or assumed (see each preset's source note)"])
+    return "\n".join(text_table(header, rows) + ["? = derived, disputed or assumed (see each preset's source note)"])

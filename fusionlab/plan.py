@@ -10,6 +10,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Iterator
 
+from .text import text_table
+
 __all__ = ["FusionGroup", "FusionPlan", "VERTICAL", "HORIZONTAL", "MIXED", "KINDS"]
 
 VERTICAL = "vertical"
@@ -151,9 +153,7 @@ class FusionPlan:
             shown = rows
         header = ["id", "kind", "rule", "pattern", "nodes", "saved KiB", "launches saved", "lowered to"]
         cells = [[str(r[h]) for h in header] for r in shown]
-        widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(header)]
-        line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()
-        out = [line(header), line(["-" * w for w in widths])] + [line(c) for c in cells]
+        out = text_table(header, cells)
         if len(shown) < len(rows):
             out.append(f"... {len(rows) - len(shown)} more groups")
         out.append(

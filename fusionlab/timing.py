@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable, Sequence
 
+from .text import text_table
+
 __all__ = [
     "Timing", "Comparison", "bench", "bench_session", "compare", "compare_models", "session_at_each_level",
     "machine_info", "median_ci", "format_seconds",
@@ -229,9 +231,7 @@ class Comparison:
         """Plain-text table: medians, CIs, the paired speedup and the verdict."""
         header = ["", "", "median", "95% CI"]
         rows = self._rows()
-        widths = [max(len(r[i]) for r in [header] + rows) for i in range(4)]
-        line = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()
-        out = [line(header)] + [line(r) for r in rows]
+        out = text_table(header, rows, rule=False)
         out += [self._speedup_line(), "→ " + self.verdict(), self._footer()]
         return "\n".join(out)
 

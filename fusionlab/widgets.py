@@ -15,6 +15,7 @@ from .devices import Device, get as get_device, load_devices
 from .graph import Graph, load
 from .passes import get_pass
 from .plan import FusionPlan
+from .text import text_table
 
 __all__ = ["ExplorerResult", "make_plan", "explore_state", "sweep_group_size", "sweep_table", "plot_sweep",
            "measure", "explore"]
@@ -125,9 +126,7 @@ def sweep_table(rows: list[dict]) -> str:
     """The sweep as a plain-text table."""
     header = list(rows[0]) if rows else []
     cells = [[str(r[h]) for h in header] for r in rows]
-    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(header)]
-    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))
-    return "\n".join([line(header)] + [line(c) for c in cells])
+    return "\n".join(text_table(header, cells, rule=False, align="right"))
 
 
 def plot_sweep(rows: list[dict], ax=None, title: str | None = None):

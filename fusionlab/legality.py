@@ -191,6 +191,16 @@ def _producer_weights(graph: Graph, node: ir.Node, bn_node: ir.Node, ops: tuple[
     return _weights(graph, node, node.op_type)
 
 
+def _with_bn(graph: Graph, bn_node: ir.Node, channels: int, shared: bool) -> Verdict:
+    """The verdict once the producer is fine: BN's parameters decide, and a shared weight means a copy."""
+    params = _bn_params(graph, bn_node, channels)
+    if isinstance(params, Verdict):
+        return params
+    if shared:
+        return Verdict(True, "legal; the weight is shared with other nodes, so fold into a copy", "ok", True)
+    return Verdict(True, "legal")
+
+
 def conv_bn_legal(graph: Graph, conv_node: ir.Node, bn_node: ir.Node) -> Verdict:
     """May `bn_node` be folded into the Conv/ConvTranspose `conv_node` before it?"""
     got = _producer_weights(graph, conv_node, bn_node, ("Conv", "ConvTranspose"))
@@ -206,12 +216,7 @@ def conv_bn_legal(graph: Graph, conv_node: ir.Node, bn_node: ir.Node) -> Verdict
         return _no("channel_mismatch", f"ConvTranspose weight {tuple(w.shape)} does not split into {group} groups")
     if b is not None and (b.ndim != 1 or b.shape[0] != channels):
         return _no("channel_mismatch", f"{conv_node.op_type} bias has shape {tuple(b.shape)}, expected ({channels},)")
-    params = _bn_params(graph, bn_node, channels)
-    if isinstance(params, Verdict):
-        return params
-    if shared:
-        return Verdict(True, "legal; the weight is shared with other nodes, so fold into a copy", "ok", True)
-    return Verdict(True, "legal")
+    return _with_bn(graph, bn_node, channels, shared)
 
 
 def _rank(graph: Graph, value: ir.Value, shapes: dict | None) -> int | None:
@@ -246,9 +251,4 @@ def matmul_bn_legal(graph: Graph, mm_node: ir.Node, bn_node: ir.Node, shapes: di
         channels = w.shape[0] if trans_b else w.shape[1]
         if b is not None and b.size not in (1, channels):
             return _no("channel_mismatch", f"Gemm C has shape {tuple(b.shape)}, not broadcast per output column")
-    params = _bn_params(graph, bn_node, channels)
-    if isinstance(params, Verdict):
-        return params
-    if shared:
-        return Verdict(True, "legal; the weight is shared with other nodes, so fold into a copy", "ok", True)
-    return Verdict(True, "legal")
+    return _with_bn(graph, bn_node, channels, shared)

@@ -6,6 +6,8 @@ Patterns (rule names in brackets):
   the weights [conv_bn, convtranspose_bn, conv_scale_bias]; a zero constant Pad folded into Conv's pads
   [pad_conv]; a trailing activation fused as ``com.microsoft:FusedConv`` where onnxruntime's CPU kernel
   supports it, and SiLU (``Sigmoid`` + ``Mul``) as Conv + ``com.microsoft:QuickGelu`` [conv_act, conv_bn_act].
+- A constant Pad folded into AveragePool (count_include_pad=1) or into MaxPool when it pads with -inf
+  [pad_pool].
 - MatMul + Add -> Gemm [matmul_add_gemm]; MatMul / Gemm + BatchNormalization folded [matmul_bn, gemm_bn];
   Gemm + activation -> ``com.microsoft:FusedGemm`` [gemm_act].
 - Decomposed erf-GELU -> ``Gelu`` [gelu]; Add + GELU -> ``com.microsoft:BiasGelu`` [bias_gelu].
@@ -40,7 +42,7 @@ from . import cleanup
 __all__ = ["RULES", "LOWERINGS", "FUSED_CONV_ACTIVATIONS", "FUSED_GEMM_ACTIVATIONS", "plan", "apply", "conv_bn_verdict"]
 
 RULES = (
-    "pad_conv", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
+    "pad_conv", "pad_pool", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
     "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act",
     "gelu", "bias_gelu", "layernorm", "skip_layernorm", "silu",
 )
@@ -599,11 +601,13 @@ def _residual_add(ctx: _Context, cur: ir.Value, dtype: np.dtype):
     return add, z, found
 
 
-def _pad_into_conv(ctx: _Context, pad: ir.Node, conv: ir.Node, rank: int) -> list[int]:
-    if conv.inputs[0] is not pad.outputs[0] or _sole_consumer(pad.outputs[0]) is not conv:
+def _folded_pads(ctx: _Context, pad: ir.Node, consumer: ir.Node, rank: int) -> tuple[list[int], float]:
+    """(consumer pads + Pad's spatial pads, pad value) if a constant Pad's padding can move into `consumer`."""
+    kind = consumer.op_type
+    if consumer.inputs[0] is not pad.outputs[0] or _sole_consumer(pad.outputs[0]) is not consumer:
         raise _Refused("Pad output is read elsewhere or is a graph output")
-    if str(_attr(conv, "auto_pad", "NOTSET")) != "NOTSET":
-        raise _Refused("Conv uses auto_pad")
+    if str(_attr(consumer, "auto_pad", "NOTSET")) != "NOTSET":
+        raise _Refused(f"{kind} uses auto_pad")
     if str(_attr(pad, "mode", "constant")) != "constant":
         raise _Refused("Pad mode is not constant")
     if ctx.graph.opset < 11:
@@ -627,19 +631,83 @@ def _pad_into_conv(ctx: _Context, pad: ir.Node, conv: ir.Node, rank: int) -> lis
         if len(pad.inputs) > 3 and pad.inputs[3] is not None:
             raise _Refused("Pad with an axes input is not folded")
     pads = np.asarray(pads).reshape(-1).astype(np.int64)
-    if value != 0.0:
-        raise _Refused("Pad value is not zero")
     if pads.size != 2 * rank:
         raise _Refused(f"Pad has {pads.size} pads for a rank-{rank} input")
     if np.any(pads < 0):
-        raise _Refused("negative pads (cropping) cannot fold into Conv")
+        raise _Refused(f"negative pads (cropping) cannot fold into {kind}")
     begin, end = pads[:rank], pads[rank:]
     if begin[0] or begin[1] or end[0] or end[1]:
         raise _Refused("Pad pads the batch or channel axis")
-    conv_pads = _attr(conv, "pads", None)
-    conv_pads = np.zeros(2 * (rank - 2), dtype=np.int64) if conv_pads is None else np.asarray(list(conv_pads))
+    own = _attr(consumer, "pads", None)
+    own = np.zeros(2 * (rank - 2), dtype=np.int64) if own is None else np.asarray(list(own))
+    if own.size != 2 * (rank - 2):
+        raise _Refused(f"{kind} has {own.size} pads for {rank - 2} spatial axes")
     spatial = np.concatenate([begin[2:], end[2:]])
-    return [int(v) for v in conv_pads + spatial]
+    return [int(v) for v in own + spatial], value
+
+
+def _pad_into_conv(ctx: _Context, pad: ir.Node, conv: ir.Node, rank: int) -> list[int]:
+    pads, value = _folded_pads(ctx, pad, conv, rank)
+    if value != 0.0:
+        raise _Refused("Pad value is not zero")
+    return pads
+
+
+# --------------------------------------------------------------------------------------------------
+# Pad + pooling: Pad -> AveragePool / MaxPool
+# --------------------------------------------------------------------------------------------------
+
+def _match_pool(ctx: _Context, pool: ir.Node) -> _Match | None:
+    """Fold a constant Pad into the pool after it, where the pool's own padding computes the same thing.
+
+    - AveragePool pads with zeros that count in the average only when ``count_include_pad=1``; explicit
+      zeros from a Pad always count. So the fused pool gets ``count_include_pad=1``, which is legal only if
+      the pool had no padding of its own or already counted it (onnxruntime PR #23190 fixed exactly this).
+    - MaxPool's own padding never wins a max, like padding with -inf; a Pad with value 0 would win over
+      negative inputs, so only a -inf Pad folds.
+    - ``ceil_mode=1`` is refused (windows past the end behave differently), and onnxruntime requires every
+      pad to be smaller than the kernel, so a fold that would break that is refused too.
+    """
+    if "pad_pool" not in ctx.rules or not _is(pool, "AveragePool", "MaxPool") or not pool.inputs or \
+            pool.inputs[0] is None:
+        return None
+    pad = pool.inputs[0].producer()
+    if not _is(pad, "Pad") or not ctx.free([pad]) or pad.inputs[0] is None:
+        return None
+    rank = ctx.rank(pad.inputs[0])
+    kernel = _attr(pool, "kernel_shape", None)
+    try:
+        if rank is None or rank < 3 or kernel is None or len(list(kernel)) != rank - 2:
+            raise _Refused("input rank or kernel shape unknown")
+        if any(o.name and (o.uses() or o.is_graph_output()) for o in pool.outputs[1:]):
+            raise _Refused("MaxPool's Indices output is used (it indexes the padded tensor)")
+        if int(_attr(pool, "ceil_mode", 0)):
+            raise _Refused("ceil_mode=1")
+        pads, value = _folded_pads(ctx, pad, pool, rank)
+        if pool.op_type == "AveragePool":
+            if value != 0.0:
+                raise _Refused("Pad value is not zero")
+            if not int(_attr(pool, "count_include_pad", 0)) and any(_attr(pool, "pads", None) or []):
+                raise _Refused("AveragePool has its own pads with count_include_pad=0")
+        elif not (math.isinf(value) and value < 0):
+            raise _Refused("MaxPool pads with -inf; this Pad's value is not -inf")
+        k = [int(v) for v in kernel]
+        half = len(pads) // 2
+        if any(pads[i] >= k[i % half] for i in range(len(pads))):
+            raise _Refused("a folded pad would not be smaller than the kernel (onnxruntime rejects it)")
+    except _Refused as exc:
+        ctx.refusals.append(f"pad_pool {pad.name}: {exc}")
+        return None
+
+    def build() -> list[ir.Node]:
+        attrs = _copy_attrs(pool)
+        attrs["pads"] = pads
+        if pool.op_type == "AveragePool":
+            attrs["count_include_pad"] = 1
+        return [_new_node(ctx, pool.op_type, [pad.inputs[0]], attrs, name=f"{pool.name}_fused")]
+    why = "constant Pad folded into the pool's own pads" + (
+        " (count_include_pad=1: the zeros count, as they did)" if pool.op_type == "AveragePool" else " (-inf padding)")
+    return _Match("pad_pool", [pad, pool], build, pool.op_type, why)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1091,13 +1159,14 @@ def _options(rules, lower) -> tuple[set[str], str]:
 
 
 def _find(ctx: _Context) -> list[_Match]:
-    """All non-overlapping matches, in a fixed priority order (norms, GELU, conv, linear, SiLU)."""
+    """All non-overlapping matches, in a fixed priority order (norms, GELU, conv, pool, linear, SiLU)."""
     order = ctx.graph.topological_order()
     matches: list[_Match] = []
     passes = (
         (("ReduceMean",), _match_layernorm), (("LayerNormalization",), _match_ln_node),
         (("Erf",), _match_gelu), (("Gelu",), _match_gelu_node),
-        (("Conv", "ConvTranspose"), _match_conv), (("MatMul", "Gemm"), _match_linear),
+        (("Conv", "ConvTranspose"), _match_conv), (("AveragePool", "MaxPool"), _match_pool),
+        (("MatMul", "Gemm"), _match_linear),
         (("Sigmoid",), _match_silu),
     )
     for ops, matcher in passes:

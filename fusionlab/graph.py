@@ -85,26 +85,69 @@ def _check_header(proto: onnx.ModelProto, name: str) -> None:
         raise ModelError(name, f"unsupported opset {version} (supported: {MIN_OPSET}..{MAX_OPSET})")
 
 
-def _tensors_with_external_data(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Every TensorProto in a graph and its subgraphs that points at external data."""
-    for t in graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            yield t
+def _all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto in a graph and its subgraphs (initializers, sparse parts, attribute tensors)."""
+    yield from graph.initializer
     for sp in graph.sparse_initializer:
-        for t in (sp.values, sp.indices):
-            if t.data_location == onnx.TensorProto.EXTERNAL:
-                yield t
+        yield sp.values
+        yield sp.indices
     for node in graph.node:
         for attr in node.attribute:
-            if attr.HasField("t") and attr.t.data_location == onnx.TensorProto.EXTERNAL:
+            if attr.HasField("t"):
                 yield attr.t
-            for t in attr.tensors:
-                if t.data_location == onnx.TensorProto.EXTERNAL:
-                    yield t
+            yield from attr.tensors
             if attr.HasField("g"):
-                yield from _tensors_with_external_data(attr.g)
+                yield from _all_tensors(attr.g)
             for g in attr.graphs:
-                yield from _tensors_with_external_data(g)
+                yield from _all_tensors(g)
+
+
+def _tensors_with_external_data(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto in a graph and its subgraphs that points at external data."""
+    return (t for t in _all_tensors(graph) if t.data_location == onnx.TensorProto.EXTERNAL)
+
+
+_T = onnx.TensorProto
+#: element types packed two to a byte
+_PACKED = {getattr(_T, n) for n in ("INT4", "UINT4", "FLOAT4E2M1") if hasattr(_T, n)}
+#: typed field that holds each element type's values, and how many entries one element takes
+_FIELDS = {_T.FLOAT: ("float_data", 1), _T.COMPLEX64: ("float_data", 2), _T.DOUBLE: ("double_data", 1),
+           _T.COMPLEX128: ("double_data", 2), _T.INT64: ("int64_data", 1), _T.UINT32: ("uint64_data", 1),
+           _T.UINT64: ("uint64_data", 1), _T.STRING: ("string_data", 1)}
+
+
+def _check_tensor_sizes(proto: onnx.ModelProto, name: str) -> None:
+    """Every stored tensor holds exactly as many values as its dims say.
+
+    The checker rejects data that is too short but not data that is too long; onnxruntime rejects both,
+    and a fusion pass reading such a weight would fail deep inside numpy. Refuse it here, by name.
+    """
+    for t in _all_tensors(proto.graph):
+        if t.data_location == _T.EXTERNAL or t.data_type == _T.UNDEFINED:
+            continue
+        if any(d < 0 for d in t.dims):
+            raise ModelError(name, f"tensor {t.name or '<unnamed>'!r} has a negative dimension {list(t.dims)}")
+        n = int(np.prod(t.dims, dtype=np.int64)) if t.dims else 1
+        if t.HasField("raw_data"):
+            if t.data_type == _T.STRING:
+                continue
+            if t.data_type in _PACKED:
+                expected = (n + 1) // 2
+            else:
+                try:
+                    expected = n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+                except Exception:
+                    continue  # an element type this onnx cannot size: leave it to the checker
+            got = len(t.raw_data)
+        else:
+            field, per = _FIELDS.get(t.data_type, ("int32_data", 1))
+            expected = ((n + 1) // 2) if t.data_type in _PACKED else n * per
+            got = len(getattr(t, field))
+            if got == 0 and n == 0:
+                continue
+        if got != expected:
+            raise ModelError(name, f"tensor {t.name or '<unnamed>'!r} of shape {list(t.dims)} holds {got} "
+                                   f"{'bytes' if t.HasField('raw_data') else 'values'}, expected {expected}")
 
 
 def _check_external_data(proto: onnx.ModelProto, base_dir: Path | None, name: str) -> None:
@@ -238,6 +281,7 @@ def load(source, *, check: bool = True) -> "Graph":
     else:
         raise TypeError(f"load() takes a path, bytes or onnx.ModelProto, not {type(source).__name__}")
     _check_header(proto, name)
+    _check_tensor_sizes(proto, name)
     has_external = any(True for _ in _tensors_with_external_data(proto.graph))
     _check_external_data(proto, base_dir, name)
     notes: list[str] = []

@@ -99,8 +99,26 @@ def _anchor_key(graph: Graph, node: ir.Node, v: ir.Value):
     return None, None, ""
 
 
-def _follower(graph: Graph, value: ir.Value, family: str):
-    """(node, key) of the single per-channel op that follows `value`, or (None, None)."""
+def _per_channel(c: np.ndarray, rank: int | None, family: str, channels: int) -> np.ndarray | None:
+    """The (channels,) vector an Add of constant `c` adds along a branch's channel axis, or None if it does more.
+
+    `c` broadcasts against the branch output (rank `rank`, channels on axis 1 for conv, on the last axis for
+    MatMul/Gemm). It is a per-channel add only if it has no more dimensions than the output (or the Add
+    would grow the shape), every dimension but the channel one is 1, and that one is 1 or `channels`.
+    """
+    if rank is None or c.ndim > rank:
+        return None
+    full = (1,) * (rank - c.ndim) + tuple(c.shape)
+    axis = 1 if family == "conv" else rank - 1
+    if axis >= rank or any(d != 1 for i, d in enumerate(full) if i != axis) or full[axis] not in (1, channels):
+        return None
+    return np.broadcast_to(c.reshape(-1), (channels,))
+
+
+def _follower(graph: Graph, value: ir.Value, family: str, rank: int | None = None, channels: int = 0):
+    """(node, key) of the single per-channel op that follows `value`, or (None, None).
+
+    `rank` and `channels` describe this branch's output (needed to prove an Add adds per channel)."""
     if value.is_graph_output():
         return None, None
     users = Graph.consumers(value)
@@ -123,16 +141,9 @@ def _follower(graph: Graph, value: ir.Value, family: str):
         if other is value:
             return None, None
         c = _const(graph, other)
-        if c is None or c.ndim == 0:
+        if c is None or _per_channel(c, rank, family, channels) is None:
             return None, None
-        if family in ("matmul", "gemm"):
-            if any(d != 1 for d in c.shape[:-1]):
-                return None, None
-        else:  # conv: (C, 1, ..., 1) with leading ones allowed
-            squeezed = c.reshape(c.shape[next((i for i, d in enumerate(c.shape) if d != 1), 0):])
-            if squeezed.ndim < 1 or any(d != 1 for d in squeezed.shape[1:]):
-                return None, None
-        return n, ("Add", c.ndim, str(c.dtype))
+        return n, ("Add", str(c.dtype))
     return None, None
 
 
@@ -155,11 +166,24 @@ def _independent(nodes: list[ir.Node]) -> bool:
     return not any(_depends(a, b) for a in nodes for b in nodes if a is not b)
 
 
-def _chains(graph: Graph, anchors: list[ir.Node], family: str) -> list[list[ir.Node]]:
+def _out_rank(graph: Graph, anchor: ir.Node, family: str, shapes: dict) -> int | None:
+    """Rank of an anchor's output: the weight's for Conv, 2 for Gemm, the data input's for MatMul."""
+    if family == "conv":
+        return int(graph.constant(anchor.inputs[1]).ndim)
+    if family == "gemm":
+        return 2
+    shape = shapes.get(anchor.inputs[0].name)
+    if shape is None and anchor.inputs[0].shape is not None:
+        shape = tuple(anchor.inputs[0].shape)
+    return len(shape) if shape is not None and len(shape) >= 2 else None
+
+
+def _chains(graph: Graph, anchors: list[ir.Node], family: str, rank: int | None,
+            sizes: list[int]) -> list[list[ir.Node]]:
     """Each branch: anchor plus the common prefix of followers all branches share."""
     chains = [[a] for a in anchors]
     while True:
-        step = [_follower(graph, c[-1].outputs[0], family) for c in chains]
+        step = [_follower(graph, c[-1].outputs[0], family, rank, size) for c, size in zip(chains, sizes)]
         if any(n is None for n, _ in step) or len({k for _, k in step}) != 1:
             return chains
         for c, (n, _) in zip(chains, step):
@@ -200,12 +224,13 @@ def plan(graph: Graph, *, min_branches: int = DEFAULT_MIN_BRANCHES, dims: dict |
             if not _independent(anchors):
                 result.notes.append(f"siblings of {v.name} depend on each other: not fused (would create a cycle)")
                 continue
-            chains = _chains(graph, anchors, family)
+            sizes = _out_sizes(graph, anchors, family)
+            rank = _out_rank(graph, anchors[0], family, shapes)
+            chains = _chains(graph, anchors, family, rank, sizes)
             members = [n for c in chains for n in c]
             if len({id(n) for n in members}) != len(members) or any(id(n) in taken for n in members):
                 continue
             taken.update(id(n) for n in members)
-            sizes = _out_sizes(graph, anchors, family)
             in_bytes = _bytes(v, shapes)
             out_bytes = sum(_bytes(c[-1].outputs[0], shapes) for c in chains)
             length = len(chains[0])
@@ -218,7 +243,7 @@ def plan(graph: Graph, *, min_branches: int = DEFAULT_MIN_BRANCHES, dims: dict |
                 reason=(f"{len(anchors)} siblings read {v.name} with constant weights and equal attributes; "
                         f"none depends on another"),
                 extra={"input": v.name, "branches": [[n.name for n in c] for c in chains], "split": sizes,
-                       "family": family, "input_reads_saved_bytes": (len(anchors) - 1) * in_bytes,
+                       "family": family, "out_rank": rank, "input_reads_saved_bytes": (len(anchors) - 1) * in_bytes,
                        "split_copy_bytes": 2 * out_bytes},
             ))
             k += 1
@@ -302,10 +327,10 @@ def _rewrite(graph: Graph, group: FusionGroup) -> None:
             ins = [x] + [_init(graph, f"{gname}_bn{pos}_{j}", p) for j, p in enumerate(params)]
         elif f0.op_type == "Add":
             arrays = [graph.constant(_add_const(n, chains, pos)) for n in ops]
-            c = np.concatenate([np.broadcast_to(a.reshape(-1), (size,)) for a, size in zip(arrays, sizes)])
-            if family == "conv":  # per-channel bias of shape (C, 1, ..., 1), as each branch had
-                rank = max(a.ndim for a in arrays)
-                c = c.reshape((c.shape[0],) + (1,) * (rank - 1)) if rank > 1 else c
+            rank = group.extra["out_rank"]
+            c = np.concatenate([_per_channel(a, rank, family, size) for a, size in zip(arrays, sizes)])
+            if family == "conv":  # channels on axis 1 of the rank-`rank` output: shape (C, 1, ..., 1)
+                c = c.reshape((c.shape[0],) + (1,) * (rank - 2))
             ins = [x, _init(graph, f"{gname}_add{pos}", c.astype(arrays[0].dtype))]
         else:
             ins = [x]

@@ -45,6 +45,7 @@
 # | `06_custom_op` | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
 # | `07_profiling_case` | profile a model, find the gaps, fix them, and measure again |
 # | `08_double_buffering` | overlap data movement with compute: the pipeline behind "+18%" |
+# | `09_dynamic_shapes` | caching compiled kernels by shape: gears, a bounded LRU cache, and the seed's "×2.1" |
 
 # %% [markdown]
 # ## One pipeline, every time

@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 import fusionlab
-from fusionlab.build import make_model, tensor, value_info
+from fusionlab.build import make_model, save_with_external_weight, tensor, value_info
 from fusionlab.graph import MAX_OPSET, ModelError, load, save_model
 
 
@@ -179,20 +179,7 @@ def test_wrong_type():
 # ----------------------------------------------------------------------------------------------
 
 def external_model(tmp_path, location="weights.bin", write=True):
-    model = conv_relu_model()
-    init = model.graph.initializer[0]
-    raw = onnx.numpy_helper.to_array(init).tobytes()
-    if write:
-        (tmp_path / "weights.bin").write_bytes(raw)
-    init.ClearField("float_data")
-    init.ClearField("raw_data")
-    init.data_location = onnx.TensorProto.EXTERNAL
-    for k, v in (("location", location), ("offset", "0"), ("length", str(len(raw)))):
-        e = init.external_data.add()
-        e.key, e.value = k, v
-    p = tmp_path / "model.onnx"
-    p.write_bytes(model.SerializeToString())
-    return p, raw
+    return save_with_external_weight(conv_relu_model(), tmp_path, location=location, write=write)
 
 
 def test_external_data_inside_folder_loads_and_runs(tmp_path):

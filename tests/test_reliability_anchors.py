@@ -22,7 +22,7 @@ import pytest
 from onnx import helper as h
 
 from fusionlab import ModelError, load, run, verify
-from fusionlab.build import make_model, tensor, value_info
+from fusionlab.build import make_model, save_with_external_weight, tensor, value_info
 from fusionlab.passes import fuse
 from fusionlab.runtime import TOLERANCES
 
@@ -904,21 +904,7 @@ def test_anchor_33_every_pass_order_gives_a_valid_equivalent_model(order):
 def external_model(folder: Path, location="weights.bin", write=True):
     """Conv+BN with the Conv weight stored as external data at `location` (relative to `folder`); and the model."""
     m = conv_model([bn("c", "y")], bn_inits(4))
-    ext = onnx.ModelProto()
-    ext.CopyFrom(m)
-    init = ext.graph.initializer[0]
-    raw = onnx.numpy_helper.to_array(init).tobytes()
-    if write:
-        (folder / "weights.bin").write_bytes(raw)
-    init.ClearField("raw_data")
-    init.ClearField("float_data")
-    init.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", "0"), ("length", str(len(raw)))):
-        entry = init.external_data.add()
-        entry.key, entry.value = key, value
-    path = folder / "model.onnx"
-    path.write_bytes(ext.SerializeToString())
-    return path, m
+    return save_with_external_weight(m, folder, location=location, write=write)[0], m
 
 
 def test_anchor_34_model_over_2gib_is_refused_with_a_model_error(tmp_path):

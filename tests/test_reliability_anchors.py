@@ -644,13 +644,14 @@ def test_anchor_25_bias_gelu_needs_a_1d_bias_over_the_last_axis(bias_shape, bias
 
 @pytest.mark.parametrize("approximate,bias_gelu", [("none", True), ("tanh", False)])
 def test_anchor_25_onnx_gelu_only_exact_form_becomes_bias_gelu(approximate, bias_gelu):
-    """Anchor 25, onnxscript PRs #2364/#2362: match both contrib and opset-20 Gelu, but only the exact (erf) form:
-    BiasGelu computes erf-GELU, so a tanh-approximate Gelu after a bias Add must stay as it is."""
+    """Anchor 25, onnxscript PRs #2364/#2362: match both contrib and opset-20 Gelu, but only the exact (erf) form
+    becomes BiasGelu: BiasGelu computes erf-GELU. A tanh-approximate Gelu after a bias Add becomes FastGelu (the
+    tanh form with a bias), never BiasGelu."""
     nodes = [h.make_node("Add", ["x", "bias"], ["xb"], name="badd"),
              h.make_node("Gelu", ["xb"], ["y"], name="gelu", approximate=approximate)]
     m = mk(nodes, [value_info("x", shape=[2, 8, 16])], ["y"], [tensor("bias", r(16))], opset=20)
     res = fused(m)
-    assert ops(res) == ({"com.microsoft:BiasGelu": 1} if bias_gelu else {"Add": 1, "Gelu": 1})
+    assert ops(res) == ({"com.microsoft:BiasGelu": 1} if bias_gelu else {"com.microsoft:FastGelu": 1})
     verifies(m, res)
 
 

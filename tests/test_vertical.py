@@ -3,6 +3,8 @@ alone what it may not (the reliability anchors: second consumer, graph output, t
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -732,3 +734,94 @@ def test_resnet_residual_blocks_fuse_their_adds():
     res = check(m)
     adds = load(m).op_counts()["Add"]
     assert res.plan.rule_counts()["conv_add_act"] == adds and "Add" not in res.after and "Relu" not in res.after
+
+
+# ---------------------------------------------------------------------------------------------------
+# tanh-GELU -> FastGelu: any arrangement of the polynomial, proved by multiplying it out
+# ---------------------------------------------------------------------------------------------------
+
+def c(name, value):
+    return tensor(name, np.float32(value))
+
+
+def tanh_gelu(form: str, x: str = "x", out: str = "y", k: float = 0.044715):
+    """A decomposed tanh-GELU of `x` in one of the ways exporters write it; (nodes, initializers)."""
+    a = math.sqrt(2 / math.pi)
+    inits = [c("k3", k), c("a", a), c("one", 1.0), c("half", 0.5), c("three", 3.0), c("two", 2.0), c("ak", a * k)]
+    n = h.make_node
+    if form == "ort":  # x * (x * 0.044715) + 1, times x * sqrt(2/pi)
+        nodes = [n("Mul", [x, "k3"], ["m1"]), n("Mul", [x, "m1"], ["m2"]), n("Add", ["m2", "one"], ["a1"]),
+                 n("Mul", [x, "a"], ["m3"]), n("Mul", ["m3", "a1"], ["m4"]), n("Tanh", ["m4"], ["t"]),
+                 n("Add", ["t", "one"], ["a2"]), n("Mul", [x, "half"], ["m5"]), n("Mul", ["m5", "a2"], [out])]
+    elif form == "pow":  # (x + 0.044715 * x^3) * sqrt(2/pi), x^3 as Pow
+        nodes = [n("Pow", [x, "three"], ["p"]), n("Mul", ["p", "k3"], ["m1"]), n("Add", [x, "m1"], ["a1"]),
+                 n("Mul", ["a1", "a"], ["m2"]), n("Tanh", ["m2"], ["t"]), n("Add", ["one", "t"], ["a2"]),
+                 n("Mul", [x, "a2"], ["m3"]), n("Mul", ["m3", "half"], [out])]
+    elif form == "div":  # x / 2 * (1 + tanh(a x + a k x^3)), cube as x * x * x
+        nodes = [n("Mul", [x, x], ["sq"]), n("Mul", ["sq", x], ["cube"]), n("Mul", ["cube", "ak"], ["m1"]),
+                 n("Mul", [x, "a"], ["m2"]), n("Add", ["m2", "m1"], ["a1"]), n("Tanh", ["a1"], ["t"]),
+                 n("Add", ["t", "one"], ["a2"]), n("Div", [x, "two"], ["d"]), n("Mul", ["d", "a2"], [out])]
+    elif form == "sub":  # 0.5x * (1 - (-tanh(...)))  (a Sub on the outer chain)
+        nodes = [n("Mul", [x, x], ["sq"]), n("Mul", ["sq", "k3"], ["m1"]), n("Add", ["m1", "one"], ["a1"]),
+                 n("Mul", ["a1", x], ["m2"]), n("Mul", ["m2", "a"], ["m3"]), n("Tanh", ["m3"], ["t"]),
+                 n("Sub", ["one", "t"], ["s1"]), n("Sub", ["two", "s1"], ["s2"]),  # 2 - (1 - t) = 1 + t
+                 n("Mul", ["half", x], ["m5"]), n("Mul", ["s2", "m5"], [out])]
+    else:
+        raise ValueError(form)
+    for i, node in enumerate(nodes):
+        node.name = f"g{i}_{node.op_type}"
+    return nodes, inits
+
+
+@pytest.mark.parametrize("form", ["ort", "pow", "div", "sub"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_tanh_gelu_in_any_arrangement_becomes_fast_gelu(form, with_bias):
+    nodes, inits = tanh_gelu(form, "xb" if with_bias else "x")
+    if with_bias:
+        nodes = [h.make_node("Add", ["x", "bias"], ["xb"], name="bias_add")] + nodes
+        inits = inits + [tensor("bias", r(16))]
+    m = mk(nodes, [value_info("x", shape=[2, 8, 16])], [value_info("y", shape=[2, 8, 16])], inits, opset=17)
+    res = check(m, {"com.microsoft:FastGelu": 1})
+    node = next(iter(res.graph))
+    assert len(node.inputs) == (2 if with_bias else 1)
+    assert res.plan.rule_counts() == {"fast_gelu": 1}
+
+
+def test_tanh_gelu_of_a_computed_value_keeps_the_computation():
+    """x = 2h: the GELU is of x, not of h (the nearest candidate that proves the polynomial wins)."""
+    nodes, inits = tanh_gelu("ort", "x2")
+    m = mk([h.make_node("Mul", ["x", "two"], ["x2"], name="scale")] + nodes, [value_info("x", shape=[4, 16])],
+           [value_info("y", shape=[4, 16])], inits, opset=17)
+    check(m, {"Mul": 1, "com.microsoft:FastGelu": 1})
+
+
+@pytest.mark.parametrize("case", ["wrong_constant", "graph_output", "two_variables", "fp16"])
+def test_tanh_gelu_not_fused(case):
+    k = 0.05 if case == "wrong_constant" else 0.044715
+    nodes, inits = tanh_gelu("ort", k=k)
+    outputs = [value_info("y", shape=[4, 16])]
+    inputs = [value_info("x", shape=[4, 16])]
+    if case == "graph_output":
+        outputs.append(value_info("t", shape=[4, 16]))
+    if case == "two_variables":  # the outer x*0.5 reads another tensor z
+        nodes[7] = h.make_node("Mul", ["z", "half"], ["m5"], name="g7_Mul")
+        inputs.append(value_info("z", shape=[4, 16]))
+    if case == "fp16":
+        inits = [tensor(t.name, onnx.numpy_helper.to_array(t).astype(np.float16)) for t in inits]
+        inputs = [value_info("x", np.float16, [4, 16])]
+        outputs = [value_info("y", np.float16, [4, 16])]
+    m = mk(nodes, inputs, outputs, inits, opset=17)
+    res = unchanged(m)
+    assert res.after.get("Tanh") == 1
+
+
+def test_tanh_gelu_with_standard_ops_only():
+    nodes, inits = tanh_gelu("pow")
+    for opset, expect in ((20, {"Gelu": 1}), (17, None)):
+        m = mk(nodes, [value_info("x", shape=[4, 16])], [value_info("y", shape=[4, 16])], inits, opset=opset)
+        if expect is None:
+            res = unchanged(m, lower="onnx")
+            assert any("opset 20" in n for n in res.plan.notes), res.plan.notes
+        else:
+            res = check(m, expect, lower="onnx")
+            assert next(iter(res.graph)).attributes["approximate"].value == "tanh"

@@ -27,6 +27,7 @@ PEER = ROOT.parent / "shared" / "peer-tests" / "ort-transform"
 TARGETS = [
     "com.microsoft:FusedConv", "com.microsoft:FusedGemm", "Gemm", "com.microsoft:Gelu", "Gelu",
     "com.microsoft:BiasGelu", "LayerNormalization", "com.microsoft:SkipLayerNormalization", "com.microsoft:QuickGelu",
+    "com.microsoft:FastGelu",
 ]
 LEFT = ["BatchNormalization", "Pad"]
 

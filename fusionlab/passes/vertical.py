@@ -11,6 +11,10 @@ Patterns (rule names in brackets):
 - MatMul + Add -> Gemm [matmul_add_gemm]; MatMul / Gemm + BatchNormalization folded [matmul_bn, gemm_bn];
   Gemm + activation -> ``com.microsoft:FusedGemm`` [gemm_act].
 - Decomposed erf-GELU -> ``Gelu`` [gelu]; Add + GELU -> ``com.microsoft:BiasGelu`` [bias_gelu].
+- Decomposed tanh-GELU, in any arrangement of Mul/Add/Sub/Div/Pow (proved by multiplying out the
+  polynomials), with an optional bias Add before it -> ``com.microsoft:FastGelu``, or ``Gelu(approximate=
+  "tanh")`` at opset 20 with standard ops only; an opset-20 tanh ``Gelu`` after a bias Add -> FastGelu
+  [fast_gelu].
 - Decomposed LayerNorm -> ``LayerNormalization`` [layernorm]; Add + LayerNorm ->
   ``com.microsoft:SkipLayerNormalization`` [skip_layernorm]; Sigmoid + Mul -> QuickGelu [silu].
 
@@ -44,7 +48,7 @@ __all__ = ["RULES", "LOWERINGS", "FUSED_CONV_ACTIVATIONS", "FUSED_GEMM_ACTIVATIO
 RULES = (
     "pad_conv", "pad_pool", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
     "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act",
-    "gelu", "bias_gelu", "layernorm", "skip_layernorm", "silu",
+    "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "silu",
 )
 LOWERINGS = ("runtime", "functions", "onnx")
 #: Rules applied when none are named. `skip_layernorm` is opt-in: onnxruntime 1.31's CPU
@@ -952,14 +956,16 @@ def _bias_before(ctx: _Context, x: ir.Value, readers: list[ir.Node], dt) -> tupl
 
 
 def _match_gelu_node(ctx: _Context, gelu: ir.Node) -> _Match | None:
-    """An existing Gelu (contrib, or opset-20 approximate='none') after a bias Add -> BiasGelu."""
-    if "bias_gelu" not in ctx.rules or ctx.lower == "onnx" or gelu.op_type != "Gelu":
+    """An existing Gelu after a bias Add: contrib or opset-20 exact Gelu -> BiasGelu, opset-20 tanh Gelu -> FastGelu."""
+    if ctx.lower == "onnx" or gelu.op_type != "Gelu" or gelu.domain not in _DEFAULT + ("com.microsoft",):
         return None
-    if not ((gelu.domain == "com.microsoft") or (gelu.domain in _DEFAULT and _attr(gelu, "approximate", "none") == "none")):
+    approx = str(_attr(gelu, "approximate", "none")) if gelu.domain in _DEFAULT else "none"
+    if approx not in ("none", "tanh"):
         return None
+    rule, op = ("fast_gelu", "FastGelu") if approx == "tanh" else ("bias_gelu", "BiasGelu")
     x = gelu.inputs[0]
     dt = ctx.dtype(x) if x is not None else None
-    if x is None or dt != _F32 or not ctx.free([gelu]):
+    if rule not in ctx.rules or x is None or dt != _F32 or not ctx.free([gelu]):
         return None
     found = _bias_before(ctx, x, [gelu], dt)
     if found is None:
@@ -967,8 +973,190 @@ def _match_gelu_node(ctx: _Context, gelu: ir.Node) -> _Match | None:
     add, inp, b = found
 
     def build() -> list[ir.Node]:
-        return [_new_node(ctx, "BiasGelu", [inp, b], {}, domain="com.microsoft", name=f"{add.name}_biasgelu")]
-    return _Match("bias_gelu", [add, gelu], build, "com.microsoft:BiasGelu", "Add of a 1-D constant bias, then Gelu")
+        return [_new_node(ctx, op, [inp, b], {}, domain="com.microsoft", name=f"{add.name}_{op.lower()}")]
+    return _Match(rule, [add, gelu], build, f"com.microsoft:{op}", f"Add of a 1-D constant bias, then Gelu ({approx})")
+
+
+# --------------------------------------------------------------------------------------------------
+# tanh-GELU: 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), however it is written
+# --------------------------------------------------------------------------------------------------
+
+#: ops whose result is a polynomial in their inputs (with scalar constants); Cast only to the same type
+_POLY_OPS = {"Mul", "Add", "Sub", "Div", "Pow", "Cast", "Identity"}
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_FAST_GELU_CUBIC = 0.044715
+
+Poly = dict  # {(power of x, power of t): coefficient}
+
+
+def _pmul(a: Poly, b: Poly) -> Poly:
+    out: Poly = {}
+    for (i, j), c in a.items():
+        for (k, m), d in b.items():
+            out[(i + k, j + m)] = out.get((i + k, j + m), 0.0) + c * d
+    return out
+
+
+def _padd(a: Poly, b: Poly, sign: float = 1.0) -> Poly:
+    out = dict(a)
+    for key, c in b.items():
+        out[key] = out.get(key, 0.0) + sign * c
+    return {k: v for k, v in out.items() if v != 0.0}
+
+
+def _poly_is(p: Poly, want: dict, rtol: float = 1e-3) -> bool:
+    """Whether polynomial `p` has exactly the terms of `want`, each coefficient within rtol."""
+    p = {k: v for k, v in p.items() if abs(v) > 1e-9}
+    return set(p) == set(want) and all(math.isclose(p[k], want[k], rel_tol=rtol) for k in want)
+
+
+class _PolyOf:
+    """Multiplies out the polynomial in one variable `x` that a value computes, collecting the nodes used.
+
+    Only elementwise Mul/Add/Sub/Div-by-constant/Pow-by-small-integer/same-type Cast of `x` and scalar
+    constants expand; anything else fails (None). Exact algebra, so a match is a proof, not a pattern.
+    """
+
+    def __init__(self, ctx: _Context, x: ir.Value, dt):
+        self.ctx, self.x, self.dt = ctx, x, dt
+        self.nodes: list[ir.Node] = []
+        self.memo: dict[int, Poly | None] = {}
+
+    def of(self, v: ir.Value | None, depth: int = 0) -> Poly | None:
+        if v is None or depth > 16:
+            return None
+        if v is self.x:
+            return {(1, 0): 1.0}
+        if id(v) in self.memo:
+            return self.memo[id(v)]
+        c = self.ctx.constant(v)
+        if c is not None:
+            result = {(0, 0): float(c.reshape(-1)[0])} if c.size == 1 and c.dtype == self.dt else None
+        else:
+            result = self._node(v.producer(), depth)
+        self.memo[id(v)] = result
+        return result
+
+    def _node(self, n: ir.Node | None, depth: int) -> Poly | None:
+        if n is None or n.domain not in _DEFAULT or n.op_type not in _POLY_OPS or len(n.outputs) != 1 or \
+                not self.ctx.free([n]):
+            return None
+        if n.op_type in ("Cast", "Identity"):
+            if n.op_type == "Cast" and self.ctx.dtype(n.outputs[0]) != self.dt:
+                return None
+            r = self.of(n.inputs[0], depth + 1)
+        elif len(n.inputs) != 2:
+            return None
+        else:
+            a = self.of(n.inputs[0], depth + 1)
+            if a is None:
+                return None
+            if n.op_type in ("Div", "Pow"):
+                k = self.ctx.constant(n.inputs[1])
+                if k is None or k.size != 1:
+                    return None
+                k = float(k.reshape(-1)[0])
+                if n.op_type == "Div":
+                    r = None if k == 0.0 else {key: c / k for key, c in a.items()}
+                else:
+                    r = None if k not in (1.0, 2.0, 3.0) else a
+                    for _ in range(int(k) - 1 if r is not None else 0):
+                        r = _pmul(r, a)
+            else:
+                b = self.of(n.inputs[1], depth + 1)
+                if b is None:
+                    return None
+                r = _pmul(a, b) if n.op_type == "Mul" else _padd(a, b, 1.0 if n.op_type == "Add" else -1.0)
+        if r is not None and n not in self.nodes:
+            self.nodes.append(n)
+        return r
+
+
+def _gelu_leaves(ctx: _Context, start: ir.Value) -> list[ir.Value]:
+    """Candidate x values behind `start`: non-constant inputs reachable through polynomial ops, nearest first."""
+    seen, order, frontier = set(), [], [start]
+    while frontier and len(order) < 32:
+        nxt = []
+        for v in frontier:
+            n = v.producer()
+            if n is None or n.domain not in _DEFAULT or n.op_type not in _POLY_OPS:
+                continue
+            for i in n.inputs:
+                if i is not None and id(i) not in seen and ctx.constant(i) is None:
+                    seen.add(id(i))
+                    order.append(i)
+                    nxt.append(i)
+        frontier = nxt
+    return order
+
+
+def _match_fast_gelu(ctx: _Context, tanh: ir.Node) -> _Match | None:
+    if "fast_gelu" not in ctx.rules or not _is(tanh, "Tanh") or tanh.inputs[0] is None or not ctx.free([tanh]):
+        return None
+    dt = ctx.dtype(tanh.inputs[0])
+    if dt != _F32:
+        return None
+    inner_want = {(1, 0): _SQRT_2_OVER_PI, (3, 0): _SQRT_2_OVER_PI * _FAST_GELU_CUBIC}
+    for x in _gelu_leaves(ctx, tanh.inputs[0]):
+        inner = _PolyOf(ctx, x, dt)
+        if ctx.dtype(x) != dt or not _poly_is(inner.of(tanh.inputs[0]) or {}, inner_want):
+            continue
+        # outward from tanh: follow single consumers until the value is 0.5 * x * (1 + t)
+        outer = _PolyOf(ctx, x, dt)
+        cur, poly, chain = tanh.outputs[0], {(0, 1): 1.0}, []
+        for _ in range(6):
+            n = _sole_consumer(cur)
+            if n is None or n.domain not in _DEFAULT or n.op_type not in ("Mul", "Add", "Sub", "Div", "Cast") or \
+                    not ctx.free([n]) or len(n.outputs) != 1:
+                break
+            if n.op_type == "Cast":
+                if ctx.dtype(n.outputs[0]) != dt:
+                    break
+            else:
+                other = _other(n, cur)
+                o = outer.of(other) if other is not None else None
+                if o is None or any(j for (_, j) in o):
+                    break
+                if n.op_type == "Mul":
+                    poly = _pmul(poly, o)
+                elif n.op_type == "Div":
+                    if n.inputs[0] is not cur or set(o) != {(0, 0)} or o[(0, 0)] == 0.0:
+                        break
+                    poly = {k: c / o[(0, 0)] for k, c in poly.items()}
+                elif n.op_type == "Add":
+                    poly = _padd(poly, o)
+                else:  # Sub(cur, other) or Sub(other, cur)
+                    poly = _padd(poly, o, -1.0) if n.inputs[0] is cur else _padd(o, poly, -1.0)
+            chain.append(n)
+            cur = n.outputs[0]
+            if _poly_is(poly, {(1, 0): 0.5, (1, 1): 0.5}, rtol=1e-6):
+                nodes = list(dict.fromkeys(inner.nodes + [tanh] + outer.nodes + chain))
+                return _fast_gelu_match(ctx, nodes, x, dt)
+        return None
+    return None
+
+
+def _fast_gelu_match(ctx: _Context, nodes: list[ir.Node], x: ir.Value, dt) -> _Match | None:
+    bias = _bias_before(ctx, x, nodes, dt) if ctx.lower != "onnx" else None
+    if bias is not None:
+        add, inp, b = bias
+
+        def build_bias() -> list[ir.Node]:
+            return [_new_node(ctx, "FastGelu", [inp, b], {}, domain="com.microsoft", name=f"{add.name}_fastgelu")]
+        return _Match("fast_gelu", [add] + nodes, build_bias, "com.microsoft:FastGelu",
+                      "Add of a 1-D bias over the last axis, then tanh-GELU (polynomials multiplied out)")
+    if ctx.lower == "onnx":
+        if ctx.graph.opset < 20:
+            ctx.refusals.append(f"{nodes[0].name}: tanh-GELU has no standard op below opset 20")
+            return None
+        op, dom, attrs = "Gelu", "", {"approximate": "tanh"}
+    else:
+        op, dom, attrs = "FastGelu", "com.microsoft", {}
+
+    def build() -> list[ir.Node]:
+        return [_new_node(ctx, op, [x], attrs, domain=dom, name=f"{nodes[-1].name}_fastgelu")]
+    return _Match("fast_gelu", nodes, build, f"{dom}:{op}" if dom else f"{op}(tanh)",
+                  "0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), polynomials multiplied out")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1164,7 +1352,7 @@ def _find(ctx: _Context) -> list[_Match]:
     matches: list[_Match] = []
     passes = (
         (("ReduceMean",), _match_layernorm), (("LayerNormalization",), _match_ln_node),
-        (("Erf",), _match_gelu), (("Gelu",), _match_gelu_node),
+        (("Erf",), _match_gelu), (("Gelu",), _match_gelu_node), (("Tanh",), _match_fast_gelu),
         (("Conv", "ConvTranspose"), _match_conv), (("AveragePool", "MaxPool"), _match_pool),
         (("MatMul", "Gemm"), _match_linear),
         (("Sigmoid",), _match_silu),

@@ -32,7 +32,7 @@ from .build import make_model, tensor, value_info
 from .files import atomic_write
 
 __all__ = [
-    "MODELS", "get", "path", "build", "cache_dir", "summary", "extract", "conv_bn_relu", "resnet50", "resnet18",
+    "MODELS", "get", "path", "build", "cache_dir", "summary", "extract", "conv_bn_relu", "tanh_gelu", "resnet50", "resnet18",
     "resnet_small", "yolov5s", "bert", "inception", "mobilenet_v2",
 ]
 
@@ -194,6 +194,41 @@ def conv_bn_relu(in_ch: int = 3, out_ch: int = 16, k: int = 3, stride: int = 1, 
     out = (image_size + 2 * (k // 2) - k) // stride + 1
     return net.model([_image_input(batch, image_size, in_ch)],
                      [value_info("output", np.float32, [batch, out_ch, out, out])], "conv_bn_relu")
+
+
+def tanh_gelu(form: str = "pow", x: str = "x", out: str = "y", k: float = 0.044715):
+    """A decomposed tanh-GELU, 0.5·x·(1 + tanh(√(2/π)·(x + k·x³))), in one of the ways exporters write it.
+
+    Returns (nodes, initializers) to put in a model. `form`: "pow" (torch's GPT-2 ``gelu_new``, x³ as
+    Pow), "ort" (onnxruntime's test models, x·(x·k) + 1), "div" (x/2, x³ as x·x·x), "sub" (1 + t
+    written as 2 - (1 - t)). `k` other than 0.044715 gives a function that is *not* GELU (for tests).
+    """
+    a = math.sqrt(2 / math.pi)
+    inits = [tensor(name, np.float32(v)) for name, v in (("k3", k), ("a", a), ("one", 1.0), ("half", 0.5),
+                                                          ("three", 3.0), ("two", 2.0), ("ak", a * k))]
+    n = helper.make_node
+    if form == "ort":  # x * (x * 0.044715) + 1, times x * sqrt(2/pi)
+        nodes = [n("Mul", [x, "k3"], ["m1"]), n("Mul", [x, "m1"], ["m2"]), n("Add", ["m2", "one"], ["a1"]),
+                 n("Mul", [x, "a"], ["m3"]), n("Mul", ["m3", "a1"], ["m4"]), n("Tanh", ["m4"], ["t"]),
+                 n("Add", ["t", "one"], ["a2"]), n("Mul", [x, "half"], ["m5"]), n("Mul", ["m5", "a2"], [out])]
+    elif form == "pow":  # (x + 0.044715 * x^3) * sqrt(2/pi), x^3 as Pow
+        nodes = [n("Pow", [x, "three"], ["p"]), n("Mul", ["p", "k3"], ["m1"]), n("Add", [x, "m1"], ["a1"]),
+                 n("Mul", ["a1", "a"], ["m2"]), n("Tanh", ["m2"], ["t"]), n("Add", ["one", "t"], ["a2"]),
+                 n("Mul", [x, "a2"], ["m3"]), n("Mul", ["m3", "half"], [out])]
+    elif form == "div":  # x / 2 * (1 + tanh(a x + a k x^3)), cube as x * x * x
+        nodes = [n("Mul", [x, x], ["sq"]), n("Mul", ["sq", x], ["cube"]), n("Mul", ["cube", "ak"], ["m1"]),
+                 n("Mul", [x, "a"], ["m2"]), n("Add", ["m2", "m1"], ["a1"]), n("Tanh", ["a1"], ["t"]),
+                 n("Add", ["t", "one"], ["a2"]), n("Div", [x, "two"], ["d"]), n("Mul", ["d", "a2"], [out])]
+    elif form == "sub":  # 0.5x * (1 - (-tanh(...)))  (a Sub on the outer chain)
+        nodes = [n("Mul", [x, x], ["sq"]), n("Mul", ["sq", "k3"], ["m1"]), n("Add", ["m1", "one"], ["a1"]),
+                 n("Mul", ["a1", x], ["m2"]), n("Mul", ["m2", "a"], ["m3"]), n("Tanh", ["m3"], ["t"]),
+                 n("Sub", ["one", "t"], ["s1"]), n("Sub", ["two", "s1"], ["s2"]),  # 2 - (1 - t) = 1 + t
+                 n("Mul", ["half", x], ["m5"]), n("Mul", ["s2", "m5"], [out])]
+    else:
+        raise ValueError(form)
+    for i, node in enumerate(nodes):
+        node.name = f"g{i}_{node.op_type}"
+    return nodes, inits
 
 
 # --------------------------------------------------------------------------------------------------

@@ -3,8 +3,6 @@ alone what it may not (the reliability anchors: second consumer, graph output, t
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 import pytest
@@ -12,6 +10,7 @@ from onnx import helper as h
 
 from fusionlab import load, verify
 from fusionlab.build import make_model, tensor, value_info
+from fusionlab.zoo import tanh_gelu
 from fusionlab.passes import fuse, plan_only
 from fusionlab.passes import vertical
 from fusionlab.passes.vertical import RULES
@@ -739,39 +738,6 @@ def test_resnet_residual_blocks_fuse_their_adds():
 # ---------------------------------------------------------------------------------------------------
 # tanh-GELU -> FastGelu: any arrangement of the polynomial, proved by multiplying it out
 # ---------------------------------------------------------------------------------------------------
-
-def c(name, value):
-    return tensor(name, np.float32(value))
-
-
-def tanh_gelu(form: str, x: str = "x", out: str = "y", k: float = 0.044715):
-    """A decomposed tanh-GELU of `x` in one of the ways exporters write it; (nodes, initializers)."""
-    a = math.sqrt(2 / math.pi)
-    inits = [c("k3", k), c("a", a), c("one", 1.0), c("half", 0.5), c("three", 3.0), c("two", 2.0), c("ak", a * k)]
-    n = h.make_node
-    if form == "ort":  # x * (x * 0.044715) + 1, times x * sqrt(2/pi)
-        nodes = [n("Mul", [x, "k3"], ["m1"]), n("Mul", [x, "m1"], ["m2"]), n("Add", ["m2", "one"], ["a1"]),
-                 n("Mul", [x, "a"], ["m3"]), n("Mul", ["m3", "a1"], ["m4"]), n("Tanh", ["m4"], ["t"]),
-                 n("Add", ["t", "one"], ["a2"]), n("Mul", [x, "half"], ["m5"]), n("Mul", ["m5", "a2"], [out])]
-    elif form == "pow":  # (x + 0.044715 * x^3) * sqrt(2/pi), x^3 as Pow
-        nodes = [n("Pow", [x, "three"], ["p"]), n("Mul", ["p", "k3"], ["m1"]), n("Add", [x, "m1"], ["a1"]),
-                 n("Mul", ["a1", "a"], ["m2"]), n("Tanh", ["m2"], ["t"]), n("Add", ["one", "t"], ["a2"]),
-                 n("Mul", [x, "a2"], ["m3"]), n("Mul", ["m3", "half"], [out])]
-    elif form == "div":  # x / 2 * (1 + tanh(a x + a k x^3)), cube as x * x * x
-        nodes = [n("Mul", [x, x], ["sq"]), n("Mul", ["sq", x], ["cube"]), n("Mul", ["cube", "ak"], ["m1"]),
-                 n("Mul", [x, "a"], ["m2"]), n("Add", ["m2", "m1"], ["a1"]), n("Tanh", ["a1"], ["t"]),
-                 n("Add", ["t", "one"], ["a2"]), n("Div", [x, "two"], ["d"]), n("Mul", ["d", "a2"], [out])]
-    elif form == "sub":  # 0.5x * (1 - (-tanh(...)))  (a Sub on the outer chain)
-        nodes = [n("Mul", [x, x], ["sq"]), n("Mul", ["sq", "k3"], ["m1"]), n("Add", ["m1", "one"], ["a1"]),
-                 n("Mul", ["a1", x], ["m2"]), n("Mul", ["m2", "a"], ["m3"]), n("Tanh", ["m3"], ["t"]),
-                 n("Sub", ["one", "t"], ["s1"]), n("Sub", ["two", "s1"], ["s2"]),  # 2 - (1 - t) = 1 + t
-                 n("Mul", ["half", x], ["m5"]), n("Mul", ["s2", "m5"], [out])]
-    else:
-        raise ValueError(form)
-    for i, node in enumerate(nodes):
-        node.name = f"g{i}_{node.op_type}"
-    return nodes, inits
-
 
 @pytest.mark.parametrize("form", ["ort", "pow", "div", "sub"])
 @pytest.mark.parametrize("with_bias", [False, True])

@@ -19,13 +19,13 @@ runs it), atomically. `--check` only verifies that every stored notebook's cells
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import nbformat
+
+from fusionlab.files import atomic_write
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -81,16 +81,8 @@ def build(src: Path, timeout: int = 1200) -> Path:
     client.execute()
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
-    out = target_for(src)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        nbformat.write(nb, tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
+    text = nbformat.writes(nb)
+    return atomic_write(target_for(src), (text if text.endswith("\n") else text + "\n").encode())
 
 
 def out_of_sync(src: Path) -> str | None:

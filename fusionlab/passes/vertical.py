@@ -921,11 +921,8 @@ def _match_gelu(ctx: _Context, erf: ir.Node) -> _Match | None:
     dt = ctx.dtype(x)
     bias = _bias_before(ctx, x, nodes, dt) if "bias_gelu" in ctx.rules and ctx.lower != "onnx" and dt == _F32 else None
     if bias is not None:
-        add, inp, b = bias
-        def build_bias() -> list[ir.Node]:
-            return [_new_node(ctx, "BiasGelu", [inp, b], {}, domain="com.microsoft", name=f"{add.name}_biasgelu")]
-        return _Match("bias_gelu", [add] + nodes, build_bias, "com.microsoft:BiasGelu",
-                      "Add of a 1-D bias over the last axis, then erf-GELU")
+        return _bias_op_match(ctx, "bias_gelu", "BiasGelu", bias, nodes,
+                              "Add of a 1-D bias over the last axis, then erf-GELU")
     if "gelu" not in ctx.rules:
         return None
     target = _gelu_target(ctx, dt)
@@ -955,6 +952,15 @@ def _bias_before(ctx: _Context, x: ir.Value, readers: list[ir.Node], dt) -> tupl
     return None
 
 
+def _bias_op_match(ctx: _Context, rule: str, op: str, bias: tuple, nodes: list[ir.Node], reason: str) -> _Match:
+    """`bias` = (Add, input, 1-D bias) before a GELU made of `nodes` -> one com.microsoft `op`(input, bias)."""
+    add, inp, b = bias
+
+    def build() -> list[ir.Node]:
+        return [_new_node(ctx, op, [inp, b], {}, domain="com.microsoft", name=f"{add.name}_{op.lower()}")]
+    return _Match(rule, [add] + list(nodes), build, f"com.microsoft:{op}", reason)
+
+
 def _match_gelu_node(ctx: _Context, gelu: ir.Node) -> _Match | None:
     """An existing Gelu after a bias Add: contrib or opset-20 exact Gelu -> BiasGelu, opset-20 tanh Gelu -> FastGelu."""
     if ctx.lower == "onnx" or gelu.op_type != "Gelu" or gelu.domain not in _DEFAULT + ("com.microsoft",):
@@ -970,11 +976,7 @@ def _match_gelu_node(ctx: _Context, gelu: ir.Node) -> _Match | None:
     found = _bias_before(ctx, x, [gelu], dt)
     if found is None:
         return None
-    add, inp, b = found
-
-    def build() -> list[ir.Node]:
-        return [_new_node(ctx, op, [inp, b], {}, domain="com.microsoft", name=f"{add.name}_{op.lower()}")]
-    return _Match(rule, [add, gelu], build, f"com.microsoft:{op}", f"Add of a 1-D constant bias, then Gelu ({approx})")
+    return _bias_op_match(ctx, rule, op, found, [gelu], f"Add of a 1-D constant bias, then Gelu ({approx})")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1139,12 +1141,8 @@ def _match_fast_gelu(ctx: _Context, tanh: ir.Node) -> _Match | None:
 def _fast_gelu_match(ctx: _Context, nodes: list[ir.Node], x: ir.Value, dt) -> _Match | None:
     bias = _bias_before(ctx, x, nodes, dt) if ctx.lower != "onnx" else None
     if bias is not None:
-        add, inp, b = bias
-
-        def build_bias() -> list[ir.Node]:
-            return [_new_node(ctx, "FastGelu", [inp, b], {}, domain="com.microsoft", name=f"{add.name}_fastgelu")]
-        return _Match("fast_gelu", [add] + nodes, build_bias, "com.microsoft:FastGelu",
-                      "Add of a 1-D bias over the last axis, then tanh-GELU (polynomials multiplied out)")
+        return _bias_op_match(ctx, "fast_gelu", "FastGelu", bias, nodes,
+                              "Add of a 1-D bias over the last axis, then tanh-GELU (polynomials multiplied out)")
     if ctx.lower == "onnx":
         if ctx.graph.opset < 20:
             ctx.refusals.append(f"{nodes[0].name}: tanh-GELU has no standard op below opset 20")

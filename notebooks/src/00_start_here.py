@@ -42,10 +42,10 @@
 # | `03_horizontal_fusion` | fuse sibling branches that read the same input (concatenated weights) |
 # | `04_mixed_fusion` | both at once, on real topologies (residual blocks, attention) |
 # | `05_fusion_thresholds` | when fusion stops paying: buffer capacity, peak memory, the "more than 5 ops" rule |
-# | `06_custom_op` | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
-# | `07_profiling_case` | profile a model, find the gaps, fix them, and measure again |
-# | `08_double_buffering` | overlap data movement with compute: the pipeline behind "+18%" |
-# | `09_dynamic_shapes` | caching compiled kernels by shape: gears, a bounded LRU cache, and the seed's "×2.1" |
+# | `09_custom_op` | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
+# | `10_profiling_case` | profile a model, find the gaps, fix them, and measure again |
+# | `11_double_buffering` | overlap data movement with compute: the pipeline behind "+18%" |
+# | `12_dynamic_shapes` | caching compiled kernels by shape: gears, a bounded LRU cache, and the seed's "×2.1" |
 
 # %% [markdown]
 # ## One pipeline, every time

@@ -310,4 +310,4 @@ for name, (predicted, c) in (("page-cache loader", memcpy_result), ("emulated de
 # - Change `ops_per_elem` and `inputs` in `modelled_gain` to model your own kernel, or pass `latency_us` to
 #   `core_from_device` to see how a fixed per-transfer cost punishes the smaller tiles double buffering needs.
 # - Try `BUFFER_NUM = 3` in `pipeline.simulate`: when does a third buffer help?
-# - Notebook `07_profiling_case` for the measured side of the seed's performance advice.
+# - Notebook `10_profiling_case` for the measured side of the seed's performance advice.

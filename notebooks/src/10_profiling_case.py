@@ -287,8 +287,8 @@ fig
 # |---|---|---|
 # | accuracy anomaly after fusion | "value range changed by fusion" | Vague. The real causes are folding in fp16 (rounding, and overflow when $\gamma/\sqrt{\sigma^2+\epsilon}$ is large), a rewrite whose legality was not checked (BN in training mode, a second consumer), or a tolerance that is too strict for the depth of the network. Notebook `01` shows the fp16 cases; every fusion in this workbook is compared with the unfused model (`fusionlab.verify`). |
 # | memory leak | "workspace not freed" → "use the `ACL_MEM_MALLOC_HUGE` flag" | The cause is right, the fix is not. `ACL_MEM_MALLOC_HUGE_FIRST` is an `aclrtMalloc` page policy: blocks over 1 MiB come from 2 MiB huge pages when there are any. It frees nothing. The fix for a leak is to pair every `aclrtMalloc` with `aclrtFree` and destroy datasets and buffers after use. Better still, allocate the workspace once and reuse it, as onnxruntime's arena does (§6). |
-# | build failure | TBE / driver version mismatch | Right. The CANN toolkit, driver and firmware versions must match (compatibility tables in the CANN release notes), and `--soc_version` must name the chip exactly (`Ascend310P3`, `Ascend910B4`, ...). Notebook `06` generates the package and the `atc` command with that parameter. |
-# | slower after fusion | bad fusion strategy → analyse with msprof | Right, and it is the theme of notebook `05`: over-fusion raises peak memory and can spill the on-chip buffer. Profile before and after (§4 here); switch off a single fusion pass with a `fusion_switch.cfg` (notebook `06`). |
+# | build failure | TBE / driver version mismatch | Right. The CANN toolkit, driver and firmware versions must match (compatibility tables in the CANN release notes), and `--soc_version` must name the chip exactly (`Ascend310P3`, `Ascend910B4`, ...). Notebook `09` generates the package and the `atc` command with that parameter. |
+# | slower after fusion | bad fusion strategy → analyse with msprof | Right, and it is the theme of notebook `05`: over-fusion raises peak memory and can spill the on-chip buffer. Profile before and after (§4 here); switch off a single fusion pass with a `fusion_switch.cfg` (notebook `09`). |
 # | custom op with more than 5 basic ops on Atlas 800I A2 | split it | A rule of thumb for one device. Notebooks `04` and `05` make it a parameter (`max_ops`) beside the buffer budget, which is the limit underneath it. |
 
 # %% [markdown]
@@ -311,4 +311,4 @@ fig
 # - `fusionlab profile your_model.onnx --fuse -o trace.json`, then open the trace in <https://ui.perfetto.dev>.
 # - Profile BERT (`zoo.bert(layers=2, hidden=128, heads=2, intermediate=512)`): many small MatMul/Add/Softmax
 #   kernels, so launch gaps weigh more.
-# - Notebook `08_double_buffering`: the pipeline trick behind the seed's "+18%".
+# - Notebook `11_double_buffering`: the pipeline trick behind the seed's "+18%".

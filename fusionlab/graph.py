@@ -22,7 +22,8 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-__all__ = ["ModelError", "Graph", "load", "save_model", "has_external_tensors", "MAX_OPSET", "MIN_OPSET", "PROTOBUF_LIMIT"]
+__all__ = ["ModelError", "Graph", "Names", "load", "as_graph", "save_model", "name_nodes", "has_external_tensors", "MAX_OPSET",
+           "MIN_OPSET", "PROTOBUF_LIMIT"]
 
 #: Oldest default-domain opset we accept (BatchNormalization-7 and Conv-1 semantics onward).
 MIN_OPSET = 7
@@ -308,8 +309,13 @@ def load(source, *, check: bool = True) -> "Graph":
             # Small enough to hold in memory: later passes and onnxruntime need no file paths.
             ir.external_data.load_to_model(model)
     graph = Graph(model, name=name, path=Path(source) if base_dir is not None else None)
-    graph.notes = notes
+    graph.notes = notes + graph.notes
     return graph
+
+
+def as_graph(model, *, check: bool = True) -> "Graph":
+    """`model` itself when it is already a Graph, else `load(model)` (every entry point accepts either)."""
+    return model if isinstance(model, Graph) else load(model, check=check)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -358,6 +364,98 @@ def save_model(model: "Graph | ir.Model | onnx.ModelProto", path, *, source: Pat
 
 
 # --------------------------------------------------------------------------------------------------
+# node identity and fresh names
+# --------------------------------------------------------------------------------------------------
+
+def name_nodes(graph: ir.Graph) -> list[str]:
+    """Give every unnamed or duplicate-named node of `graph` a unique name `<op>_<position>`; returns the new names.
+
+    This is the one identity of a node everywhere in fusionlab (plans, cost, pictures, widgets, custom ops).
+    The first holder of a repeated name keeps it; deterministic: the same model gets the same names.
+    """
+    nodes = list(graph)
+    counts: dict[str, int] = {}
+    for n in nodes:
+        if n.name:
+            counts[n.name] = counts.get(n.name, 0) + 1
+    used = set(counts)
+    kept: set[str] = set()
+    made: list[str] = []
+    for i, node in enumerate(nodes):
+        if node.name and (counts[node.name] == 1 or node.name not in kept):
+            kept.add(node.name)
+            continue
+        base = f"{node.op_type}_{i}"
+        name, k = base, 0
+        while name in used:
+            k += 1
+            name = f"{base}_{k}"
+        node.name = name
+        used.add(name)
+        made.append(name)
+    return made
+
+
+def _all_value_names(graph: ir.Graph) -> set[str]:
+    names = {v.name for v in graph.inputs if v.name} | set(graph.initializers)
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        names.update(v.name for v in node.outputs if v.name)
+        names.update(v.name for v in node.inputs if v is not None and v.name)
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.GRAPH:
+                names.update(v.name for v in attr.value.inputs if v.name)
+            elif attr.type == ir.AttributeType.GRAPHS:
+                for sub in attr.value:
+                    names.update(v.name for v in sub.inputs if v.name)
+    return names
+
+
+class Names:
+    """Every name a graph uses, and fresh ones that clash with none of them (one service for every pass).
+
+    Node names and tensor (value) names are separate namespaces in ONNX; a fresh value name is checked
+    against graph inputs, initializers and every node output, subgraphs included, not only initializers.
+    """
+
+    def __init__(self, model: ir.Model):
+        graph = model.graph
+        self._nodes = {n.name for n in ir.traversal.RecursiveGraphIterator(graph) if n.name}
+        self._values = _all_value_names(graph)
+        self._functions = {f.name for f in model.functions.values()}
+
+    @staticmethod
+    def _fresh(base: str, taken: set[str]) -> str:
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        taken.add(name)
+        return name
+
+    def node(self, base: str) -> str:
+        """A node name no node uses (base, else base_1, base_2, ...)."""
+        return self._fresh(base or "node", self._nodes)
+
+    def value(self, base: str) -> str:
+        """A tensor name no input, initializer or node output uses."""
+        return self._fresh(base or "value", self._values)
+
+    def function(self, base: str) -> str:
+        """A model-local function name not yet taken: base_0, base_1, ..."""
+        k = 0
+        while f"{base}_{k}" in self._functions:
+            k += 1
+        self._functions.add(f"{base}_{k}")
+        return f"{base}_{k}"
+
+    def has_value(self, name: str) -> bool:
+        return name in self._values
+
+    def reserve_value(self, name: str) -> None:
+        self._values.add(name)
+
+
+# --------------------------------------------------------------------------------------------------
 # the graph object and its queries
 # --------------------------------------------------------------------------------------------------
 
@@ -369,6 +467,12 @@ class Graph:
         self.name = name
         self.path = path
         self.notes: list[str] = []  # what loading had to accept or repair
+        #: node name -> names of the model's nodes it stands for (set by rewrites; absent: itself)
+        self.origin: dict[str, tuple[str, ...]] = {}
+        made = name_nodes(model.graph)
+        if made:
+            self.notes.append(f"{len(made)} node(s) had no name or a repeated one; named <op>_<position>: "
+                              + ", ".join(made[:5]) + (" ..." if len(made) > 5 else ""))
 
     # -- basic views -------------------------------------------------------------------------------
     @property
@@ -527,7 +631,16 @@ class Graph:
                 ir.external_data.set_base_dir(model.graph, str(self.path.parent))
         copy = Graph(model, name=self.name, path=self.path)
         copy.notes = list(self.notes)
+        copy.origin = dict(self.origin)
         return copy
+
+    def names(self) -> Names:
+        """The naming service over the graph as it is now (fresh node, tensor and function names)."""
+        return Names(self.model)
+
+    def covers(self, node_name: str) -> tuple[str, ...]:
+        """The names of the loaded model's nodes that `node_name` stands for (itself unless a rewrite made it)."""
+        return self.origin.get(node_name, (node_name,))
 
     def save(self, path, **kw) -> Path:
         return save_model(self, path, source=self.path, **kw)

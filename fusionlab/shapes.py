@@ -1,7 +1,16 @@
-"""Static shapes for every value: what byte counts and FLOP counts are computed from.
+"""The one shape / dtype / bytes service: what legality checks, byte counts and FLOP counts are computed from.
 
-Symbolic dimensions (``batch``, ``sequence``) are bound to concrete sizes first (defaults: batch 1,
-sequence 8), then onnx shape inference fills in every intermediate value.
+`ShapeInfo(graph, dims)` is built once per pass run. It answers, for any value of the graph:
+
+- `shape(v)`: the shape with symbolic dimensions kept as their names (``("batch", 128, 768)``), for legality
+  checks that must hold for every size ("the residual has exactly the conv output's shape");
+- `concrete(v)` / `nbytes(v)`: the shape with symbolic dimensions bound (``dims``, else by name: batch -> 1,
+  sequence -> 8, anything else -> 1), for byte and FLOP counts;
+- `dtype(v)`: the element type, from the value itself or from shape inference.
+
+onnx shape inference runs first (on a copy without weight bytes, so it is fast); where it leaves gaps (e.g. a
+Slice whose end comes from Shape -> Gather, as in exported BERT position ids), onnxruntime's symbolic shape
+inference fills them. The graph itself is never modified.
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ import onnx_ir as ir
 
 from .graph import Graph
 
-__all__ = ["Shapes", "bind_dims", "infer_shapes", "shape_of", "nbytes", "DEFAULT_DIMS"]
+__all__ = ["ShapeInfo", "Shapes", "bind_dims", "dim_value", "infer_shapes", "shape_of", "nbytes", "DEFAULT_DIMS"]
 
 DEFAULT_DIMS = {"batch": 1, "sequence": 8}
 
@@ -87,25 +96,141 @@ def _symbolic_infer(proto: onnx.ModelProto, auto_merge: bool = True) -> onnx.Mod
         return None  # unsupported patterns: keep what onnx inferred
 
 
-def infer_shapes(graph: Graph, dims: dict[str, int] | None = None) -> Shapes:
-    """Concrete shapes (and dtypes) for inputs, initializers and every node output that can be inferred.
+def _light_proto(graph: Graph) -> onnx.ModelProto:
+    """The graph as a proto whose big initializers keep their dims and type but not their bytes."""
+    proto = graph.to_proto()
+    for init in proto.graph.initializer:
+        if init.ByteSize() > 4096:
+            dims, dtype, name = list(init.dims), init.data_type, init.name
+            init.Clear()
+            init.name, init.data_type = name, dtype
+            init.dims.extend(dims)
+    return proto
 
-    onnx's shape inference runs first; where it leaves gaps (e.g. a Slice whose end comes from
-    Shape→Gather, as in exported BERT position ids), onnxruntime's symbolic shape inference fills them.
-    The graph itself is not modified.
-    """
-    proto = bind_dims(graph.to_proto(), dims)
+
+def _symbolic(proto: onnx.ModelProto) -> tuple[dict[str, tuple], dict[str, int]]:
+    """{value: shape with dim names kept}, {value: elem type} by onnx shape inference on the unbound model."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception:
+        inferred = proto
+    shapes: dict[str, tuple] = {}
+    types: dict[str, int] = {}
+    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            continue
+        if tt.elem_type:
+            types[vi.name] = tt.elem_type
+        if tt.HasField("shape"):
+            shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                    for d in tt.shape.dim)
+    for init in inferred.graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+        types[init.name] = init.data_type
+    return shapes, types
+
+
+class ShapeInfo:
+    """Shapes (symbolic and bound), dtypes and sizes of every value of one graph, computed once."""
+
+    def __init__(self, graph: Graph, dims: dict[str, int] | None = None):
+        self.graph = graph
+        self.dims = {**DEFAULT_DIMS, **(dims or {})}
+        self._proto = _light_proto(graph)
+        self._symbolic, self._types = _symbolic(self._proto)
+        self._concrete: Shapes | None = None
+
+    # -- symbolic ----------------------------------------------------------------------------------
+    def shape(self, value: ir.Value | None) -> tuple | None:
+        """Shape with ints and dim names (str); None entries are unknown dims; None if the rank is unknown."""
+        if value is None:
+            return None
+        if value.const_value is not None:
+            return tuple(value.const_value.shape)
+        if value.shape is not None:
+            dims = tuple(d if isinstance(d, int) else (d.value if getattr(d, "value", None) else None)
+                         for d in value.shape)
+            if all(d is not None for d in dims):
+                return dims
+        return self._symbolic.get(value.name)
+
+    def rank(self, value: ir.Value | None) -> int | None:
+        s = self.shape(value)
+        return None if s is None else len(s)
+
+    @property
+    def symbolic_shapes(self) -> dict[str, tuple]:
+        """{value name: shape with dim names kept}, as inferred (values without an inferred shape absent)."""
+        return self._symbolic
+
+    def dtype(self, value: ir.Value | None) -> np.dtype | None:
+        """Element type of a value: its own, else from shape inference; None if unknown."""
+        if value is None:
+            return None
+        try:
+            if value.dtype is not None:
+                return np.dtype(value.dtype.numpy())
+        except Exception:
+            pass
+        code = self._types.get(value.name)
+        try:
+            if code:
+                return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(code))
+        except Exception:
+            return None
+        node = value.producer()
+        if node is not None and node.domain == "com.microsoft" and node.inputs and node.inputs[0] is not None:
+            # onnx has no schemas for onnxruntime's contrib ops; the fused ops fusionlab writes keep input 0's type
+            return self.dtype(node.inputs[0])
+        return self.concrete_shapes.dtypes.get(value.name) if self._concrete is not None else None
+
+    # -- bound dims --------------------------------------------------------------------------------
+    @property
+    def concrete_shapes(self) -> "Shapes":
+        """{value name: concrete shape} with symbolic dims bound (inferred on first use)."""
+        if self._concrete is None:
+            self._concrete = _infer_bound(self._proto, self.graph, self.dims)
+        return self._concrete
+
+    def concrete(self, value: ir.Value | None) -> tuple[int, ...] | None:
+        """Shape with symbolic dimensions bound to sizes; None if unknown."""
+        if value is None:
+            return None
+        got = self.concrete_shapes.get(value.name)
+        if got is not None:
+            return got
+        s = self.shape(value)
+        if s is None or any(d is None for d in s):
+            return None
+        return tuple(d if isinstance(d, int) else dim_value(d, self.dims) for d in s)
+
+    def nbytes(self, value: ir.Value | None) -> int | None:
+        """Bytes of a value's tensor with symbolic dims bound; None if its shape or dtype is unknown."""
+        shape, dt = self.concrete(value), self.dtype(value)
+        if shape is None or dt is None:
+            return None
+        return int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+
+
+def _infer_bound(proto: onnx.ModelProto, graph: Graph, dims: dict[str, int]) -> Shapes:
+    bound = bind_dims(proto, dims)
     shapes = Shapes()
     try:
-        _collect(onnx.shape_inference.infer_shapes(proto, data_prop=True), shapes)
+        _collect(onnx.shape_inference.infer_shapes(bound, data_prop=True), shapes)
     except Exception:
-        _collect(proto, shapes)
+        _collect(bound, shapes)
     wanted = {v.name for n in graph for v in n.outputs if v is not None and v.name}
     if wanted - set(shapes):
-        partial = _symbolic_infer(proto)
+        partial = _symbolic_infer(bound)
         if partial is not None:
             _collect(partial, shapes)
     return shapes
+
+
+def infer_shapes(graph: Graph, dims: dict[str, int] | None = None) -> Shapes:
+    """Concrete shapes (and dtypes) for inputs, initializers and every node output that can be inferred."""
+    return ShapeInfo(graph, dims).concrete_shapes
 
 
 def shape_of(value: ir.Value, shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[int, ...] | None:

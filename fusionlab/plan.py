@@ -12,12 +12,28 @@ from typing import Iterable, Iterator
 
 from .text import text_table
 
-__all__ = ["FusionGroup", "FusionPlan", "VERTICAL", "HORIZONTAL", "MIXED", "KINDS"]
+__all__ = ["FusionGroup", "FusionPlan", "Refusal", "PlanError", "VERTICAL", "HORIZONTAL", "MIXED", "KINDS"]
 
 VERTICAL = "vertical"
 HORIZONTAL = "horizontal"
 MIXED = "mixed"
 KINDS = (VERTICAL, HORIZONTAL, MIXED)
+
+
+class PlanError(ValueError):
+    """A plan that cannot be read or applied (malformed JSON, a stale group); the message is one line."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A candidate a rule looked at and refused: the rule, the node it was anchored on, and why."""
+
+    rule: str
+    node: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.rule} {self.node}: {self.reason}"
 
 
 @dataclass
@@ -32,6 +48,12 @@ class FusionGroup:
     - `saved_launches`: kernels no longer launched (members - 1 for a single fused kernel).
     - `lowered_to`: what the group became (``"Conv"``, ``"com.microsoft:FusedConv"``, a function name...).
     - `reason`: why the group stopped growing or why it is legal, in words.
+    - `anchor`: the node the rule is anchored on; `apply` re-checks the rule there (default: the first node).
+    - `covers`: names of the *loaded model's* nodes the group's kernel stands for (differs from `nodes` when an
+      earlier pass rewrote some members, e.g. a mixed group over a vertically fused Conv).
+    - `recompute`: members copied into this group rather than moved (a cheap op several groups recompute).
+    - `kernels`: kernels the emitted lowering launches (1 for FusedConv, 2 for Conv + QuickGelu).
+    - `extra`: descriptive data for reports and lessons (never read by `apply`).
     """
 
     id: str
@@ -44,6 +66,10 @@ class FusionGroup:
     lowered_to: str = ""
     reason: str = ""
     extra: dict = field(default_factory=dict)
+    anchor: str = ""
+    covers: list[str] = field(default_factory=list)
+    recompute: list[str] = field(default_factory=list)
+    kernels: int = 1
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -52,6 +78,12 @@ class FusionGroup:
             raise ValueError(f"fusion group {self.id!r} has no nodes")
         if self.op_types and len(self.op_types) != len(self.nodes):
             raise ValueError(f"fusion group {self.id!r}: op_types and nodes differ in length")
+        if not self.anchor:
+            self.anchor = self.nodes[0]
+        elif self.anchor not in self.nodes:
+            raise ValueError(f"fusion group {self.id!r}: anchor {self.anchor!r} is not one of its nodes")
+        if not self.covers:
+            self.covers = list(self.nodes)
 
     @property
     def size(self) -> int:
@@ -67,6 +99,13 @@ class FusionGroup:
 
     @classmethod
     def from_dict(cls, d: dict) -> "FusionGroup":
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise PlanError(f"group {d.get('id', '?')!r}: unknown field(s) {unknown}; known: {', '.join(sorted(known))}")
+        missing = [k for k in ("id", "kind", "rule", "nodes") if k not in d]
+        if missing:
+            raise PlanError(f"group {d.get('id', '?')!r}: missing field(s) {missing}")
         return cls(**d)
 
 
@@ -77,6 +116,10 @@ class FusionPlan:
     groups: list[FusionGroup] = field(default_factory=list)
     model: str = ""
     notes: list[str] = field(default_factory=list)
+    #: how the plan was made: {"passes": [...], "prepare": [...], "<pass>": {option: value}}; `apply` reuses it
+    options: dict = field(default_factory=dict)
+    #: every candidate a rule refused, with the reason ("why was this not fused?")
+    refusals: list[Refusal] = field(default_factory=list)
 
     # -- container behaviour -----------------------------------------------------------------------
     def __iter__(self) -> Iterator[FusionGroup]:
@@ -95,7 +138,7 @@ class FusionPlan:
 
     def add(self, group: FusionGroup) -> FusionGroup:
         taken = self.node_to_group()
-        clash = [n for n in group.nodes if n in taken]
+        clash = [n for n in group.nodes if n in taken and n not in group.recompute]
         if clash:
             raise ValueError(f"node(s) {clash} already belong to group {taken[clash[0]]!r}")
         if any(g.id == group.id for g in self.groups):
@@ -108,10 +151,30 @@ class FusionPlan:
             self.add(g)
 
     def node_to_group(self) -> dict[str, str]:
-        return {n: g.id for g in self.groups for n in g.nodes}
+        return {n: g.id for g in self.groups for n in g.nodes if n not in g.recompute}
+
+    def kernel_of(self) -> dict[str, str]:
+        """{loaded model's node: id of the group whose kernel runs it}; a later group absorbs an earlier one."""
+        out: dict[str, str] = {}
+        for g in self.groups:
+            for n in g.covers:
+                out[n] = g.id
+        return out
 
     def by_kind(self, kind: str) -> "FusionPlan":
-        return FusionPlan([g for g in self.groups if g.kind == kind], model=self.model)
+        return FusionPlan([g for g in self.groups if g.kind == kind], model=self.model, options=dict(self.options))
+
+    def without(self, *group_ids: str) -> "FusionPlan":
+        """A copy of the plan without the named groups (their nodes stay unfused when it is applied)."""
+        unknown = [g for g in group_ids if g not in {x.id for x in self.groups}]
+        if unknown:
+            raise KeyError(unknown[0])
+        return FusionPlan.from_dict({**self.to_dict(), "groups": [g.to_dict() for g in self.groups
+                                                                   if g.id not in group_ids]})
+
+    def why_not(self, node: str | None = None) -> list[Refusal]:
+        """Refusals, all or those anchored on one node."""
+        return [r for r in self.refusals if node is None or r.node == node]
 
     # -- summaries ---------------------------------------------------------------------------------
     @property
@@ -178,7 +241,8 @@ class FusionPlan:
 
     # -- serialisation -----------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"model": self.model, "notes": list(self.notes), "groups": [g.to_dict() for g in self.groups]}
+        return {"model": self.model, "options": _jsonable(self.options), "notes": list(self.notes),
+                "groups": [g.to_dict() for g in self.groups], "refusals": [asdict(r) for r in self.refusals]}
 
     def to_json(self, **kw) -> str:
         kw.setdefault("indent", 2)
@@ -186,9 +250,36 @@ class FusionPlan:
 
     @classmethod
     def from_dict(cls, d: dict) -> "FusionPlan":
-        return cls([FusionGroup.from_dict(g) for g in d.get("groups", [])], model=d.get("model", ""),
-                   notes=list(d.get("notes", [])))
+        if not isinstance(d, dict) or not isinstance(d.get("groups", []), list):
+            raise PlanError("a plan is a JSON object with a list of groups")
+        plan = cls(model=d.get("model", ""), notes=list(d.get("notes", [])), options=dict(d.get("options", {})),
+                   refusals=[Refusal(**r) for r in d.get("refusals", [])])
+        for g in d.get("groups", []):
+            if not isinstance(g, dict):
+                raise PlanError("every group of a plan is a JSON object")
+            try:
+                plan.add(FusionGroup.from_dict(g))
+            except PlanError:
+                raise
+            except (TypeError, ValueError) as exc:
+                raise PlanError(str(exc)) from None
+        return plan
 
     @classmethod
     def from_json(cls, text: str) -> "FusionPlan":
-        return cls.from_dict(json.loads(text))
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"not a JSON plan ({exc})") from None
+        return cls.from_dict(data.get("plan", data) if isinstance(data, dict) else data)
+
+
+def _jsonable(value):
+    """Options as plain JSON data (tuples and sets become sorted/ordered lists)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(_jsonable(v) for v in value)
+    return value

@@ -27,7 +27,7 @@ import numpy as np
 import onnx_ir as ir
 
 from .devices import Device, get as get_device, load_devices
-from .graph import Graph, load
+from .graph import Graph, as_graph
 from .plan import FusionPlan
 from .shapes import infer_shapes
 from .text import text_table
@@ -232,13 +232,11 @@ class _Analysis:
         return 0
 
 
-def _as_graph(model) -> Graph:
-    return model if isinstance(model, Graph) else load(model)
 
 
 def node_costs(graph, dims: dict | None = None, precision: str | None = None) -> list[NodeCost]:
     """FLOPs and bytes of every node (Constant nodes excluded: they are weights), in topological order."""
-    a = _Analysis(_as_graph(graph), dims, precision)
+    a = _Analysis(as_graph(graph), dims, precision)
     return list(a.costs.values())
 
 
@@ -393,22 +391,37 @@ def _kernel_order(a: _Analysis, members: dict[str, list[ir.Node]]) -> list[str]:
     return order
 
 
+def _emitted_bytes(a: "_Analysis", group, ns, produced: dict, outs: dict) -> int:
+    """Intermediates the group's emitted lowering still writes (and reads back): what it does *not* save.
+
+    A vertical group lowered to two kernels (Conv + QuickGelu) writes one output-sized intermediate; a
+    horizontal group runs one wide op per chain position and a Split that copies the branch outputs once more;
+    a mixed group (one function, one kernel on a fusing backend) writes none.
+    """
+    if group.kernels <= 1:
+        return 0
+    if group.kind == "horizontal":
+        inner = sum(a.nbytes(v) or 0 for name, v in produced.items() if name not in outs)
+        return inner + sum(a.nbytes(v) or 0 for v in outs.values())
+    return (group.kernels - 1) * sum(a.nbytes(v) or 0 for v in outs.values())
+
+
 def plan_cost(graph, plan: FusionPlan | None, device: Device | str, dims: dict | None = None, *,
               buffer_kb: float | None = None, precision: str | None = None,
               _analysis: _Analysis | None = None) -> PlanCost:
     """Predicted latency, traffic and peak memory of `graph` run under `plan` on `device`."""
     device = get_device(device)
-    graph = _as_graph(graph)
+    graph = as_graph(graph)
     a = _analysis or _Analysis(graph, dims, precision or device.precision)
     plan = plan or FusionPlan()
     buffer = int(buffer_kb * 1024) if buffer_kb is not None else device.buffer_bytes
     by_name = {n.name: n for n in a.order}
-    group_of = {}
+    group_of = plan.kernel_of()  # a group that absorbed earlier groups (a mixed group over a FusedConv) wins
     for g in plan:
-        for name in g.nodes:
+        for name in g.covers:
             if name not in by_name:
                 raise ValueError(f"plan group {g.id!r} names node {name!r}, which is not in the model")
-            group_of[name] = g.id
+    group_by_id = {g.id: g for g in plan}
     members: dict[str, list[ir.Node]] = {}
     for n in a.order:
         if n.op_type == "Constant" and n.name not in group_of:
@@ -456,13 +469,16 @@ def plan_cost(graph, plan: FusionPlan | None, device: Device | str, dims: dict |
                     live -= a.nbytes(produced[name]) or 0
         spill = max(0, ws - buffer) if len(ns) > 1 else 0
         workspace[step] = spill
-        traffic = 0 if all_views else act + weights + out_b + 2 * spill
+        group = group_by_id.get(k)
+        emitted = _emitted_bytes(a, group, ns, produced, outs) if group is not None else 0
+        traffic = 0 if all_views else act + weights + out_b + 2 * spill + 2 * emitted
         dtype = a.compute_dtype(ns[-1])
         kernels.append(KernelCost(
             id=k, nodes=[n.name for n in ns], pattern="+".join(n.op_type for n in ns), flops=flops, bytes=traffic,
             unfused_bytes=unfused, working_set=ws if len(ns) > 1 else 0, spill_bytes=2 * spill,
             compute_s=flops / device.peak_flops(dtype), memory_s=traffic / device.bandwidth,
-            launch_s=device.launch_overhead_us * 1e-6, grouped=k in grouped_ids))
+            launch_s=device.launch_overhead_us * 1e-6 * (group.kernels if group is not None else 1),
+            grouped=k in grouped_ids))
 
     # liveness of materialised activations over the kernel order
     last = len(order) - 1
@@ -507,7 +523,7 @@ def plan_cost(graph, plan: FusionPlan | None, device: Device | str, dims: dict |
 def predicted_speedup(graph, plan: FusionPlan, device: Device | str, dims: dict | None = None, **kw) -> float:
     """Predicted latency without fusion divided by latency with `plan`."""
     device = get_device(device)
-    graph = _as_graph(graph)
+    graph = as_graph(graph)
     a = _Analysis(graph, dims, kw.pop("precision", None) or device.precision)
     base = plan_cost(graph, None, device, _analysis=a, **kw)
     return base.latency_s / plan_cost(graph, plan, device, _analysis=a, **kw).latency_s
@@ -535,7 +551,7 @@ class CostTable:
 def compare(graph, plans: dict[str, FusionPlan | None], devices: list | None = None, dims: dict | None = None,
             **kw) -> CostTable:
     """Cost every plan on every device; speedup is against the first plan on the same device."""
-    graph = _as_graph(graph)
+    graph = as_graph(graph)
     devices = [get_device(d) for d in (devices if devices is not None else list(load_devices().values()))]
     rows = []
     for dev in devices:

@@ -66,7 +66,7 @@ def _has_subgraph(node: ir.Node) -> bool:
     return any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values())
 
 
-def _wrap(graph: Graph, members: list[ir.Node], name: str, domain: str) -> ir.Node | None:
+def _wrap(graph: Graph, members: list[ir.Node], name: str, domain: str, names) -> ir.Node | None:
     g = graph.graph
     inside = set(map(id, members))
     order = [n for n in g if id(n) in inside]
@@ -106,12 +106,12 @@ def _wrap(graph: Graph, members: list[ir.Node], name: str, domain: str) -> ir.No
     graph.model.functions[function.identifier()] = function
     g.opset_imports.setdefault(domain, 1)
     # the call, then every use of a member output reads the call's output (names kept)
-    call = ir.Node(domain, name, inputs, num_outputs=len(outputs), name=f"{name}_call")
+    call = ir.Node(domain, name, inputs, num_outputs=len(outputs), name=names.node(f"{name}_call"))
     g.insert_before(order[-1], call)
     for old, new in zip(outputs, call.outputs):
         keep = old.name
         new.type, new.shape = old.type, old.shape
-        old.name = f"{keep}__in_{name}"
+        old.name = names.value(f"{keep}__in_{name}")
         old.replace_all_uses_with(new, replace_graph_outputs=True)
         new.name = keep
     g.remove(order, safe=True)
@@ -130,33 +130,33 @@ def _ensure_sorted(g: ir.Graph) -> None:
 
 
 def to_functions(graph: Graph, plan: FusionPlan, groups: Iterable[str | FusionGroup] | None = None, *,
-                 domain: str = DOMAIN) -> list[str]:
+                 domain: str = DOMAIN, members: dict[str, list[str]] | None = None) -> list[str]:
     """Replace each chosen group's nodes by one call to a model-local function; returns the function names.
 
-    A group's nodes are looked up by name: `group.extra["fused_nodes"]` when a pass already rewrote the
-    group (e.g. folded BN, kept the activation), else `group.nodes`. Groups that cannot be wrapped (nodes
-    missing, not convex, subgraphs inside) are left alone and noted in `plan.notes`.
+    A group's nodes are `members[group.id]` when given (the nodes a pass's rewrite left, e.g. folded BN, kept
+    the activation), else `group.nodes`. Groups that cannot be wrapped (nodes missing, not convex, subgraphs
+    inside) are left alone and noted in `plan.notes`.
     """
     chosen = list(plan) if groups is None else [plan[g] if isinstance(g, str) else g for g in groups]
     by_name = {n.name: n for n in graph.graph if n.name}
-    taken = {f.name for f in graph.model.functions.values()}
+    names = graph.names()
     made: list[str] = []
     for group in chosen:
-        names = group.extra.get("fused_nodes") or group.nodes
-        members = [by_name[n] for n in names if n in by_name]
-        if len(members) != len(names) or not members:
+        wanted = (members or {}).get(group.id) or group.nodes
+        found = [by_name[n] for n in wanted if n in by_name]
+        if len(found) != len(wanted) or not found:
             plan.notes.append(f"lower: group {group.id}: nodes not found; not wrapped")
             continue
-        name = function_name(group.op_types or [m.op_type for m in members], taken)
-        call = _wrap(graph, members, name, domain)
+        name = names.function(function_name(group.op_types or [m.op_type for m in found]).rsplit("_", 1)[0])
+        call = _wrap(graph, found, name, domain, names)
         if call is None:
             plan.notes.append(f"lower: group {group.id}: not a convex single-graph set; not wrapped")
             continue
-        taken.add(name)
         made.append(name)
         group.lowered_to = f"{domain}:{name}"
         group.extra["function"] = name
-        for m in members:
+        for m in found:
             by_name.pop(m.name, None)
         by_name[call.name] = call
+        graph.origin[call.name] = tuple(c for m in found for c in graph.covers(m.name))
     return made

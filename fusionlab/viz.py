@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 
 import onnx_ir as ir
 
-from .graph import Graph, load
+from .graph import as_graph
 from .plan import FusionGroup, FusionPlan, HORIZONTAL, MIXED, VERTICAL
 
 __all__ = [
@@ -73,10 +73,7 @@ class _Scene:
         return sum(1 for i in self.items if i.kind == "op")
 
 
-def _as_graph(model) -> Graph:
-    if isinstance(model, Graph):
-        return model
-    return load(model, check=False)
+
 
 
 def _shape_text(value: ir.Value | None) -> str:
@@ -122,22 +119,13 @@ def _merge_weights(weights: list[str]) -> list[str]:
 
 
 def _node_keys(order: list[ir.Node]) -> list[str]:
-    counts: dict[str, int] = {}
-    for n in order:
-        counts[n.name] = counts.get(n.name, 0) + 1
-    keys, taken = [], set()
-    for i, n in enumerate(order):
-        key = n.name if n.name and counts[n.name] == 1 else f"{n.op_type}_{i}"
-        while key in taken:
-            key += "_"
-        taken.add(key)
-        keys.append(key)
-    return keys
+    """Node names: unique from load on (`fusionlab.graph.name_nodes`), the one identity plans use too."""
+    return [n.name for n in order]
 
 
 def neighbourhood(model, names: Iterable[str] | str, hops: int = 1) -> list[str]:
     """Node names within `hops` edges (either direction) of `names`, in topological order."""
-    g = _as_graph(model)
+    g = as_graph(model, check=False)
     order = g.topological_order()
     keys = _node_keys(order)
     by_key = dict(zip(keys, order))
@@ -166,8 +154,8 @@ def neighbourhood(model, names: Iterable[str] | str, hops: int = 1) -> list[str]
 def _resolve_names(names, keys: list[str], order: list[ir.Node]) -> list[str]:
     if isinstance(names, str):
         names = [names]
-    elif hasattr(names, "nodes") and not callable(getattr(names, "nodes")):  # a FusionGroup
-        names = list(names.nodes)
+    elif hasattr(names, "covers") and not callable(getattr(names, "covers")):  # a FusionGroup
+        names = list(names.covers)
     names = list(names)
     by_name: dict[str, str] = {}
     for k, n in zip(keys, order):
@@ -201,7 +189,7 @@ def _subgraph_nodes(node: ir.Node) -> list[ir.Node]:
 
 
 def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0) -> _Scene:
-    g = _as_graph(model)
+    g = as_graph(model, check=False)
     graph = g.graph
     order = g.topological_order()
     keys = _node_keys(order)
@@ -211,13 +199,8 @@ def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0) -> _Scene:
     else:
         chosen = set(keys)
     member_of: dict[str, str] = {}
-    if plan is not None:
-        name_to_key = {n.name: k for k, n in zip(keys, order) if n.name}
-        for grp in plan:
-            for m in grp.nodes:
-                k = name_to_key.get(m, m if m in key_of.values() else None)
-                if k is not None and k in chosen:
-                    member_of.setdefault(k, grp.id)
+    if plan is not None:  # a node drawn in the group whose kernel runs it (a later group absorbs an earlier one)
+        member_of = {k: gid for k, gid in plan.kernel_of().items() if k in chosen}
     initializers = graph.initializers
     # a value read inside an If/Loop body counts as read by the If/Loop node itself
     owner: dict[int, ir.Node] = {}

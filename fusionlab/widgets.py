@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from . import cost
 from .devices import Device, get as get_device, load_devices
-from .graph import Graph, load
-from .passes import get_pass
+from .graph import as_graph
+from .passes import options_for, plan as plan_passes
 from .plan import FusionPlan
 from .text import text_table
 
@@ -23,30 +23,17 @@ __all__ = ["ExplorerResult", "make_plan", "explore_state", "sweep_group_size", "
 KINDS = ("vertical", "horizontal", "mixed")
 
 
-def _as_graph(model) -> Graph:
-    return model if isinstance(model, Graph) else load(model)
 
 
 def make_plan(model, kinds=KINDS, max_group_ops: int | None = 5, buffer_kb: float | None = None,
               dims: dict | None = None) -> FusionPlan:
-    """One plan from the chosen passes in order; a later pass keeps only groups of nodes still free."""
-    graph = _as_graph(model)
-    names = {n.name for n in graph}
-    combined = FusionPlan(model=graph.name)
-    skipped = 0
+    """The plan of the chosen passes in order (`fusionlab.passes.plan`, the one planner), under these thresholds."""
     for kind in kinds:
         if kind not in KINDS:
             raise ValueError(f"unknown fusion kind {kind!r}; choose from {', '.join(KINDS)}")
-        part = get_pass(kind).plan(graph, max_group_ops=max_group_ops, buffer_kb=buffer_kb, dims=dims)
-        taken = combined.node_to_group()
-        for g in part:
-            if any(n in taken or n not in names for n in g.nodes):
-                skipped += 1
-                continue
-            combined.add(g)
-    if skipped:
-        combined.notes.append(f"{skipped} group(s) overlapping an earlier pass's groups left out")
-    return combined
+    graph = as_graph(model)
+    return plan_passes(graph, list(kinds), **options_for(kinds, max_group_ops=max_group_ops, buffer_kb=buffer_kb,
+                                                          dims=dims))
 
 
 @dataclass
@@ -79,7 +66,7 @@ def explore_state(model, max_group_ops: int | None = 5, buffer_kb: float | None 
                   device: str | Device = "Atlas 300I Pro", *, dims: dict | None = None, picture: bool = False,
                   devices: list | None = None) -> ExplorerResult:
     """Plan with these thresholds, cost it on `device` and on every preset; optionally draw the groups."""
-    graph = _as_graph(model)
+    graph = as_graph(model)
     dev = get_device(device)
     plan = make_plan(graph, kinds, max_group_ops, buffer_kb, dims)
     a = cost._Analysis(graph, dims, dev.precision)
@@ -104,7 +91,7 @@ def sweep_group_size(model, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16), device: str | D
     `buffer_kb` is the mixed pass's per-group budget; `chip_buffer_kb` overrides the device's on-chip
     capacity in the cost model (what decides spills).
     """
-    graph = _as_graph(model)
+    graph = as_graph(model)
     dev = get_device(device)
     a = cost._Analysis(graph, dims, dev.precision)
     base = cost.plan_cost(graph, None, dev, _analysis=a, buffer_kb=chip_buffer_kb)
@@ -158,8 +145,9 @@ def measure(model, kinds=KINDS, max_group_ops: int | None = 5, buffer_kb: float 
     from .runtime import verify
     from .timing import compare_models
 
-    graph = _as_graph(model)
-    result = fuse(graph, passes=[k for k in kinds], max_group_ops=max_group_ops, buffer_kb=buffer_kb, dims=dims)
+    graph = as_graph(model)
+    result = fuse(graph, passes=list(kinds), **options_for(kinds, max_group_ops=max_group_ops, buffer_kb=buffer_kb,
+                                                            dims=dims))
     report = verify(graph, result.graph, dims=dims)
     if not report.ok:
         raise ValueError("the fused model does not match the original:\n" + report.table())
@@ -172,7 +160,7 @@ def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: 
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    graph = _as_graph(model)
+    graph = as_graph(model)
     ops = w.IntSlider(value=max_group_ops, min=1, max=16, description="max ops", continuous_update=False)
     buf = w.IntSlider(value=0, min=0, max=512, step=16, description="UB KiB", continuous_update=False,
                       tooltip="buffer budget the mixed pass may fill per group (0 = no limit)")

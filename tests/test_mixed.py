@@ -145,7 +145,7 @@ def _groups(p):
 def test_conv_fuses_with_elementwise_diamond():
     p = mixed.plan(load(diamond_model()))
     assert _groups(p) == [["add", "conv", "exp", "relu"]]
-    assert p[0].extra["anchor"] == "conv" and p[0].extra["pattern"] == "out_ewise_fusable"
+    assert p[0].anchor == "conv" and p[0].extra["pattern"] == "out_ewise_fusable"
 
 
 def test_two_convs_stay_in_two_groups():
@@ -183,8 +183,8 @@ def test_layernorm_multi_consumer_and_recompute():
     assert any("recompute not allowed" in s.reason for s in mixed.trace(g, max_group_ops=None)[1]
                if s.node == "sub")
     pr = mixed.plan(g, max_group_ops=None, allow_recompute=True)
-    recomputed = [grp for grp in pr if grp.extra["recomputed"]]
-    assert len(recomputed) == 2 and all(grp.extra["recomputed"] == ["sub"] for grp in recomputed)
+    recomputed = [grp for grp in pr if grp.recompute]
+    assert len(recomputed) == 2 and all(grp.recompute == ["sub"] for grp in recomputed)
     assert sum(grp.size for grp in pr) == sum(grp.size for grp in p) + 2
 
 
@@ -205,8 +205,7 @@ def _kernels(graph, p):
 def _assert_acyclic(graph, p):
     """Contract every group to one node; the quotient graph must still be a DAG."""
     group_of = p.node_to_group()
-    names = mixed.node_names(graph)
-    key = {id(n): group_of.get(names[id(n)], names[id(n)]) for n in graph}
+    key = {id(n): group_of.get(n.name, n.name) for n in graph}
     succ = {k: set() for k in key.values()}
     for n in graph:
         for out in n.outputs:
@@ -289,8 +288,8 @@ def _check_lowered(g, result, dims=None):
         [(grp.id, grp.lowered_to) for grp in result.plan]
     calls = sum(n.domain == "fusionlab.fused" for n in result.graph)
     assert calls == len(result.plan)
-    copies = [n for grp in result.plan for n in grp.nodes if "#rc" in n]
-    extra = len(copies) - len({c.split("#rc")[0] for c in copies})  # recomputed: one copy per consumer
+    copies = [n for grp in result.plan for n in grp.recompute]
+    extra = len(copies) - len(set(copies))  # a recomputed op: one copy per group that recomputes it
     assert len(result.graph) == len(g) + extra - result.plan.saved_launches
     assert [o.name for o in result.graph.outputs()] == [o.name for o in g.outputs()]
     report = verify(g, result.graph, dims=dims)
@@ -300,7 +299,7 @@ def _check_lowered(g, result, dims=None):
 def test_lowered_layernorm_with_recompute_verifies():
     g = load(layernorm_model())
     result = fuse(g, ("mixed",), max_group_ops=None, allow_recompute=True)
-    assert any(grp.extra["recomputed"] for grp in result.plan)
+    assert any(grp.recompute for grp in result.plan)
     _check_lowered(g, result, dims={"batch": 3})
 
 

@@ -591,14 +591,17 @@ def test_plan_is_pure_and_json_round_trips():
     assert FusionPlan.from_json(p.to_json()) == p
 
 
-def test_stale_plan_group_is_left_alone():
+def test_stale_plan_group_is_refused_by_name():
+    """A plan group whose nodes no longer match is refused, naming the group (it was silently dropped before)."""
+    from fusionlab.passes import StaleGroup
+
     m = conv_model([bn_node("c", "y")], bn_params(8))
     g = load(m)
     p = vertical.plan(g)
     p.groups[0].nodes = ["conv", "nonexistent"]
-    vertical.apply(g, p)
+    with pytest.raises(StaleGroup, match="group v0 .*'nonexistent' is not in the model"):
+        vertical.apply(g, p)
     assert g.op_counts() == {"BatchNormalization": 1, "Conv": 1}
-    assert any("no longer matches" in n for n in p.notes)
 
 
 def test_fuse_never_touches_the_input_model():

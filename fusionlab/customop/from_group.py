@@ -95,7 +95,7 @@ def declare_group(graph: Graph, group: FusionGroup, name: str | None = None) -> 
     """Derive the custom-op declaration for a fusion group (UnsupportedGroup if it cannot be one)."""
     gid = group.id
     try:
-        members = [graph.node(n) for n in group.nodes]
+        members = [graph.node(n) for n in group.covers]
     except KeyError as exc:
         raise UnsupportedGroup(f"group {gid}: node {exc.args[0]!r} is not in the model") from None
     order = {id(n): i for i, n in enumerate(graph.topological_order())}

@@ -1,11 +1,21 @@
-"""Fusion passes: each decides *what* may fuse (a plan) and then rewrites a copy of the graph.
+"""Fusion passes: each decides *what* may fuse (a plan) and then rewrites a graph exactly as the plan says.
 
-A pass module exposes two functions:
+A pass module exposes `OPTIONS` (the options it takes, with defaults) and two functions:
 
-- ``plan(graph, **options) -> FusionPlan``: pure analysis, the graph is not touched;
-- ``apply(graph, plan, **options) -> None``: rewrites `graph` in place according to `plan`.
+- ``plan(graph, **options) -> FusionPlan``: pure analysis, the graph is not touched; the plan records the
+  options that made it;
+- ``apply(graph, plan) -> None``: rewrites `graph` in place, re-checking each of the plan's groups with its own
+  rule on its anchor (a group that no longer matches raises `StaleGroup`, naming it).
 
-`fuse` runs passes in order on a copy of the model, so the caller's model is never modified.
+Module-level:
+
+- `fuse(model, passes, **options)` runs the passes in order on a copy of the model (each pass plans on the
+  graph the previous one rewrote) and checks the result (`validate`): the caller's model is never modified,
+  and a broken rewrite raises `FusionError` instead of being returned;
+- `plan(model, passes, **options)` is the one planner every view uses (explain, show, customop, the
+  explorer): the plan `fuse` would make, without the fused graph;
+- `apply(model, plan)` rewrites a copy of the model exactly as a plan says — one read from JSON, possibly
+  edited (a deleted group leaves its nodes unfused).
 """
 
 from __future__ import annotations
@@ -13,18 +23,23 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from ..graph import Graph, load
-from ..plan import FusionPlan
+from ..graph import Graph, as_graph
+from ..plan import HORIZONTAL, MIXED, VERTICAL, FusionPlan, PlanError
+from .engine import StaleGroup
+from .options import split_options
+from .validate import FusionError, problems
 
-__all__ = ["PASSES", "FusionResult", "fuse", "plan_only", "get_pass"]
+__all__ = ["PASSES", "FusionResult", "FusionError", "StaleGroup", "PlanError", "fuse", "plan", "plan_only", "apply",
+           "get_pass", "options_of", "options_for"]
 
-#: pass name -> module (imported lazily so a missing optional pass never breaks the others)
+#: pass name -> module (imported lazily)
 PASSES = {
     "cleanup": "fusionlab.passes.cleanup",
     "vertical": "fusionlab.passes.vertical",
     "horizontal": "fusionlab.passes.horizontal",
     "mixed": "fusionlab.passes.mixed",
 }
+_KIND_PASS = {VERTICAL: "vertical", HORIZONTAL: "horizontal", MIXED: "mixed"}
 
 
 @dataclass
@@ -49,42 +64,112 @@ def get_pass(name: str):
     return importlib.import_module(PASSES[name])
 
 
-def _as_graph(model) -> Graph:
-    return model if isinstance(model, Graph) else load(model)
+def options_of(passes) -> dict:
+    """{option: default} of every option the named passes take."""
+    out: dict = {}
+    for name in passes:
+        out.update(get_pass(name).OPTIONS)
+    return out
 
 
-def fuse(model, passes=("vertical",), **options) -> FusionResult:
+def options_for(passes, **options) -> dict:
+    """The options the named passes take, out of settings meant for any pass (a UI's sliders, CLI flags).
+
+    A setting no pass at all takes is still an error (ValueError naming it), so a misspelling never goes quiet.
+    """
+    every = options_of(PASSES)
+    unknown = sorted(set(options) - set(every))
+    if unknown:
+        raise ValueError(f"unknown option {unknown[0]!r}; valid options: {', '.join(sorted(every))}")
+    mine = options_of(passes)
+    return {k: v for k, v in options.items() if k in mine}
+
+
+
+
+def _merge(combined: FusionPlan, part: FusionPlan, name: str) -> None:
+    for group in part:
+        combined.add(group)
+    combined.notes.extend(part.notes)
+    combined.refusals.extend(part.refusals)
+    combined.options.update(part.options)
+
+
+def fuse(model, passes=("vertical",), *, validate: bool = True, **options) -> FusionResult:
     """Run the named passes in order on a copy of `model`; returns the fused graph and the combined plan."""
-    original = _as_graph(model)
+    passes = list(passes)
+    original = as_graph(model)
+    per_pass = split_options([(p, get_pass(p).OPTIONS) for p in passes], options)
     graph = original.copy()
-    before = original.op_counts()
-    combined = FusionPlan(model=original.name)
+    combined = FusionPlan(model=original.name, options={"passes": passes})
     for name in passes:
         module = get_pass(name)
-        plan = module.plan(graph, **options)
-        module.apply(graph, plan, **options)
-        for group in plan:
-            combined.add(group)
-        combined.notes.extend(plan.notes)
-    return FusionResult(graph, combined, before, graph.op_counts())
+        part = module.plan(graph, **per_pass[name])
+        _apply_part(graph, module, part, name)
+        _merge(combined, part, name)
+    result = FusionResult(graph, combined, original.op_counts(), graph.op_counts())
+    if validate:
+        _check(original, result)
+    return result
 
 
-def plan_only(model, passes=("vertical",), **options) -> FusionPlan:
-    """The plans the passes would make on the unchanged graph, merged (for the cost model and explorers).
+def plan(model, passes=("vertical",), **options) -> FusionPlan:
+    """The plan `fuse` makes for these passes and options (groups of later passes see earlier rewrites)."""
+    return fuse(model, passes, validate=False, **options).plan
 
-    Each pass plans on the original graph; a group that overlaps one from an earlier pass is left out
-    and noted (in `fuse`, the later pass would see the rewritten graph instead).
-    """
-    graph = _as_graph(model)
-    combined = FusionPlan(model=graph.name)
-    for name in passes:
-        taken = combined.node_to_group()
-        plan = get_pass(name).plan(graph, **options)
-        combined.notes.extend(plan.notes)
-        for group in plan:
-            clash = [n for n in group.nodes if n in taken]
-            if clash:
-                combined.notes.append(f"{name}: group {group.id} left out, {clash[0]} is already in {taken[clash[0]]}")
-                continue
-            combined.add(group)
-    return combined
+
+#: the planner's old name
+plan_only = plan
+
+
+def _apply_part(graph: Graph, module, part: FusionPlan, name: str) -> None:
+    try:
+        module.apply(graph, part)
+    except (StaleGroup, FusionError, PlanError):
+        raise
+    except Exception as exc:  # a rewrite that crashes is our bug: say where
+        group = ", ".join(g.id for g in part)[:60]
+        raise FusionError(f"{type(exc).__name__}: {exc}", pass_name=name, group=group) from exc
+
+
+def apply(model, fplan: FusionPlan, *, validate: bool = True) -> FusionResult:
+    """Rewrite a copy of `model` exactly as `fplan` says, pass by pass in the plan's order."""
+    original = as_graph(model)
+    graph = original.copy()
+    order = fplan.options.get("passes") or [p for p in ("vertical", "horizontal", "mixed")
+                                           if any(_KIND_PASS[g.kind] == p for g in fplan)]
+    unknown = [p for p in order if p not in PASSES]
+    if unknown:
+        raise PlanError(f"the plan names an unknown pass {unknown[0]!r}")
+    for name in order:
+        part = FusionPlan([g for g in fplan if _KIND_PASS[g.kind] == name], model=fplan.model,
+                          options={k: v for k, v in fplan.options.items() if k == name})
+        _apply_part(graph, get_pass(name), part, name)
+    result = FusionResult(graph, fplan, original.op_counts(), graph.op_counts())
+    if validate:
+        _check(original, result)
+    return result
+
+
+def _check(original: Graph, result: FusionResult) -> None:
+    """FusionError if the fused graph is not a valid rewrite, naming the first group that breaks it."""
+    found = problems(original, result.graph)
+    if not found:
+        return
+    culprit = _first_bad_group(original, result.plan)
+    if culprit is not None:
+        raise FusionError(found[0], pass_name=_KIND_PASS[culprit.kind], rule=culprit.rule, group=culprit.id)
+    raise FusionError(found[0])
+
+
+def _first_bad_group(original: Graph, fplan: FusionPlan):
+    """Apply the plan one group at a time; the first group after which the model is broken, if any."""
+    for k in range(1, len(fplan) + 1):
+        prefix = FusionPlan(list(fplan)[:k], options=fplan.options)
+        try:
+            partial = apply(original, prefix, validate=False)
+        except Exception:
+            return fplan[k - 1]
+        if problems(original, partial.graph):
+            return fplan[k - 1]
+    return None

@@ -17,41 +17,25 @@ As a pass (`fuse(model, passes=("cleanup",))`) it plans no fusion groups; its pl
 
 from __future__ import annotations
 
-from collections import Counter
 
 import numpy as np
 import onnx_ir as ir
 
-from ..graph import Graph
+from ..graph import Graph, name_nodes
 from ..plan import FusionPlan
+from .options import check_options
 
-__all__ = ["clean", "needed", "ensure_node_names", "remove_dead", "lift_constants", "plan", "apply"]
+__all__ = ["clean", "needed", "ensure_node_names", "remove_dead", "lift_constants", "plan", "apply", "OPTIONS"]
+
+#: clean-up takes no options
+OPTIONS: dict = {}
 
 _DEFAULT = ("", "ai.onnx")
 
 
 def ensure_node_names(graph: Graph) -> int:
-    """Give every unnamed or duplicate-named node a unique name (deterministic); returns how many."""
-    nodes = list(graph.graph)
-    taken = Counter(n.name for n in nodes if n.name)
-    used = set(taken)
-    renamed = 0
-    seen: set[str] = set()
-    for i, node in enumerate(nodes):
-        if node.name and taken[node.name] == 1:
-            continue
-        if node.name and node.name not in seen:
-            seen.add(node.name)  # the first holder of a duplicate name keeps it
-            continue
-        base = f"{node.op_type}_{i}"
-        name, k = base, 0
-        while name in used:
-            k += 1
-            name = f"{base}_{k}"
-        node.name = name
-        used.add(name)
-        renamed += 1
-    return renamed
+    """Give every unnamed or duplicate-named node a unique name (`fusionlab.graph.name_nodes`); returns how many."""
+    return len(name_nodes(graph.graph))
 
 
 def _is_noop_dropout(graph: Graph, node: ir.Node) -> bool:
@@ -182,15 +166,17 @@ def clean(graph: Graph) -> dict[str, int]:
     return dict(sorted(report.items()))
 
 
-def plan(graph: Graph, **_options) -> FusionPlan:
+def plan(graph: Graph, **options) -> FusionPlan:
     """No fusion groups; notes say what clean-up would remove."""
+    check_options("cleanup", options, OPTIONS)
     counts = _counts(graph)
     notes = [f"cleanup: {n} {kind} node(s) to remove" for kind, n in sorted(counts.items()) if n]
     return FusionPlan(model=graph.name, notes=notes)
 
 
-def apply(graph: Graph, plan: FusionPlan, **_options) -> None:
+def apply(graph: Graph, plan: FusionPlan, **options) -> None:
     """Clean the graph in place and record what was done in the plan's notes."""
+    check_options("cleanup", options, OPTIONS)
     done = clean(graph)
     plan.notes.append("cleanup: " + ", ".join(f"{k} {v}" for k, v in done.items() if v) if any(done.values())
                       else "cleanup: nothing to do")

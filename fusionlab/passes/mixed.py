@@ -51,15 +51,20 @@ import onnx_ir as ir
 from ..graph import Graph
 from ..opclass import OpKind, classify, combine
 from ..plan import MIXED, FusionGroup, FusionPlan
-from ..shapes import infer_shapes
+from ..shapes import ShapeInfo
+from . import engine
+from .options import check_options
 
-__all__ = ["plan", "apply", "trace", "Step", "PostDomTree", "post_dominator_tree", "working_set",
-           "node_names", "DEFAULT_MAX_GROUP_OPS", "DEFAULT_TILE_KB"]
+__all__ = ["plan", "apply", "trace", "check_group", "Step", "PostDomTree", "post_dominator_tree", "working_set",
+           "OPTIONS", "DEFAULT_MAX_GROUP_OPS", "DEFAULT_TILE_KB"]
 
 #: the seed's rule for Atlas 800I A2: split a fused op of more than 5 basic ops
 DEFAULT_MAX_GROUP_OPS = 5
 #: tile of one tensor in the working-set model
 DEFAULT_TILE_KB = 16.0
+#: the options this pass takes, with their defaults
+OPTIONS = {"max_group_ops": DEFAULT_MAX_GROUP_OPS, "buffer_kb": None, "allow_recompute": False,
+           "tile_kb": DEFAULT_TILE_KB, "dims": None}
 
 _E, _B, _I, _R, _O, _X = (OpKind.ELEMWISE, OpKind.BROADCAST, OpKind.INJECTIVE, OpKind.REDUCTION,
                           OpKind.OUT_EWISE_FUSABLE, OpKind.OPAQUE)
@@ -84,45 +89,24 @@ class _GNode:
     recompute_of: str = ""
 
 
-def node_names(graph: Graph) -> dict[int, str]:
-    """{id(node): name}: the node's own name, or `<op>_<position>` when it is empty or repeated."""
-    seen: dict[str, int] = {}
-    for n in graph:
-        if n.name:
-            seen[n.name] = seen.get(n.name, 0) + 1
-    names = {}
-    for i, n in enumerate(graph):
-        names[id(n)] = n.name if n.name and seen[n.name] == 1 else f"{n.op_type}_{i}"
-    return names
-
-
-def _shape(v: ir.Value, shapes: dict) -> tuple | None:
-    if v.name in shapes:
-        return shapes[v.name]
-    if v.shape is not None and all(isinstance(d, int) for d in v.shape):
-        return tuple(v.shape)
-    return None
-
-
-def _edge_pattern(consumer: ir.Node, kind: OpKind, value: ir.Value, shapes: dict) -> OpKind:
+def _edge_pattern(consumer: ir.Node, kind: OpKind, value: ir.Value, info: ShapeInfo) -> OpKind:
     """TVM: a broadcast edge whose argument already has the result's shape is elementwise."""
     if kind == _B and consumer.outputs:
-        a, r = _shape(value, shapes), _shape(consumer.outputs[0], shapes)
+        a, r = info.concrete(value), info.concrete(consumer.outputs[0])
         if a is not None and a == r:
             return _E
     return kind
 
 
-def _build(graph: Graph, shapes: dict, recompute: set[str] = frozenset()) -> list[_GNode]:
+def _build(graph: Graph, info: ShapeInfo, recompute: set[str] = frozenset()) -> list[_GNode]:
     order = graph.topological_order()
-    names = node_names(graph)
-    kinds = {id(n): classify(n, shapes) for n in order}
+    kinds = {id(n): classify(n, info.concrete_shapes) for n in order}
     # recomputed nodes become one copy per consumer node
     gnodes: list[_GNode] = []
     slots: dict[int, list[int]] = {}  # id(node) -> gnode indices (several for a recomputed node)
     consumer_copy: dict[tuple[int, int], int] = {}  # (id(producer), id(consumer)) -> copy index
     for n in order:
-        name = names[id(n)]
+        name = n.name
         if name in recompute:
             consumers = []
             for out in n.outputs:
@@ -155,7 +139,7 @@ def _build(graph: Graph, shapes: dict, recompute: set[str] = frozenset()) -> lis
                 if g.recompute_of and consumer_copy.get((id(n), id(c))) != g.index:
                     continue
                 for ci in slots[id(c)]:
-                    edge = _edge_pattern(c, kinds[id(c)], out, shapes)
+                    edge = _edge_pattern(c, kinds[id(c)], out, info)
                     g.outputs.append((ci, edge))
     return gnodes
 
@@ -219,11 +203,14 @@ class PostDomTree:
         return lca, pat
 
 
-def post_dominator_tree(graph: Graph, shapes: dict | None = None) -> dict[str, str | None]:
+def _info(graph: Graph, shapes, dims: dict | None) -> ShapeInfo:
+    """The shape service to use: the one given, else one computed now (a plain dict of shapes is not enough)."""
+    return shapes if isinstance(shapes, ShapeInfo) else ShapeInfo(graph, dims)
+
+
+def post_dominator_tree(graph: Graph, shapes: ShapeInfo | None = None) -> dict[str, str | None]:
     """{node name: name of its immediate post-dominator, or None} for every node, in topological order."""
-    if shapes is None:
-        shapes = {}
-    gnodes = _build(graph, shapes)
+    gnodes = _build(graph, _info(graph, shapes, None))
     tree = PostDomTree.build(gnodes)
     return {g.name: (gnodes[p].name if p is not None else None) for g, p in zip(gnodes, tree.parent)}
 
@@ -232,49 +219,12 @@ def post_dominator_tree(graph: Graph, shapes: dict | None = None) -> dict[str, s
 # working set (on-chip buffer model)
 # --------------------------------------------------------------------------------------------------
 
-_BOOL_OPS = {"Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf"}
-
-
-def _dtype(v: ir.Value) -> ir.DataType | None:
-    """The value's dtype, or one propagated from its producer when the model stores none."""
-    seen = 0
-    while v is not None and seen < 64:
-        seen += 1
-        if v.dtype is not None:
-            return v.dtype
-        node = v.producer()
-        if node is None:
-            return None
-        if node.op_type == "Cast" and "to" in node.attributes:
-            return ir.DataType(node.attributes["to"].value)
-        if node.op_type in ("Shape", "Size", "NonZero", "ArgMax", "ArgMin"):
-            return ir.DataType.INT64
-        if node.op_type in _BOOL_OPS:
-            return ir.DataType.BOOL
-        if node.op_type == "Constant" and "value" in node.attributes:
-            return node.attributes["value"].as_tensor().dtype
-        k = 1 if node.op_type == "Where" else 0
-        v = node.inputs[k] if len(node.inputs) > k else None
-    return None
-
-
-def _nbytes(v: ir.Value, shapes: dict) -> int | None:
-    shape = _shape(v, shapes)
-    dtype = _dtype(v)
-    if shape is None or dtype is None:
-        return None
-    n = 1
-    for d in shape:
-        n *= d
-    return n * dtype.itemsize
-
-
-def _tile(v: ir.Value, shapes: dict, tile: int) -> int:
-    b = _nbytes(v, shapes)
+def _tile(v: ir.Value, info: ShapeInfo, tile: int) -> int:
+    b = info.nbytes(v)
     return tile if b is None else min(b, tile)
 
 
-def _working_set(gnodes: list[_GNode], members: list[int], shapes: dict, tile: int) -> int:
+def _working_set(gnodes: list[_GNode], members: list[int], info: ShapeInfo, tile: int) -> int:
     inside = set(members)
     inside_nodes = {id(gnodes[i].node) for i in members}
     order = sorted(members)
@@ -292,11 +242,11 @@ def _working_set(gnodes: list[_GNode], members: list[int], shapes: dict, tile: i
                 continue
             if g.kind == _O:
                 continue  # goes to the cube unit through L1/L0, not through UB
-            inputs.setdefault(v.name, _tile(v, shapes, tile))
+            inputs.setdefault(v.name, _tile(v, info, tile))
         consumers_in = sorted({ci for ci, _ in g.outputs if ci in inside})
         escapes = g.extern_ref or any(ci not in inside for ci, _ in g.outputs) or not g.outputs
         for v in g.node.outputs:
-            t = _tile(v, shapes, tile)
+            t = _tile(v, info, tile)
             if escapes:
                 outputs.setdefault(v.name + g.name, t)
             elif consumers_in:
@@ -308,9 +258,9 @@ def _working_set(gnodes: list[_GNode], members: list[int], shapes: dict, tile: i
 
 
 def working_set(graph: Graph, nodes: list[str], *, tile_kb: float = DEFAULT_TILE_KB,
-                shapes: dict | None = None, dims: dict | None = None) -> float:
+                shapes: ShapeInfo | None = None, dims: dict | None = None) -> float:
     """Working set in KB of a candidate group of named nodes, under the tile model above."""
-    shapes = infer_shapes(graph, dims) if shapes is None else shapes
+    shapes = _info(graph, shapes, dims)
     gnodes = _build(graph, shapes)
     by_name = {g.name: g.index for g in gnodes}
     missing = [n for n in nodes if n not in by_name]
@@ -521,7 +471,7 @@ def _partition(graph: Graph, max_group_ops, buffer_kb, allow_recompute, tile_kb,
     return gnodes, part, recomputed
 
 
-def _saved_bytes(gnodes, members, shapes) -> int:
+def _saved_bytes(gnodes, members, info: ShapeInfo) -> int:
     inside = set(members)
     total = 0
     for i in members:
@@ -529,48 +479,50 @@ def _saved_bytes(gnodes, members, shapes) -> int:
         if g.extern_ref or not g.outputs or any(ci not in inside for ci, _ in g.outputs):
             continue
         for v in g.node.outputs:
-            b = _nbytes(v, shapes)
-            total += 2 * b if b else 0
+            total += 2 * (info.nbytes(v) or 0)
     return total
 
 
-def trace(graph: Graph, *, max_group_ops: int | None = DEFAULT_MAX_GROUP_OPS, buffer_kb: float | None = None,
-          allow_recompute: bool = False, tile_kb: float = DEFAULT_TILE_KB, dims: dict | None = None,
-          shapes: dict | None = None) -> tuple[FusionPlan, list[Step]]:
-    """The plan and every step the partitioner took (phase, node, post-dominator, fused or why not)."""
+def _check_options(max_group_ops, buffer_kb, tile_kb) -> None:
     if max_group_ops is not None and max_group_ops < 1:
         raise ValueError(f"max_group_ops must be >= 1 or None, got {max_group_ops}")
     if buffer_kb is not None and buffer_kb <= 0:
         raise ValueError(f"buffer_kb must be > 0 or None, got {buffer_kb}")
     if tile_kb <= 0:
         raise ValueError(f"tile_kb must be > 0, got {tile_kb}")
-    if shapes is None:
-        shapes = infer_shapes(graph, dims)
-    gnodes, part, recomputed = _partition(graph, max_group_ops, buffer_kb, allow_recompute, tile_kb, shapes)
-    result = FusionPlan(model=graph.name)
+
+
+def _group(graph: Graph, gnodes, part, members: list[int], k: int, info: ShapeInfo, tile: int) -> FusionGroup:
+    sink = members[-1]
+    anchor = next((m for m in members if gnodes[m].kind == _O), sink)
+    names = list(dict.fromkeys(gnodes[m].recompute_of or gnodes[m].name for m in members))
+    return FusionGroup(
+        id=f"mixed{k}", kind=MIXED, rule="fuse_ops", nodes=names,
+        op_types=[next(gnodes[m].node.op_type for m in members if (gnodes[m].recompute_of or gnodes[m].name) == n)
+                  for n in names],
+        saved_bytes=_saved_bytes(gnodes, members, info), saved_launches=len(names) - 1,
+        reason=part.stop.get(sink, "nothing left to fuse"), lowered_to="function",
+        anchor=gnodes[anchor].recompute_of or gnodes[anchor].name,
+        covers=[c for n in names for c in graph.covers(n)],
+        recompute=sorted({gnodes[m].recompute_of for m in members if gnodes[m].recompute_of}),
+        extra={"pattern": part.pattern[part.root(sink)].name.lower(),
+               "working_set_kb": round(_working_set(gnodes, members, info, tile) / 1024, 1)})
+
+
+def trace(graph: Graph, *, max_group_ops: int | None = DEFAULT_MAX_GROUP_OPS, buffer_kb: float | None = None,
+          allow_recompute: bool = False, tile_kb: float = DEFAULT_TILE_KB, dims: dict | None = None,
+          shapes: ShapeInfo | None = None) -> tuple[FusionPlan, list[Step]]:
+    """The plan and every step the partitioner took (phase, node, post-dominator, fused or why not)."""
+    _check_options(max_group_ops, buffer_kb, tile_kb)
+    info = _info(graph, shapes, dims)
+    gnodes, part, recomputed = _partition(graph, max_group_ops, buffer_kb, allow_recompute, tile_kb, info)
+    opts = {"max_group_ops": max_group_ops, "buffer_kb": buffer_kb, "allow_recompute": allow_recompute,
+            "tile_kb": tile_kb, "dims": dims}
+    result = FusionPlan(model=graph.name, options={"mixed": opts})
     tile = int(tile_kb * 1024)
-    k = 0
     for members in part.groups():
-        if len(members) < 2:
-            continue
-        sink = members[-1]
-        anchor = next((m for m in members if gnodes[m].kind == _O), None)
-        pattern = part.pattern[part.root(sink)]
-        result.add(FusionGroup(
-            id=f"mixed{k}", kind=MIXED, rule="fuse_ops",
-            nodes=[gnodes[m].name for m in members],
-            op_types=[gnodes[m].node.op_type for m in members],
-            saved_bytes=_saved_bytes(gnodes, members, shapes),
-            saved_launches=len(members) - 1,
-            reason=part.stop.get(sink, "nothing left to fuse"),
-            extra={
-                "pattern": pattern.name.lower(),
-                "anchor": gnodes[anchor].name if anchor is not None else "",
-                "working_set_kb": round(_working_set(gnodes, members, shapes, tile) / 1024, 1),
-                "recomputed": sorted(gnodes[m].recompute_of for m in members if gnodes[m].recompute_of),
-            },
-        ))
-        k += 1
+        if len({gnodes[m].recompute_of or gnodes[m].name for m in members}) >= 2:
+            result.add(_group(graph, gnodes, part, members, len(result), info, tile))
     result.notes.append(
         f"fuse_ops: max_group_ops={max_group_ops}, buffer_kb={buffer_kb}, allow_recompute={allow_recompute}, "
         f"tile_kb={tile_kb:g}; {len(result)} groups"
@@ -578,58 +530,83 @@ def trace(graph: Graph, *, max_group_ops: int | None = DEFAULT_MAX_GROUP_OPS, bu
     return result, part.steps
 
 
-def plan(graph: Graph, *, max_group_ops: int | None = DEFAULT_MAX_GROUP_OPS, buffer_kb: float | None = None,
-         allow_recompute: bool = False, tile_kb: float = DEFAULT_TILE_KB, dims: dict | None = None,
-         shapes: dict | None = None, trace: bool = False, **_ignored):
+def plan(graph: Graph, *, trace: bool = False, shapes: ShapeInfo | None = None, **options):
     """Group nodes FuseOps-style under the thresholds; with trace=True returns (plan, steps)."""
-    result, steps = globals()["trace"](graph, max_group_ops=max_group_ops, buffer_kb=buffer_kb,
-                                       allow_recompute=allow_recompute, tile_kb=tile_kb, dims=dims, shapes=shapes)
+    opts = {**OPTIONS, **check_options("mixed", options, OPTIONS)}
+    result, steps = globals()["trace"](graph, shapes=shapes, **opts)
     return (result, steps) if trace else result
 
 
 # --------------------------------------------------------------------------------------------------
-# rewriting
+# applying a plan: re-check each group, copy recomputed ops, lower to functions
 # --------------------------------------------------------------------------------------------------
 
-def _materialise_recompute(graph: Graph, fplan: FusionPlan) -> None:
-    """Copy every recomputed node once per consumer, named as the plan names the copies."""
-    wanted = {n for g in fplan for n in g.nodes if "#rc" in n}
-    if not wanted:
-        return
-    names = node_names(graph)
-    by_name = {names[id(n)]: n for n in graph}
-    for base in sorted({w.split("#rc")[0] for w in wanted}):
-        node = by_name.get(base)
-        if node is None:
-            raise ValueError(f"plan recomputes {base!r}, which is not in the graph")
-        consumers = []
-        for out in node.outputs:
-            for c in Graph.consumers(out):
-                if c not in consumers:
-                    consumers.append(c)
-        copies = []
-        for j, c in enumerate(consumers):
-            outs = [ir.Value(name=f"{o.name}#rc{j}", shape=o.shape, type=o.type) for o in node.outputs]
-            copy = ir.Node(node.domain, node.op_type, list(node.inputs), list(node.attributes.values()),
-                           outputs=outs, name=f"{base}#rc{j}", version=node.version)
-            copies.append(copy)
-            for old, new in zip(node.outputs, outs):
-                for use in list(old.uses()):
-                    if use.node is c:
-                        c.replace_input_with(use.idx, new)
-        graph.graph.insert_before(node, copies)
-        graph.graph.remove(node, safe=True)
+def check_group(graph: Graph, group: FusionGroup, opts: dict, info: ShapeInfo, index: dict) -> None:
+    """The fuse_ops rule's legality for one group of a plan, on the graph as it is; StaleGroup if it fails."""
+    where = f"group {group.id} (fuse_ops at {group.anchor})"
+    missing = [n for n in group.nodes if n not in index]
+    if missing:
+        raise engine.StaleGroup(f"{where}: node {missing[0]!r} is not in the model")
+    members = [index[n] for n in group.nodes]
+    kinds = [classify(n, info.concrete_shapes) for n in members]
+    if any(k == _X for k in kinds):
+        bad = members[kinds.index(_X)]
+        raise engine.StaleGroup(f"{where}: {bad.op_type} {bad.name} is opaque (cannot fuse)")
+    if sum(k == _O for k in kinds) > 1:
+        raise engine.StaleGroup(f"{where}: holds more than one out-fusable op (Conv/MatMul/pooling)")
+    if opts["max_group_ops"] is not None and len(members) > opts["max_group_ops"]:
+        raise engine.StaleGroup(f"{where}: {len(members)} ops > max_group_ops {opts['max_group_ops']}")
+    if opts["buffer_kb"] is not None:
+        ws = working_set(graph, group.nodes, tile_kb=opts["tile_kb"], shapes=info)
+        if ws > opts["buffer_kb"]:
+            raise engine.StaleGroup(f"{where}: working set {ws:.1f} KB > buffer_kb {opts['buffer_kb']:g}")
+    for r in group.recompute:
+        if kinds[group.nodes.index(r)] > _B:
+            raise engine.StaleGroup(f"{where}: recomputes {r}, which is not elementwise/broadcast")
 
 
-def apply(graph: Graph, fplan: FusionPlan, **_opts) -> None:
-    """Lower every mixed group of the plan to one ONNX local-function call (in place)."""
+def _materialise_recompute(graph: Graph, group: FusionGroup, index: dict, names) -> None:
+    """Give the group its own copy of each recomputed node, read by the group's members only."""
+    inside = {id(index[n]) for n in group.nodes if n not in group.recompute}
+    for base in group.recompute:
+        node = index[base]
+        copy = ir.Node(node.domain, node.op_type, list(node.inputs), list(node.attributes.values()),
+                       num_outputs=len(node.outputs), name=names.node(f"{base}_rc_{group.id}"), version=node.version)
+        for old, new in zip(node.outputs, copy.outputs):
+            new.name, new.type, new.shape = names.value(f"{old.name}_rc_{group.id}"), old.type, old.shape
+            for use in list(old.uses()):
+                if id(use.node) in inside:
+                    use.node.replace_input_with(use.idx, new)
+        graph.graph.insert_before(node, copy)
+        graph.origin[copy.name] = graph.covers(base)
+        group.nodes[group.nodes.index(base)] = copy.name
+        index[copy.name] = copy
+
+
+def apply(graph: Graph, fplan: FusionPlan, **options) -> None:
+    """Lower every mixed group of the plan to one ONNX local-function call (in place), each re-checked first."""
     from .. import lower
 
-    mixed = FusionPlan([g for g in fplan if g.kind == MIXED], model=fplan.model)
-    if not len(mixed):
+    groups = [g for g in fplan if g.kind == MIXED]
+    if not groups:
         return
-    names = node_names(graph)
-    for n in graph:
-        n.name = names[id(n)]
-    _materialise_recompute(graph, mixed)
-    lower.to_functions(graph, mixed)
+    opts = {**OPTIONS, **check_options("mixed", {**fplan.options.get("mixed", {}), **options}, OPTIONS)}
+    info = ShapeInfo(graph, opts["dims"])
+    index = engine.node_index(graph)
+    for group in groups:
+        check_group(graph, group, opts, info, index)
+        for n in group.nodes:  # a function body is type-checked from its call's values: give them types
+            for v in list(index[n].inputs) + list(index[n].outputs):
+                if v is not None:
+                    engine.annotate(info, v)
+    names = graph.names()
+    members = {}
+    for group in groups:
+        saved = list(group.nodes)
+        _materialise_recompute(graph, group, index, names)
+        members[group.id], group.nodes = list(group.nodes), saved
+    for base in {r for g in groups for r in g.recompute}:
+        node = index[base]
+        if not any(o.uses() or o.is_graph_output() for o in node.outputs):
+            graph.graph.remove(node, safe=True)
+    lower.to_functions(graph, FusionPlan(groups, model=fplan.model), members=members)

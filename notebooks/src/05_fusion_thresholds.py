@@ -28,7 +28,7 @@ import numpy as np
 
 import fusionlab
 from fusionlab import cost, devices, elementwise, runtime, timing, widgets, zoo
-from fusionlab.passes import fuse
+from fusionlab.passes import fuse, options_for
 
 # %% [markdown]
 # ## 1. The devices
@@ -248,7 +248,7 @@ print(cost.plan_cost(yolo, plans["vertical"], "Atlas 300I Pro").table(max_rows=8
 rows = []
 for name, model in (("resnet_small", fusionlab.load(zoo.get("resnet_small"))), ("yolov5s/320", yolo)):
     for kind in ("vertical", "horizontal", "mixed"):
-        result = fuse(model, passes=[kind], max_group_ops=5)
+        result = fuse(model, passes=[kind], **options_for([kind], max_group_ops=5))
         if not len(result.plan):
             rows.append((name, kind, 0, float("nan"), float("nan")))
             continue

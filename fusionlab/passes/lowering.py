@@ -1,0 +1,106 @@
+"""Lowering targets, chosen in one place: which runtime op a fusion group becomes.
+
+Matchers decide *what* may fuse; this module decides what the group is written as, from the lowering mode,
+the dtype and the opset:
+
+- ``"runtime"`` (default): onnxruntime's ``com.microsoft`` fused kernels where the CPU build has one
+  (FusedConv, FusedGemm, Gelu, BiasGelu, FastGelu, QuickGelu, SkipLayerNormalization, ...);
+- ``"onnx"``: standard ONNX ops only (folding, Gemm, opset-17 LayerNormalization, opset-20 Gelu);
+- ``"functions"``: ``"runtime"``, plus groups with no fused kernel written as model-local functions.
+
+A `Target` names the emitted ops and counts the kernels they launch, which is what a group saves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["LOWERINGS", "Target", "FUSED_CONV_ACTIVATIONS", "FUSED_GEMM_ACTIVATIONS", "ELEMENTWISE_ACTIVATIONS",
+           "conv_target", "gemm_target", "gelu_target", "fast_gelu_target", "contrib_target", "layernorm_target"]
+
+LOWERINGS = ("runtime", "functions", "onnx")
+_F32 = np.dtype(np.float32)
+
+#: activations onnxruntime 1.31's CPU FusedConv kernel accepts -> (attribute, default) of its params
+FUSED_CONV_ACTIVATIONS = {
+    "Relu": (), "Sigmoid": (), "Tanh": (), "LeakyRelu": (("alpha", 0.01),),
+    "HardSigmoid": (("alpha", 0.2), ("beta", 0.5)), "Clip": (),
+}
+#: activations the CPU FusedGemm kernel accepts -> attributes copied as activation_<name>
+FUSED_GEMM_ACTIVATIONS = {
+    "Relu": (), "Sigmoid": (), "Tanh": (), "Softsign": (), "Softplus": (),
+    "LeakyRelu": (("alpha", 0.01),), "HardSigmoid": (("alpha", 0.2), ("beta", 0.5)), "Elu": (("alpha", 1.0),),
+    "Selu": (("alpha", 1.67326319217681884765625), ("gamma", 1.05070102214813232421875)),
+    "ThresholdedRelu": (("alpha", 1.0),),
+}
+#: unary elementwise ops that may end a chain written as a local function (no runtime kernel needed)
+ELEMENTWISE_ACTIVATIONS = {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "Clip", "Softsign", "Softplus",
+                           "Elu", "Selu", "HardSwish", "Mish", "ThresholdedRelu", "Celu", "Gelu", "Abs", "Neg", "Exp"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a group is written as: `op` (domain-qualified, '+'-joined when several) and the kernels it launches."""
+
+    op: str
+    kernels: int = 1
+    kernel: bool = True  # False: no fused runtime kernel (a function-lowering candidate)
+
+    def __str__(self) -> str:
+        return self.op
+
+
+def conv_target(act: str | None, dtype, transpose: bool, lower: str) -> Target:
+    """Conv with folded affine steps and an optional activation (SiLU counts as one)."""
+    op = "ConvTranspose" if transpose else "Conv"
+    if act is None:
+        return Target(op)
+    if act == "SiLU":
+        return Target(f"{op}+com.microsoft:QuickGelu", 2)
+    if act in FUSED_CONV_ACTIVATIONS and dtype == _F32 and not transpose and lower != "onnx":
+        return Target("com.microsoft:FusedConv")
+    return Target(f"{op}+{act}", 2, kernel=False)
+
+
+def conv_activations(dtype, transpose: bool, lower: str) -> dict | None:
+    """The activation table a Conv chain may end with (None: any elementwise op, for function lowering)."""
+    if lower == "onnx":
+        return {}
+    if lower == "functions":
+        return None
+    return FUSED_CONV_ACTIVATIONS if (dtype == _F32 and not transpose) else {}
+
+
+def gemm_target(act: str | None) -> Target:
+    return Target("com.microsoft:FusedGemm") if act else Target("Gemm")
+
+
+def gelu_target(dtype, opset: int, lower: str) -> Target | None:
+    """erf-GELU: the opset-20 `Gelu`, else onnxruntime's contrib `Gelu` (fp32 only); None if neither applies."""
+    if dtype != _F32:
+        return None
+    if opset >= 20:
+        return Target("Gelu")
+    if lower != "onnx":
+        return Target("com.microsoft:Gelu")
+    return None
+
+
+def fast_gelu_target(opset: int, lower: str) -> Target | None:
+    """tanh-GELU: onnxruntime's FastGelu, or the opset-20 `Gelu(approximate="tanh")` with standard ops only."""
+    if lower != "onnx":
+        return Target("com.microsoft:FastGelu")
+    if opset >= 20:
+        return Target("Gelu(tanh)")
+    return None
+
+
+def contrib_target(op: str, lower: str) -> Target | None:
+    """A com.microsoft op with no standard equivalent (BiasGelu, QuickGelu, SkipLayerNormalization, ...)."""
+    return None if lower == "onnx" else Target(f"com.microsoft:{op}")
+
+
+def layernorm_target(opset: int) -> Target | None:
+    return Target("LayerNormalization") if opset >= 17 else None

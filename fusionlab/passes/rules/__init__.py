@@ -1,0 +1,33 @@
+"""The vertical fusion rules, one module per family; `VERTICAL_RULES` is their priority order.
+
+Norms and GELUs claim their nodes before the Conv and MatMul chains look at them, so a MatMul's bias Add
+that belongs to a BiasGelu is not taken by matmul_add_gemm.
+"""
+
+from .activation import SiLU
+from .conv import ConvChain
+from .gelu import ErfGelu, GeluAfterBias, TanhGelu
+from .linear import LinearChain
+from .norm import DecomposedLayerNorm, SkipLayerNorm
+from .pool import PadPool
+
+__all__ = ["VERTICAL_RULES", "RULE_NAMES", "rule_for"]
+
+#: the rule units in priority order
+VERTICAL_RULES = (DecomposedLayerNorm(), SkipLayerNorm(), ErfGelu(), GeluAfterBias(), TanhGelu(), ConvChain(),
+                  PadPool(), LinearChain(), SiLU())
+
+#: every rule name, in the order the README lists them
+RULE_NAMES = (
+    "pad_conv", "pad_pool", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
+    "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act",
+    "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "silu",
+)
+
+
+def rule_for(name: str, op_type: str):
+    """The rule unit that produces rule `name` when anchored on an op of `op_type`."""
+    for r in VERTICAL_RULES:
+        if name in r.names and op_type in r.anchors:
+            return r
+    return None

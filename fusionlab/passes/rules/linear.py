@@ -1,0 +1,157 @@
+"""MatMul / Gemm chains: MatMul [Add | BatchNormalization] [activation],  Gemm [BatchNormalization] [activation].
+
+- ``matmul_add_gemm``: MatMul + Add of a bias that broadcasts to (M, N) without growing it -> Gemm (2-D only);
+- ``matmul_bn`` / ``gemm_bn``: BatchNormalization over the output columns folds into the weight and bias;
+- ``gemm_act``: an activation the CPU FusedGemm kernel supports -> ``com.microsoft:FusedGemm``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from ... import derive
+from ...legality import matmul_bn_legal
+from ..engine import Match, Refused, Rule, attr, copy_attrs, is_op, sole_consumer
+from ..lowering import FUSED_GEMM_ACTIVATIONS, gemm_target
+from .common import FLOATS, F32, activation, bn_scale_shift
+
+__all__ = ["LinearChain"]
+
+
+def _bias_ok_for(c_shape: tuple, m, n) -> bool:
+    """Whether a bias of shape c_shape broadcasts unidirectionally to (M, N) without growing it."""
+    if len(c_shape) > 2:
+        return False
+    padded = (1,) * (2 - len(c_shape)) + tuple(c_shape)
+    return all(d == 1 or (full is not None and d == full) for d, full in zip(padded, (m, n)))
+
+
+def _head(cx, node: ir.Node) -> dict | None:
+    if len(node.outputs) != 1 or len(node.inputs) < 2 or any(v is None for v in node.inputs[:2]):
+        return None
+    a, b = node.inputs[0], node.inputs[1]
+    dt = cx.dtype(a)
+    if dt not in FLOATS or cx.dtype(b) != dt:
+        return None
+    is_gemm = node.op_type == "Gemm"
+    a_shape, b_shape = cx.shape(a), cx.shape(b)
+    two_d = a_shape is not None and b_shape is not None and len(a_shape) == 2 and len(b_shape) == 2
+    trans_a = int(attr(node, "transA", 0)) if is_gemm else 0
+    trans_b = int(attr(node, "transB", 0)) if is_gemm else 0
+    m = n = None
+    if two_d:
+        m = a_shape[1] if trans_a else a_shape[0]
+        n = b_shape[0] if trans_b else b_shape[1]
+    w = cx.constant(b)
+    if w is not None and w.ndim == 2:
+        n = w.shape[0] if trans_b else w.shape[1]
+    return {"dtype": dt, "gemm": is_gemm, "two_d": two_d, "trans_b": trans_b, "m": m, "n": n, "w": w}
+
+
+def _bias_step(cx, node: ir.Node, nxt: ir.Node, head: dict):
+    """(Add, C) when MatMul's output gets a bias that Gemm's C can hold."""
+    cur = node.outputs[0]
+    others = [v for v in nxt.inputs if v is not cur]
+    if len(nxt.inputs) != 2 or len(others) != 1 or cx.dtype(others[0]) != head["dtype"]:
+        return None
+    cs = cx.shape(others[0])
+    if cs is None or None in cs or not _bias_ok_for(cs, head["m"], head["n"]):
+        raise Refused(f"Add operand shape {cs} is not broadcastable to (M, N) = ({head['m']}, {head['n']})")
+    return nxt, others[0]
+
+
+def _bn_step(cx, node: ir.Node, bn: ir.Node, head: dict):
+    """(BN, folded weight, folded C) when BatchNormalization over the columns folds into the weight."""
+    verdict = matmul_bn_legal(cx.graph, node, bn, cx.info.symbolic_shapes)
+    if not verdict.ok:
+        raise Refused(str(verdict.reason))
+    w = head["w"]
+    if w is None:
+        raise Refused("weight is not a constant")
+    c = None
+    if head["gemm"] and len(node.inputs) > 2 and node.inputs[2] is not None:
+        c = cx.constant(node.inputs[2])
+        if c is None:
+            raise Refused("Gemm C is not a constant")
+    n = head["n"]
+    s, t = bn_scale_shift(cx, bn, n)
+    folded = derive.fold_gemm_bn(w, None, s, t, np.zeros(n), np.ones(n), 0.0, trans_b=bool(head["trans_b"]))
+    beta = float(attr(node, "beta", 1.0)) if head["gemm"] else 1.0
+    new_c = t if c is None else beta * c.astype(np.float64) * s + t
+    if folded.overflow or not np.all(np.isfinite(new_c)) or np.any(np.abs(new_c) > np.finfo(w.dtype).max):
+        raise Refused(f"folded weights overflow {w.dtype}")
+    return bn, folded.weight, new_c.astype(w.dtype)
+
+
+class LinearChain(Rule):
+    """MatMul + bias -> Gemm; MatMul/Gemm + BN folded; Gemm + activation -> FusedGemm."""
+
+    names = ("matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act")
+    anchors = ("MatMul", "Gemm")
+
+    def match(self, cx, node: ir.Node) -> Match | None:
+        first = sole_consumer(node.outputs[0]) if len(node.outputs) == 1 else None
+        if first is None or not cx.free(first) or first.domain not in ("", "ai.onnx") or \
+                first.op_type not in ("Add", "BatchNormalization", *FUSED_GEMM_ACTIVATIONS):
+            return None
+        head = _head(cx, node)
+        if head is None:
+            return None
+        if not head["gemm"] and not head["two_d"]:
+            if is_op(first, "Add", "BatchNormalization"):
+                raise Refused("MatMul operands are not both known rank 2 (Gemm needs 2-D)")
+            return None
+        nodes, add, bn, reason = [node], None, None, ""
+        bn_rule = "gemm_bn" if head["gemm"] else "matmul_bn"
+        try:
+            if not head["gemm"] and is_op(first, "Add") and "matmul_add_gemm" in cx.rules and cx.room(nodes):
+                add = _bias_step(cx, node, first, head)
+            elif is_op(first, "BatchNormalization") and bn_rule in cx.rules and first.inputs[0] is node.outputs[0] \
+                    and isinstance(head["n"], int) and cx.room(nodes):
+                bn = _bn_step(cx, node, first, head)
+        except Refused as exc:
+            reason = str(exc) if not is_op(first, "BatchNormalization") else f"BN not folded: {exc}"
+            cx.refuse(bn_rule if is_op(first, "BatchNormalization") else "matmul_add_gemm", node, reason)
+        if add is not None or bn is not None:
+            nodes.append((add or bn)[0])
+        act = self._activation(cx, nodes, head)
+        if act is not None:
+            nodes.append(act[0])
+        if len(nodes) == 1 or (head["gemm"] and act is None and bn is None):
+            return None
+        rule = "gemm_act" if act else (bn_rule if bn else "matmul_add_gemm")
+        target = gemm_target(act[1][0] if act else None)
+        return Match(rule, node, nodes, reason or "rank-2 operands; bias broadcasts to (M, N); single consumers",
+                     target.op, target.kernels, data={"add": add, "bn": bn, "act": act and act[1], "head": head})
+
+    @staticmethod
+    def _activation(cx, nodes: list, head: dict):
+        if "gemm_act" not in cx.rules or cx.lower == "onnx" or head["dtype"] != F32 or not cx.room(nodes):
+            return None
+        nxt = sole_consumer(nodes[-1].outputs[0])
+        if nxt is None or not cx.free(nxt):
+            return None
+        found = activation(cx, nxt, FUSED_GEMM_ACTIVATIONS)
+        return (nxt, found) if found is not None and found[0] != "Clip" else None
+
+    def rewrite(self, cx, m: Match) -> list[ir.Node]:
+        node, d = m.anchor, m.data
+        attrs = copy_attrs(node) if d["head"]["gemm"] else {}
+        inputs = [node.inputs[0]]
+        if d["bn"] is not None:
+            inputs += [cx.initializer(f"{node.name}_W_fused", d["bn"][1]), cx.initializer(f"{node.name}_C_fused", d["bn"][2])]
+            attrs["beta"] = 1.0
+        else:
+            inputs.append(node.inputs[1])
+            if d["add"] is not None:
+                inputs.append(d["add"][1])
+            elif d["head"]["gemm"] and len(node.inputs) > 2 and node.inputs[2] is not None:
+                inputs.append(node.inputs[2])
+        if d["act"] is None:
+            return [cx.node("Gemm", inputs, attrs, base=f"{node.name}_gemm")]
+        op, params = d["act"]
+        attrs["activation"] = op
+        for k, v in params.items():
+            attrs[f"activation_{k}"] = float(v)
+        return [cx.node("FusedGemm", inputs, attrs, domain="com.microsoft", base=f"{node.name}_fused")]

@@ -1,8 +1,12 @@
 """The `fusionlab` command line: `fusionlab <command> ...` (also `python -m fusionlab`).
 
 Each command lives in `fusionlab/commands/<name>.py` with `register(subparsers)` adding its parser
-and setting `func`. Errors in the model (`ModelError`) and bad arguments print one line on stderr
-and exit 2, with no traceback and nothing written.
+and setting `func`. Exit codes, each with one line on stderr and never a traceback:
+
+- 0 success; 1 the answer is "no" (fused model not equivalent, models differ);
+- 2 bad input: the model (`ModelError`), the arguments or a plan file that does not fit (`UsageError`);
+- 3 an internal failure: fusionlab produced something invalid or crashed (`FusionError` names the pass,
+  rule and group). Nothing is written; please report it with the model if you can share it.
 """
 
 from __future__ import annotations
@@ -63,6 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    except Exception as exc:  # our bug, not the user's: one line, exit 3, nothing written
+        from .passes import FusionError
+
+        kind = "internal error" if isinstance(exc, FusionError) else f"internal error ({type(exc).__name__})"
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"fusionlab {args.command}: {kind}: {text} -- nothing was written; this is a fusionlab bug, "
+              f"please report it (fusionlab {__import__('fusionlab').__version__})", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -101,3 +101,77 @@ def test_console_script(model_file, tmp_path):
     proc = subprocess.run([str(VENV_FUSIONLAB), "fuse", "nothing.onnx", "-o", "o.onnx"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+def _two_chains():
+    c = 4
+    inits = [tensor("W", RNG.standard_normal((c, 2, 3, 3)).astype(np.float32)),
+             tensor("W2", RNG.standard_normal((c, c, 1, 1)).astype(np.float32))]
+    for k in ("", "2"):
+        inits += [tensor(f"g{k}", RNG.standard_normal(c).astype(np.float32)), tensor(f"b{k}", RNG.standard_normal(c).astype(np.float32)),
+                  tensor(f"m{k}", RNG.standard_normal(c).astype(np.float32)), tensor(f"v{k}", np.full(c, 0.7, np.float32))]
+    nodes = [h.make_node("Conv", ["x", "W"], ["c"], name="conv", kernel_shape=[3, 3]),
+             h.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["n"], name="bn"),
+             h.make_node("Relu", ["n"], ["r"], name="relu"),
+             h.make_node("Conv", ["r", "W2"], ["c2"], name="conv2", kernel_shape=[1, 1]),
+             h.make_node("BatchNormalization", ["c2", "g2", "b2", "m2", "v2"], ["y"], name="bn2")]
+    return make_model(nodes, [value_info("x", shape=[1, 2, 6, 6])], [value_info("y", shape=[1, c, 4, 4])], inits)
+
+
+def test_plan_from_report_applies_and_an_edited_plan_is_honoured(tmp_path, capsys):
+    src = tmp_path / "two.onnx"
+    src.write_bytes(_two_chains().SerializeToString())
+    out1, rep = tmp_path / "a.onnx", tmp_path / "report.json"
+    assert main(["fuse", str(src), "-o", str(out1), "--report", str(rep)]) == 0
+    out2 = tmp_path / "b.onnx"
+    assert main(["fuse", str(src), "-o", str(out2), "--plan", str(rep)]) == 0
+    assert out1.read_bytes() == out2.read_bytes()
+    data = json.loads(rep.read_text())
+    assert [g["rule"] for g in data["plan"]["groups"]] == ["conv_bn_act", "conv_bn"]
+    data["plan"]["groups"] = [g for g in data["plan"]["groups"] if g["rule"] != "conv_bn"]  # delete one group
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data))
+    out3 = tmp_path / "c.onnx"
+    assert main(["fuse", str(src), "-o", str(out3), "--plan", str(edited)]) == 0
+    assert load(out3).op_counts() == {"BatchNormalization": 1, "Conv": 1, "com.microsoft:FusedConv": 1}
+    capsys.readouterr()
+
+
+def test_stale_plan_exits_2_naming_the_group_and_writes_nothing(tmp_path, model_file, capsys):
+    rep = tmp_path / "report.json"
+    assert main(["fuse", str(model_file), "-o", str(tmp_path / "x.onnx"), "--report", str(rep)]) == 0
+    other = tmp_path / "two.onnx"
+    other.write_bytes(_two_chains().SerializeToString())
+    data = json.loads(rep.read_text())
+    data["plan"]["groups"][0]["nodes"] = ["conv", "bn"]  # the chain in two.onnx ends in relu: no longer matches
+    data["plan"]["groups"][0]["op_types"] = ["Conv", "BatchNormalization"]
+    rep.write_text(json.dumps(data))
+    capsys.readouterr()
+    err = _bad_cmd(["fuse", str(other), "-o", str(tmp_path / "out.onnx"), "--plan", str(rep)], capsys, 2)
+    assert "group v0" in err and "does not fit" in err
+    assert not (tmp_path / "out.onnx").exists()
+    rep.write_text("{not json")
+    assert "not a JSON plan" in _bad_cmd(["fuse", str(other), "-o", str(tmp_path / "out.onnx"), "--plan", str(rep)],
+                                         capsys, 2)
+
+
+def _bad_cmd(argv, capsys, code):
+    assert main(argv) == code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_an_internal_failure_exits_3_names_the_rule_and_writes_nothing(tmp_path, model_file, capsys, monkeypatch):
+    from fusionlab.passes.rules import conv
+
+    def broken(self, cx, m):  # a rewrite that writes a node reading a tensor that does not exist
+        import onnx_ir as ir
+        ghost = ir.Value(name="ghost")
+        return [cx.node("Relu", [ghost], base="broken")]
+
+    monkeypatch.setattr(conv.ConvChain, "rewrite", broken)
+    out = tmp_path / "out.onnx"
+    err = _bad_cmd(["fuse", str(model_file), "-o", str(out)], capsys, 3)
+    assert "internal error" in err and "pass vertical" in err and "rule conv_bn_act" in err and "group v0" in err
+    assert "bug" in err and not out.exists()

@@ -42,7 +42,7 @@ def _input_shape(graph) -> str | None:
 def run(args) -> int:
     from ..cli import UsageError
     from ..graph import save_model
-    from ..passes import plan_only
+    from ..passes import plan as plan_only
     from ..customop import UnsupportedGroup, declare_group, library_path, package_files, replace_groups, write_package
 
     graph = load_input(args.model)

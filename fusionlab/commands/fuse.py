@@ -1,4 +1,8 @@
-"""`fusionlab fuse IN.onnx -o OUT.onnx`: plan, rewrite, verify and write a fused model."""
+"""`fusionlab fuse IN.onnx -o OUT.onnx`: plan, rewrite, verify and write a fused model.
+
+With `--plan PLAN.json` the rewrite follows a plan written by `--report` (possibly edited: a deleted group
+leaves its nodes unfused); a group that no longer matches the model is refused by name, nothing written.
+"""
 
 from __future__ import annotations
 
@@ -20,14 +24,18 @@ def register(sub) -> None:
     p.add_argument("--lower", default="runtime", choices=["runtime", "functions", "onnx"],
                    help="runtime: onnxruntime com.microsoft fused ops; onnx: standard ops only; "
                         "functions: runtime + model-local functions for groups with no fused kernel")
-    p.add_argument("--max-group-ops", type=int, default=5, metavar="N",
-                   help="mixed pass: at most N ops per group (default 5, the seed's Atlas 800I A2 rule; 0 = no limit)")
+    p.add_argument("--max-group-ops", type=int, default=None, metavar="N",
+                   help="at most N ops per group (vertical chains stop growing, mixed groups split); "
+                        "default: no limit for vertical, 5 for mixed (the seed's Atlas 800I A2 rule); 0 = no limit")
     p.add_argument("--buffer-kb", type=float, default=None, metavar="K",
                    help="mixed pass: on-chip buffer budget per group in KiB (default: no limit)")
     p.add_argument("--allow-recompute", action="store_true",
                    help="mixed pass: copy a cheap multi-consumer op into each consumer's group")
     p.add_argument("--min-branches", type=int, default=2, metavar="N",
                    help="horizontal pass: fuse only N or more sibling branches (default 2)")
+    p.add_argument("--plan", default=None, metavar="PLAN.json",
+                   help="apply this plan (from --report, possibly edited) instead of planning; "
+                        "passes and options come from the plan")
     p.add_argument("--report", default=None, help="also write the plan and op counts as JSON here")
     p.add_argument("--no-verify", action="store_true", help="skip checking the fused model against the original")
     add_dim_option(p)
@@ -40,37 +48,61 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     atomic_write(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
+def _options(args, names: list[str]) -> dict:
+    from ..cli import UsageError
+    from ..passes import options_for
+
+    if (args.max_group_ops is not None and args.max_group_ops < 0) or \
+            (args.buffer_kb is not None and args.buffer_kb <= 0) or args.min_branches < 2:
+        raise UsageError("--max-group-ops must be >= 0, --buffer-kb > 0 and --min-branches >= 2")
+    wanted = {"lower": args.lower, "buffer_kb": args.buffer_kb, "allow_recompute": args.allow_recompute,
+              "min_branches": args.min_branches, "dims": parse_dims(args.dim) or None}
+    if args.max_group_ops is not None:
+        wanted["max_group_ops"] = args.max_group_ops or None
+    if args.rules:
+        if "vertical" not in names:
+            raise UsageError("--rules selects vertical rules; add 'vertical' to --passes")
+        wanted["rules"] = args.rules
+    return options_for(names, **wanted)
+
+
+def _read_plan(path: str):
+    from ..cli import UsageError
+    from ..plan import FusionPlan, PlanError
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the plan ({exc.strerror})") from None
+    try:
+        return FusionPlan.from_json(text)
+    except PlanError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+
+
 def run(args) -> int:
     from ..cli import UsageError
     from ..graph import ModelError, save_model
-    from ..passes import fuse
-    
-    names = parse_passes(args.passes)
+    from ..passes import StaleGroup, apply, fuse
+
     dims = parse_dims(args.dim)
     target = check_output(args.output, [args.input])
-    report_path = None
-    if args.report:
-        report_path = check_output(args.report, [args.input, args.output])
+    report_path = check_output(args.report, [args.input, args.output]) if args.report else None
+    plan_in = _read_plan(args.plan) if args.plan else None
+    names = plan_in.options.get("passes", []) if plan_in is not None else parse_passes(args.passes)
+    options = _options(args, names) if plan_in is None else {}
     graph = load_input(args.input)
-    if args.max_group_ops < 0 or (args.buffer_kb is not None and args.buffer_kb <= 0) or args.min_branches < 2:
-        raise UsageError("--max-group-ops must be >= 0, --buffer-kb > 0 and --min-branches >= 2")
-    options = {"lower": args.lower, "max_group_ops": args.max_group_ops or None, "buffer_kb": args.buffer_kb,
-               "allow_recompute": args.allow_recompute, "min_branches": args.min_branches}
-    if args.rules:
-        options["rules"] = args.rules
     try:
-        result = fuse(graph, names, **options)
-    except ModuleNotFoundError as exc:
-        raise UsageError(f"pass not available: {exc.name}") from None
+        result = apply(graph, plan_in) if plan_in is not None else fuse(graph, names, **options)
+    except StaleGroup as exc:
+        raise UsageError(f"{args.plan}: {exc}; the plan does not fit {args.input}") from None
     except ValueError as exc:
         if isinstance(exc, ModelError):
             raise
         raise UsageError(str(exc).splitlines()[0]) from None
     verdict = "not verified (--no-verify)"
     if not args.no_verify:
-        from ..runtime import verify
-
-        report = verify(graph, result.graph, dims=dims)
+        report = _verify(graph, result.graph, dims)
         if not report.ok:
             print(report.table())
             print("fusionlab fuse: the fused model is NOT equivalent; nothing written")
@@ -79,7 +111,7 @@ def run(args) -> int:
     save_model(result.graph, target, source=args.input)
     if report_path is not None:
         _write_json_atomic(report_path, {
-            "input": str(args.input), "output": str(args.output), "passes": names, "lower": args.lower,
+            "input": str(args.input), "output": str(args.output), "passes": names, "options": options,
             "before": result.before, "after": result.after, "verified": not args.no_verify,
             "plan": result.plan.to_dict(),
         })
@@ -87,3 +119,16 @@ def run(args) -> int:
     print(verdict)
     print(f"wrote {target.name}")
     return 0
+
+
+def _verify(graph, fused, dims):
+    """Verify, blaming the fused model (an internal failure) when onnxruntime cannot load it."""
+    from ..graph import ModelError
+    from ..passes import FusionError
+    from ..runtime import session, verify
+
+    try:
+        sess = session(fused, "disable")
+    except ModelError as exc:
+        raise FusionError(f"onnxruntime cannot load the fused model: {exc.problem}") from None
+    return verify(graph, fused, dims=dims, fused_session=sess)

@@ -21,7 +21,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..cli import UsageError
-    from ..passes import plan_only
+    from ..passes import plan as plan_only
     from ..viz import save_picture
 
     out = check_output(args.output, [args.model])

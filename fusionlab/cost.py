@@ -29,7 +29,8 @@ import onnx_ir as ir
 from .devices import Device, get as get_device, load_devices
 from .graph import Graph, as_graph
 from .plan import FusionPlan
-from .shapes import infer_shapes
+from .passes.fold import is_host_side
+from .shapes import ShapeInfo
 from .text import text_table
 
 __all__ = ["NodeCost", "KernelCost", "PlanCost", "CostTable", "node_costs", "plan_cost", "compare",
@@ -65,11 +66,12 @@ class NodeCost:
     weight_bytes: int
     dtype: str = "float32"
     known: bool = True
+    host: bool = False  # shape arithmetic on small int64 values: computed on the host, no kernel
 
     @property
     def bytes(self) -> int:
-        """Traffic of the node run on its own (zero for views)."""
-        return 0 if self.op_type in VIEW_OPS else self.bytes_in + self.bytes_out + self.weight_bytes
+        """Traffic of the node run on its own (zero for views and host-side shape arithmetic)."""
+        return 0 if self.op_type in VIEW_OPS or self.host else self.bytes_in + self.bytes_out + self.weight_bytes
 
 
 # --------------------------------------------------------------------------------------------------
@@ -102,7 +104,8 @@ class _Analysis:
 
     def __init__(self, graph: Graph, dims: dict | None, precision: str | None):
         self.graph = graph
-        self.shapes = infer_shapes(graph, dims)
+        self.info = ShapeInfo(graph, dims)
+        self.shapes = self.info.concrete_shapes
         self.order = [n for n in graph.topological_order()]
         self.measured: dict[str, str] = {}
         if any(o.name not in self.shapes for n in self.order if n.op_type != "Constant" for o in n.outputs if o.name):
@@ -198,7 +201,8 @@ class _Analysis:
             flops = self._flops(n)
         except (KeyError, IndexError, TypeError, ValueError):
             flops, known = 0, False
-        return NodeCost(n.name, n.op_type, int(flops), b_in, b_out, b_w, self.compute_dtype(n), known)
+        return NodeCost(n.name, n.op_type, int(flops), b_in, b_out, b_w, self.compute_dtype(n), known,
+                        host=is_host_side(n, self.info))
 
     def _shape(self, v: ir.Value | None):
         return self.shapes[v.name] if v is not None and v.name in self.shapes else None
@@ -477,7 +481,8 @@ def plan_cost(graph, plan: FusionPlan | None, device: Device | str, dims: dict |
             id=k, nodes=[n.name for n in ns], pattern="+".join(n.op_type for n in ns), flops=flops, bytes=traffic,
             unfused_bytes=unfused, working_set=ws if len(ns) > 1 else 0, spill_bytes=2 * spill,
             compute_s=flops / device.peak_flops(dtype), memory_s=traffic / device.bandwidth,
-            launch_s=device.launch_overhead_us * 1e-6 * (group.kernels if group is not None else 1),
+            launch_s=0.0 if costs and all(c.host for c in costs) else
+            device.launch_overhead_us * 1e-6 * (group.kernels if group is not None else 1),
             grouped=k in grouped_ids))
 
     # liveness of materialised activations over the kernel order

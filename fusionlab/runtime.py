@@ -365,11 +365,15 @@ def random_sources(model) -> dict[str, list[str]]:
     Static and conservative: a Dropout whose `training_mode` is not a constant false counts as random,
     and so does any node whose subgraphs (If/Loop/Scan bodies) contain a random op.
     """
-    try:
-        proto = onnx.load_from_string(model_bytes(model), load_external_data=False) \
-            if not isinstance(model, onnx.ModelProto) else model
-    except Exception:
-        return {}
+    if isinstance(model, Graph):
+        proto = model.to_proto()
+    elif isinstance(model, onnx.ModelProto):
+        proto = model
+    else:
+        try:
+            proto = onnx.load_from_string(model_bytes(model))
+        except Exception:
+            return {}
     g = proto.graph
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     consts: dict[str, np.ndarray] = {}

@@ -149,11 +149,12 @@ class ShapeInfo:
         if value.const_value is not None:
             return tuple(value.const_value.shape)
         if value.shape is not None:
-            dims = tuple(d if isinstance(d, int) else (d.value if getattr(d, "value", None) else None)
-                         for d in value.shape)
+            dims = tuple((d if d >= 0 else None) if isinstance(d, int) else (d.value if getattr(d, "value", None) else None)
+                         for d in value.shape)  # a negative dim_value (some test models write -1) is unknown
             if all(d is not None for d in dims):
                 return dims
-        return self._symbolic.get(value.name)
+        got = self._symbolic.get(value.name)
+        return None if got is None else tuple(d if not isinstance(d, int) or d >= 0 else None for d in got)
 
     def rank(self, value: ir.Value | None) -> int | None:
         s = self.shape(value)

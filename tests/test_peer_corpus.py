@@ -53,10 +53,10 @@ def _check_one(path: Path, ort_errors: set[str], lower: str = "runtime", passes=
         res = fuse(graph, passes=passes, lower=lower)
     except ModelError:
         return "refused"
-    if len(res.plan) == 0:
-        assert res.after == res.before, f"{rel}: no groups but the graph changed"
+    if len(res.plan) == 0 and res.after == res.before:
         return "unchanged"
-    if tuple(passes) == ("vertical",):
+    # no groups but a changed graph: preparation (clean-up, constant folding) did something; verified below
+    if tuple(passes) == ("vertical",) and len(res.plan):
         assert rel not in ort_errors, f"{rel}: onnxruntime cannot load the original, yet we rewrote it"
     try:
         session(graph)

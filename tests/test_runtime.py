@@ -140,3 +140,21 @@ def test_a_tiny_random_output_is_still_recognised_as_nondeterministic():
     for seed in range(20):
         report = verify(m, m, feeds=feeds, seed=seed)
         assert report.ok or "nondeterministic (depends on random op" in report.outputs[0].problem
+
+
+def test_random_sources_are_found_in_every_form_of_model(tmp_path):
+    """The static check must work for a path, bytes, a Graph and a ModelProto alike (it once returned {} for all
+    but the proto, because of a keyword onnx.load_from_string does not take)."""
+    from onnx import helper as oh
+
+    from fusionlab import load
+    from fusionlab.build import make_model, tensor, value_info
+    from fusionlab.runtime import random_sources
+
+    m = make_model([oh.make_node("Dropout", ["x", "r", "t"], ["y"], name="drop")], [value_info("x", shape=[2, 3])],
+                   [value_info("y", shape=[2, 3])], [tensor("r", np.array(0.5, np.float32)), tensor("t", np.array(True))],
+                   opset=13)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    for form in (m, m.SerializeToString(), path, str(path), load(m)):
+        assert random_sources(form) == {"y": ["drop"]}, type(form)

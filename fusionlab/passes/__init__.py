@@ -95,13 +95,19 @@ def _merge(combined: FusionPlan, part: FusionPlan, name: str) -> None:
     combined.options.update(part.options)
 
 
-def fuse(model, passes=("vertical",), *, validate: bool = True, **options) -> FusionResult:
-    """Run the named passes in order on a copy of `model`; returns the fused graph and the combined plan."""
+def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = True, **options) -> FusionResult:
+    """Run the named passes in order on a copy of `model`; returns the fused graph and the combined plan.
+
+    The copy is first prepared (`fusionlab.passes.prepare`: clean-up and constant folding) unless
+    `prepare=False`; the result is checked (`validate`) and a broken rewrite raises `FusionError`.
+    """
     passes = list(passes)
     original = as_graph(model)
     per_pass = split_options([(p, get_pass(p).OPTIONS) for p in passes], options)
     graph = original.copy()
-    combined = FusionPlan(model=original.name, options={"passes": passes})
+    combined = FusionPlan(model=original.name, options={"passes": passes, "prepare": prepare})
+    if prepare:
+        _prepare(graph, combined, fold=prepare != "no-fold")
     for name in passes:
         module = get_pass(name)
         part = module.plan(graph, **per_pass[name])
@@ -109,17 +115,35 @@ def fuse(model, passes=("vertical",), *, validate: bool = True, **options) -> Fu
         _merge(combined, part, name)
     result = FusionResult(graph, combined, original.op_counts(), graph.op_counts())
     if validate:
-        _check(original, result)
+        try:
+            _check(original, result)
+        except FusionError:
+            if prepare != "no-fold" and any(n.startswith("prepare:") and "fold" in n for n in combined.notes):
+                # A fold can make shape inference see through a model whose own declared shapes are wrong
+                # (a value_info that contradicts what the graph computes); keep that model as it was.
+                retry = fuse(model, passes, prepare="no-fold", validate=True, **options)
+                retry.plan.notes.append("prepare: constant folding skipped: the folded model contradicts "
+                                        "the model's own declared shapes")
+                return retry
+            raise
     return result
 
 
-def plan(model, passes=("vertical",), **options) -> FusionPlan:
+def plan(model, passes=("vertical",), *, prepare: bool = True, **options) -> FusionPlan:
     """The plan `fuse` makes for these passes and options (groups of later passes see earlier rewrites)."""
-    return fuse(model, passes, validate=False, **options).plan
+    return fuse(model, passes, prepare=prepare, validate=False, **options).plan
 
 
 #: the planner's old name
 plan_only = plan
+
+
+def _prepare(graph: Graph, fplan: FusionPlan, fold: bool = True) -> None:
+    from .prepare import prepare as run_prepare
+
+    done = run_prepare(graph, fold=fold)
+    if done:
+        fplan.notes.append("prepare: " + ", ".join(f"{k} {v}" for k, v in done.items()))
 
 
 def _apply_part(graph: Graph, module, part: FusionPlan, name: str) -> None:
@@ -136,6 +160,8 @@ def apply(model, fplan: FusionPlan, *, validate: bool = True) -> FusionResult:
     """Rewrite a copy of `model` exactly as `fplan` says, pass by pass in the plan's order."""
     original = as_graph(model)
     graph = original.copy()
+    if fplan.options.get("prepare", False):
+        _prepare(graph, FusionPlan(), fold=fplan.options["prepare"] != "no-fold")
     order = fplan.options.get("passes") or [p for p in ("vertical", "horizontal", "mixed")
                                            if any(_KIND_PASS[g.kind] == p for g in fplan)]
     unknown = [p for p in order if p not in PASSES]

@@ -82,8 +82,13 @@ def _bypass(graph: Graph, node: ir.Node) -> bool:
 
 
 def remove_dead(graph: Graph) -> tuple[int, int]:
-    """Delete nodes whose outputs nobody reads, then unread initializers; returns (nodes, initializers)."""
+    """Delete nodes whose outputs nobody reads, then unread initializers; returns (nodes, initializers).
+
+    A graph without outputs computes nothing anyone can see; it is left as it is rather than emptied.
+    """
     g = graph.graph
+    if not len(g.outputs):
+        return 0, 0
     dead_nodes = 0
     for node in reversed(list(g)):
         if any(v.uses() or v.is_graph_output() for v in node.outputs):

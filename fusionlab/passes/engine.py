@@ -224,7 +224,7 @@ class Context:
         """A new initializer with a name no tensor of the graph uses."""
         name = self.names.value(base)
         value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                         const_value=ir.tensor(np.ascontiguousarray(array), name=name))
+                         const_value=ir.tensor(np.array(array, order="C", copy=True), name=name))
         self.g.register_initializer(value)
         return value
 

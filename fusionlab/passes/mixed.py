@@ -53,6 +53,7 @@ from ..opclass import OpKind, classify, combine
 from ..plan import MIXED, FusionGroup, FusionPlan
 from ..shapes import ShapeInfo
 from . import engine
+from .fold import is_host_side
 from .options import check_options
 
 __all__ = ["plan", "apply", "trace", "check_group", "Step", "PostDomTree", "post_dominator_tree", "working_set",
@@ -87,6 +88,7 @@ class _GNode:
     outputs: list[tuple[int, OpKind]] = field(default_factory=list)  # (consumer index, edge pattern)
     extern_ref: bool = False
     recompute_of: str = ""
+    host: bool = False  # host-side shape arithmetic: never a kernel, never grouped
 
 
 def _edge_pattern(consumer: ir.Node, kind: OpKind, value: ir.Value, info: ShapeInfo) -> OpKind:
@@ -100,7 +102,8 @@ def _edge_pattern(consumer: ir.Node, kind: OpKind, value: ir.Value, info: ShapeI
 
 def _build(graph: Graph, info: ShapeInfo, recompute: set[str] = frozenset()) -> list[_GNode]:
     order = graph.topological_order()
-    kinds = {id(n): classify(n, info.concrete_shapes) for n in order}
+    host = {id(n) for n in order if is_host_side(n, info)}
+    kinds = {id(n): (_X if id(n) in host else classify(n, info.concrete_shapes)) for n in order}
     # recomputed nodes become one copy per consumer node
     gnodes: list[_GNode] = []
     slots: dict[int, list[int]] = {}  # id(node) -> gnode indices (several for a recomputed node)
@@ -120,7 +123,7 @@ def _build(graph: Graph, info: ShapeInfo, recompute: set[str] = frozenset()) -> 
                 slots[id(n)].append(g.index)
                 gnodes.append(g)
         else:
-            g = _GNode(len(gnodes), name, n, kinds[id(n)])
+            g = _GNode(len(gnodes), name, n, kinds[id(n)], host=id(n) in host)
             slots[id(n)] = [g.index]
             gnodes.append(g)
     index_of = {}
@@ -378,7 +381,8 @@ class _Partitioner:
             kind = self.pattern[self.root(i)]
             if g.kind == _X:
                 if phase == 0:
-                    self._record(phase, i, None, False, f"opaque op {g.node.op_type}")
+                    self._record(phase, i, None, False, "host-side shape arithmetic (small int64 values): not a kernel"
+                                 if g.host else f"opaque op {g.node.op_type}")
                 continue
             pd = self.tree.parent[i]
             if pd is None:

@@ -1,0 +1,228 @@
+"""Constant folding and shape simplification: what every real optimiser does before it fuses anything.
+
+Exporters leave work in the graph that no kernel should do at run time:
+
+- **weight-only subgraphs** (`torch.onnx.export(..., do_constant_folding=False)`): `Transpose`, `Cast`,
+  `Reshape`, `Unsqueeze` ... of initializers. A node whose inputs are all constants (not overridable
+  initializers) is evaluated once with `onnx.reference` and replaced by an initializer;
+- **shape arithmetic over static dimensions**: `Shape -> Gather -> Unsqueeze -> Concat -> Reshape` chains
+  computing a shape the model already knows. Shape values are evaluated symbolically (each element an int or
+  unknown, from `ShapeInfo`), and an int64 value whose every element is known becomes a constant, even when
+  the tensor it measures has other, dynamic dimensions.
+
+Limits, so a fold never balloons the model or changes what it computes: only default-domain, deterministic
+ops without subgraphs; a folded output may not be larger than twice its inputs plus 4 KiB (no `Expand` or
+`ConstantOfShape` materialising activations) nor over `MAX_FOLD_BYTES`, nor empty; it must have the dtype and
+shape shape inference gives it; graph outputs are never folded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from ..graph import Graph
+from ..shapes import ShapeInfo
+
+__all__ = ["fold", "needed", "MAX_FOLD_BYTES", "HOST_OPS", "is_host_side"]
+
+#: the largest tensor a fold may create
+MAX_FOLD_BYTES = 64 * 2**20
+_SLACK = 4096
+_RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+           "Dropout"}
+#: ops that compute shapes on the host when their values are small int64 vectors (never a device kernel)
+HOST_OPS = {"Shape", "Size", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Add", "Sub", "Mul",
+            "Div", "Mod", "Equal", "Where", "Reshape", "ConstantOfShape", "Range", "Min", "Max", "Neg", "Abs",
+            "Expand", "Identity", "ReduceProd", "Not", "Less", "Greater"}
+_INT = (np.dtype(np.int64), np.dtype(np.int32))
+
+
+def _foldable_op(node: ir.Node) -> bool:
+    if node.domain not in ("", "ai.onnx") or node.op_type in _RANDOM or node.op_type == "Constant":
+        return False
+    if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
+        return False
+    return bool(node.outputs) and not any(o.is_graph_output() for o in node.outputs)
+
+
+def _evaluate(graph: Graph, node: ir.Node, inputs: list[np.ndarray | None]) -> list[np.ndarray] | None:
+    """The node's outputs computed by onnx.reference on constant inputs (None if it cannot)."""
+    from onnx.reference import ReferenceEvaluator
+
+    names = [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)]
+    outs = [f"o{k}" for k in range(len(node.outputs))]
+    attrs = {}
+    for k, a in node.attributes.items():
+        if a.type == ir.AttributeType.TENSOR:
+            attrs[k] = ir.serde.serialize_tensor(a.value)
+        elif a.type in (ir.AttributeType.INTS, ir.AttributeType.FLOATS, ir.AttributeType.STRINGS):
+            attrs[k] = list(a.value)
+        elif a.type in (ir.AttributeType.INT, ir.AttributeType.FLOAT, ir.AttributeType.STRING):
+            attrs[k] = a.value
+        else:
+            return None  # sparse tensors, type protos, references: not worth folding
+    try:
+        proto = onnx.helper.make_node(node.op_type, names, outs, **attrs)
+        g = onnx.helper.make_graph(
+            [proto], "fold", [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                              for n, v in zip(names, inputs) if n],
+            [onnx.helper.make_empty_tensor_value_info(o) for o in outs])
+        model = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", graph.opset)])
+        model.ir_version = min(graph.model.ir_version or onnx.IR_VERSION, onnx.IR_VERSION)
+        got = ReferenceEvaluator(model).run(None, {n: v for n, v in zip(names, inputs) if n})
+    except Exception:
+        return None
+    return [np.asarray(g) for g in got]
+
+
+def _agrees(info: ShapeInfo, node: ir.Node, outputs: list[np.ndarray]) -> bool:
+    """Every folded output has the dtype and shape shape inference (or the model) gives it, where known."""
+    for v, arr in zip(node.outputs, outputs):
+        dt, shape = info.dtype(v), info.shape(v)
+        if dt is not None and dt != arr.dtype:
+            return False
+        if shape is not None and (len(shape) != arr.ndim or any(isinstance(d, int) and d != a
+                                                                 for d, a in zip(shape, arr.shape))):
+            return False
+    return True
+
+
+def _within_limits(inputs: list[np.ndarray | None], outputs: list[np.ndarray]) -> bool:
+    """Not larger than twice the inputs plus a little, and not empty (an empty constant is a degenerate model's
+    run-time failure that folding would turn into a load-time one)."""
+    if any(v.size == 0 for v in outputs):
+        return False
+    size_in = sum(v.nbytes for v in inputs if v is not None)
+    size_out = sum(v.nbytes for v in outputs)
+    return size_out <= min(MAX_FOLD_BYTES, 2 * size_in + _SLACK)
+
+
+# --------------------------------------------------------------------------------------------------
+# symbolic shape values: int64 vectors whose elements are ints or unknown
+# --------------------------------------------------------------------------------------------------
+
+def _shape_value(cx: "_Folder", v: ir.Value | None) -> tuple[list, tuple] | None:
+    """(elements, shape) of a small int shape value, each element an int or None (unknown); None if not one."""
+    if v is None:
+        return None
+    if id(v) in cx.sym:
+        return cx.sym[id(v)]
+    c = cx.graph.constant(v)
+    if c is not None and c.dtype in _INT and c.ndim <= 1 and c.size <= 64:
+        return [int(x) for x in c.reshape(-1)], tuple(c.shape)
+    return None
+
+
+def _gather(data, idx):
+    (elems, shape), (ids, ishape) = data, idx
+    n = len(elems)
+    if len(shape) != 1 or any(k is None or not -n <= k < n for k in ids):
+        return None
+    return [elems[k if k >= 0 else k + n] for k in ids], ishape
+
+
+def _sym_node(cx: "_Folder", node: ir.Node) -> tuple[list, tuple] | None:
+    """Symbolic (elements, shape) of a shape-arithmetic node's output, or None."""
+    op, attrs = node.op_type, node.attributes
+    if op == "Shape":
+        s = cx.info.shape(node.inputs[0])
+        if s is None:
+            return None
+        dims = [d if isinstance(d, int) else None for d in s]
+        start = int(attrs["start"].value) if "start" in attrs else 0
+        end = int(attrs["end"].value) if "end" in attrs else len(dims)
+        dims = dims[slice(start, end)]
+        return dims, (len(dims),)
+    ins = [_shape_value(cx, v) for v in node.inputs]
+    if not ins or ins[0] is None:
+        return None
+    elems, shape = ins[0]
+    if op == "Identity" or (op == "Cast" and int(attrs["to"].value) in (6, 7)):
+        return elems, shape
+    if op == "Unsqueeze" and shape == () and cx.graph.opset >= 1:
+        return elems, (1,)
+    if op == "Squeeze" and shape == (1,):
+        return elems, ()
+    if op == "Concat" and all(i is not None and len(i[1]) == 1 for i in ins) and int(attrs["axis"].value) in (0, -1):
+        out = [d for i in ins for d in i[0]]
+        return out, (len(out),)
+    if op == "Gather" and len(ins) == 2 and ins[1] is not None and int(attrs["axis"].value if "axis" in attrs else 0) == 0:
+        return _gather(ins[0], ins[1])
+    return None
+
+
+class _Folder:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.info = ShapeInfo(graph)
+        self.sym: dict[int, list] = {}
+        self.names = graph.names()
+        self.folded = 0
+        self.shapes = 0
+
+
+def _replace_by_constants(cx: _Folder, node: ir.Node, arrays: list[np.ndarray]) -> None:
+    g = cx.graph.graph
+    for out, arr in zip(node.outputs, arrays):
+        if not out.name or not (out.uses() or out.is_graph_output()):
+            continue
+        name = out.name
+        out.name = cx.names.value(f"{name}__folded")
+        value = ir.Value(name=name, shape=ir.Shape(arr.shape), type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)),
+                         const_value=ir.tensor(np.array(arr, order="C", copy=True), name=name))
+        g.register_initializer(value)
+        out.replace_all_uses_with(value)
+    g.remove(node, safe=True)
+
+
+def fold(graph: Graph) -> dict[str, int]:
+    """Fold constant subgraphs and static shape arithmetic in place; returns {"folded": n, "shape values": m}."""
+    if graph.model.ir_version is not None and graph.model.ir_version < 4:
+        return {"folded": 0, "shape values": 0}  # before IR 4 every initializer must also be a graph input
+    cx = _Folder(graph)
+    for node in list(graph.topological_order()):
+        if node.graph is not graph.graph or not _foldable_op(node):
+            continue
+        inputs = [None if v is None else graph.constant(v) for v in node.inputs]
+        if all(v is None or a is not None for v, a in zip(node.inputs, inputs)) and any(a is not None for a in inputs):
+            out = _evaluate(graph, node, inputs)
+            if out is not None and len(out) == len(node.outputs) and _within_limits(inputs, out) and \
+                    _agrees(cx.info, node, out):
+                _replace_by_constants(cx, node, out)
+                cx.folded += 1
+                continue
+        if node.op_type in HOST_OPS and len(node.outputs) == 1:
+            sym = _sym_node(cx, node)
+            if sym is not None:
+                cx.sym[id(node.outputs[0])] = sym
+                dtype = np.dtype(np.int64) if node.op_type == "Shape" else cx.info.dtype(node.outputs[0])
+                if None not in sym[0] and dtype in _INT and node.op_type != "Identity":
+                    _replace_by_constants(cx, node, [np.array(sym[0], dtype=dtype).reshape(sym[1])])
+                    cx.shapes += 1
+    return {"folded": cx.folded, "shape values": cx.shapes}
+
+
+def needed(graph: Graph) -> bool:
+    """Whether `fold` could change the graph: a node reading only constants, or a Shape node."""
+    for node in graph.graph:
+        if not _foldable_op(node):
+            continue
+        if node.op_type == "Shape":
+            return True
+        ins = [v for v in node.inputs if v is not None]
+        if ins and all(graph.constant(v) is not None for v in ins):
+            return True
+    return False
+
+
+def is_host_side(node: ir.Node, info: ShapeInfo) -> bool:
+    """Shape arithmetic: an int64/int32 result of at most 64 elements computed by a shape op (no device kernel)."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in HOST_OPS or len(node.outputs) != 1:
+        return False
+    out = node.outputs[0]
+    if info.dtype(out) not in _INT and node.op_type != "Shape":
+        return False
+    shape = info.concrete(out)
+    return shape is not None and int(np.prod(shape, dtype=np.int64)) <= 64

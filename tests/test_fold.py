@@ -1,0 +1,135 @@
+"""Constant folding and shape simplification before fusion, with the limits that keep a fold honest."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper as h
+
+from fusionlab import cost, load, verify
+from fusionlab.build import make_model, tensor, value_info
+from fusionlab.passes import fold, fuse, mixed
+from fusionlab.shapes import ShapeInfo
+
+RNG = np.random.default_rng(3)
+
+
+def _weight_transpose_model():
+    """What `torch.onnx.export(do_constant_folding=False)` writes: the weight transposed at run time."""
+    nodes = [h.make_node("Transpose", ["W"], ["Wt"], name="wt", perm=[1, 0]),
+             h.make_node("Cast", ["Wt"], ["Wc"], name="cast", to=1),
+             h.make_node("MatMul", ["x", "Wc"], ["y"], name="mm")]
+    return make_model(nodes, [value_info("x", shape=["batch", 8])], [value_info("y", shape=["batch", 4])],
+                      [tensor("W", RNG.standard_normal((4, 8)).astype(np.float32))])
+
+
+def test_weight_only_subgraph_becomes_an_initializer():
+    m = _weight_transpose_model()
+    g = load(m)
+    assert fold.needed(g)
+    done = fold.fold(g)
+    assert done["folded"] == 2 and g.op_counts() == {"MatMul": 1}
+    assert verify(m, g, dims={"batch": 3}).ok
+
+
+def _shape_chain_model(batch="batch"):
+    """Reshape(x, Concat(Shape(x)[0], 2, Shape(x)[2])): the dynamic batch stays, the static dims fold."""
+    nodes = [h.make_node("Shape", ["x"], ["s"], name="shape"),
+             h.make_node("Gather", ["s", "i0"], ["b"], name="g0", axis=0),
+             h.make_node("Gather", ["s", "i2"], ["c"], name="g2", axis=0),
+             h.make_node("Unsqueeze", ["b", "ax"], ["bu"], name="u0"),
+             h.make_node("Unsqueeze", ["c", "ax"], ["cu"], name="u2"),
+             h.make_node("Concat", ["bu", "two", "cu"], ["target"], name="cat", axis=0),
+             h.make_node("Reshape", ["x", "target"], ["y"], name="reshape")]
+    inits = [tensor("i0", np.array(0, np.int64)), tensor("i2", np.array(2, np.int64)),
+             tensor("ax", np.array([0], np.int64)), tensor("two", np.array([2], np.int64))]
+    return make_model(nodes, [value_info("x", shape=[batch, 2, 6])], [value_info("y", shape=[batch, 2, 6])], inits)
+
+
+def test_static_dims_of_a_dynamic_shape_fold_and_the_dynamic_ones_stay():
+    m = _shape_chain_model()
+    g = load(m)
+    done = fold.fold(g)
+    assert done["shape values"] >= 1
+    ops = g.op_counts()
+    assert ops["Gather"] == 1 and "Shape" in ops  # the batch is read at run time, the static 6 became a constant
+    for batch in (1, 3):
+        assert verify(m, g, dims={"batch": batch}).ok
+
+
+def test_fully_static_shape_chain_folds_away():
+    m = _shape_chain_model(batch=5)
+    g = load(m)
+    fold.fold(g)
+    from fusionlab.passes import cleanup
+
+    cleanup.clean(g)
+    assert g.op_counts() == {"Reshape": 1}
+    assert verify(m, g).ok
+
+
+def test_scalar_results_stay_scalars_at_opset_10():
+    """Gather with a scalar index gives a scalar; Unsqueeze-10 (axes attribute) makes it a vector again."""
+    nodes = [h.make_node("Shape", ["x"], ["s"], name="shape"),
+             h.make_node("Gather", ["s", "i"], ["d"], name="g", axis=0),
+             h.make_node("Unsqueeze", ["d"], ["du"], name="u", axes=[0]),
+             h.make_node("Concat", ["du", "minus1"], ["t"], name="cat", axis=0),
+             h.make_node("Reshape", ["x", "t"], ["y"], name="r")]
+    m = make_model(nodes, [value_info("x", shape=[2, 3, 4])], [value_info("y", shape=[2, 12])],
+                   [tensor("i", np.array(0, np.int64)), tensor("minus1", np.array([-1], np.int64))], opset=10)
+    res = fuse(m, ("vertical",))
+    assert res.after == {"Reshape": 1}
+    assert verify(m, res.graph).ok
+
+
+def test_limits_no_ballooning_no_overridable_no_random_no_outputs():
+    nodes = [h.make_node("Expand", ["c", "big"], ["e"], name="expand"),             # would materialise 4 MiB
+             h.make_node("Add", ["x", "e"], ["y"], name="add"),
+             h.make_node("Neg", ["w"], ["wn"], name="neg"),                         # w is overridable
+             h.make_node("Mul", ["x", "wn"], ["z"], name="mul"),
+             h.make_node("RandomUniformLike", ["c"], ["r"], name="rand"),
+             h.make_node("Add", ["x", "r"], ["q"], name="addr"),
+             h.make_node("Abs", ["c"], ["out_const"], name="abs")]                  # a graph output
+    inits = [tensor("c", np.ones((1, 1), np.float32)), tensor("big", np.array([1024, 1024], np.int64)),
+             tensor("w", np.ones((1, 1), np.float32))]
+    m = make_model(nodes, [value_info("x", shape=[1024, 1024]), value_info("w", shape=[1, 1])],
+                   [value_info("y", shape=[1024, 1024]), value_info("z", shape=[1024, 1024]),
+                    value_info("q", shape=[1024, 1024]), value_info("out_const", shape=[1, 1])], inits)
+    g = load(m)
+    assert fold.fold(g)["folded"] == 0
+    assert set(g.op_counts()) == {"Expand", "Add", "Neg", "Mul", "RandomUniformLike", "Abs"}
+
+
+def test_fold_keeps_a_broken_model_broken_not_unloadable():
+    """ConstantOfShape -> NonZero gives an empty tensor: not folded (the model fails at run time, as before)."""
+    nodes = [h.make_node("ConstantOfShape", ["n"], ["zeros"], name="cos"),
+             h.make_node("NonZero", ["zeros"], ["nz"], name="nonzero"),
+             h.make_node("Cast", ["nz"], ["nzf"], name="cast", to=1),
+             h.make_node("ReduceSum", ["nzf"], ["s"], name="sum", keepdims=0),
+             h.make_node("Add", ["x", "s"], ["y"], name="add")]
+    m = make_model(nodes, [value_info("x", shape=[2])], [value_info("y", shape=[2])],
+                   [tensor("n", np.array([3], np.int64))], opset=12)
+    g = load(m)
+    fold.fold(g)
+    assert "NonZero" in g.op_counts()
+
+
+def test_host_side_shape_arithmetic_is_never_a_kernel():
+    m = _shape_chain_model()
+    g = load(m)
+    info = ShapeInfo(g)
+    host = {n.name for n in g if fold.is_host_side(n, info)}
+    assert {"shape", "g0", "g2", "u0", "u2", "cat"} <= host and "reshape" not in host
+    p = mixed.plan(g, max_group_ops=None)
+    assert not any(set(grp.nodes) & host for grp in p)
+    c = cost.plan_cost(g, None, "Atlas 300I Pro")
+    launched = {k.id for k in c.kernels_detail if k.launch_s > 0}
+    assert not launched & host and "reshape" in launched
+
+
+@pytest.mark.parametrize("folding", [True, False])
+def test_fuse_prepares_by_default_and_can_be_told_not_to(folding):
+    m = _weight_transpose_model()
+    res = fuse(m, ("vertical",), prepare=folding)
+    assert ("Transpose" in res.after) is not folding
+    assert verify(m, res.graph, dims={"batch": 2}).ok

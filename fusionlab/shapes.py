@@ -109,11 +109,31 @@ def _light_proto(graph: Graph) -> onnx.ModelProto:
 
 
 def _symbolic(proto: onnx.ModelProto) -> tuple[dict[str, tuple], dict[str, int]]:
-    """{value: shape with dim names kept}, {value: elem type} by onnx shape inference on the unbound model."""
+    """{value: shape with dim names kept}, {value: elem type} by shape inference on the unbound model.
+
+    onnx's inference first; where it leaves a value without a shape or with an anonymous `unk__` dimension
+    (TorchScript exports: Range, Expand and Shape arithmetic over the batch and sequence), onnxruntime's
+    symbolic inference, which carries `batch` and `sequence` through them, fills in.
+    """
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     except Exception:
         inferred = proto
+    shapes, types = _read_shapes(inferred)
+    wanted = {o for n in proto.graph.node for o in n.output if o}
+    vague = [v for v in wanted if v not in shapes or any(isinstance(d, str) and d.startswith("unk__") for d in shapes[v])]
+    if vague:
+        better = _symbolic_infer(proto)
+        if better is not None:
+            more, more_types = _read_shapes(better)
+            for v in vague:
+                if v in more and not any(isinstance(d, str) and d.startswith("unk__") for d in more[v]):
+                    shapes[v] = more[v]
+                    types.setdefault(v, more_types.get(v, 0))
+    return shapes, types
+
+
+def _read_shapes(inferred: onnx.ModelProto) -> tuple[dict[str, tuple], dict[str, int]]:
     shapes: dict[str, tuple] = {}
     types: dict[str, int] = {}
     for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):

@@ -133,3 +133,24 @@ def test_fuse_prepares_by_default_and_can_be_told_not_to(folding):
     res = fuse(m, ("vertical",), prepare=folding)
     assert ("Transpose" in res.after) is not folding
     assert verify(m, res.graph, dims={"batch": 2}).ok
+
+
+def test_reshape_target_from_the_live_shape_becomes_zeros_that_copy_dims():
+    """TorchScript's Reshape(x, Concat(Shape(x)[0], Shape(x)[1], 4, 8)) -> Reshape(x, [0, 0, 4, 8]) (ORT's ReshapeFusion)."""
+    nodes = [h.make_node("Shape", ["x"], ["s"], name="shape"),
+             h.make_node("Gather", ["s", "i0"], ["b"], name="g0", axis=0),
+             h.make_node("Gather", ["s", "i1"], ["t"], name="g1", axis=0),
+             h.make_node("Unsqueeze", ["b", "ax"], ["bu"], name="u0"),
+             h.make_node("Unsqueeze", ["t", "ax"], ["tu"], name="u1"),
+             h.make_node("Concat", ["bu", "tu", "heads"], ["target"], name="cat", axis=0),
+             h.make_node("Reshape", ["x", "target"], ["y"], name="reshape")]
+    inits = [tensor("i0", np.array(0, np.int64)), tensor("i1", np.array(1, np.int64)),
+             tensor("ax", np.array([0], np.int64)), tensor("heads", np.array([4, 8], np.int64))]
+    m = make_model(nodes, [value_info("x", shape=["batch", "sequence", 32])],
+                   [value_info("y", shape=["batch", "sequence", 4, 8])], inits)
+    res = fuse(m, ())
+    assert res.after == {"Reshape": 1}
+    [r] = list(res.graph)
+    assert r.inputs[1].const_value.numpy().tolist() == [0, 0, 4, 8]
+    for dims in ({"batch": 1, "sequence": 3}, {"batch": 2, "sequence": 5}):
+        assert verify(m, res.graph, dims=dims).ok

@@ -100,11 +100,11 @@ def _within_limits(inputs: list[np.ndarray | None], outputs: list[np.ndarray]) -
 
 
 # --------------------------------------------------------------------------------------------------
-# symbolic shape values: int64 vectors whose elements are ints or unknown
+# symbolic shape values: int64 vectors whose elements are ints, dim names (str) or unknown (None)
 # --------------------------------------------------------------------------------------------------
 
 def _shape_value(cx: "_Folder", v: ir.Value | None) -> tuple[list, tuple] | None:
-    """(elements, shape) of a small int shape value, each element an int or None (unknown); None if not one."""
+    """(elements, shape) of a small int shape value, each element an int, a dim name or None; None if not one."""
     if v is None:
         return None
     if id(v) in cx.sym:
@@ -130,7 +130,7 @@ def _sym_node(cx: "_Folder", node: ir.Node) -> tuple[list, tuple] | None:
         s = cx.info.shape(node.inputs[0])
         if s is None:
             return None
-        dims = [d if isinstance(d, int) else None for d in s]
+        dims = [d if isinstance(d, (int, str)) else None for d in s]  # a dim name: equal wherever it appears
         start = int(attrs["start"].value) if "start" in attrs else 0
         end = int(attrs["end"].value) if "end" in attrs else len(dims)
         dims = dims[slice(start, end)]
@@ -151,6 +151,37 @@ def _sym_node(cx: "_Folder", node: ir.Node) -> tuple[list, tuple] | None:
     if op == "Gather" and len(ins) == 2 and ins[1] is not None and int(attrs["axis"].value if "axis" in attrs else 0) == 0:
         return _gather(ins[0], ins[1])
     return None
+
+
+def _simplify_reshape(cx: "_Folder", node: ir.Node) -> int:
+    """Reshape(x, Concat(Shape(x)[0], Shape(x)[1], 4, 32)) -> Reshape(x, [0, 0, 4, 32]): a computed target whose
+    dynamic elements copy x's own dims at the same position (`0`, with allowzero=0) or leave one to infer (-1)."""
+    if len(node.inputs) != 2 or node.inputs[1] is None or int(node.attributes["allowzero"].value
+                                                              if "allowzero" in node.attributes else 0):
+        return 0
+    target = _shape_value(cx, node.inputs[1])
+    data = cx.info.shape(node.inputs[0])
+    if target is None or len(target[1]) != 1 or cx.graph.constant(node.inputs[1]) is not None or data is None:
+        return 0
+    out = []
+    for j, d in enumerate(target[0]):
+        if isinstance(d, int):
+            out.append(d)
+        elif isinstance(d, str) and j < len(data) and data[j] == d:
+            out.append(0)
+        else:
+            out.append(None)
+    unknown = [j for j, d in enumerate(out) if d is None]
+    if len(unknown) > 1 or (unknown and -1 in out) or any(d == 0 for d in target[0] if isinstance(d, int)):
+        return 0  # a literal 0 would change meaning; two unknowns cannot both be inferred
+    if unknown:
+        out[unknown[0]] = -1
+    const = cx.names.value(f"{node.name}_shape")
+    value = ir.Value(name=const, shape=ir.Shape([len(out)]), type=ir.TensorType(ir.DataType.INT64),
+                     const_value=ir.tensor(np.array(out, dtype=np.int64), name=const))
+    cx.graph.graph.register_initializer(value)
+    node.replace_input_with(1, value)
+    return 1
 
 
 class _Folder:
@@ -193,12 +224,14 @@ def fold(graph: Graph) -> dict[str, int]:
                 _replace_by_constants(cx, node, out)
                 cx.folded += 1
                 continue
-        if node.op_type in HOST_OPS and len(node.outputs) == 1:
+        if node.op_type == "Reshape":
+            cx.shapes += _simplify_reshape(cx, node)
+        elif node.op_type in HOST_OPS and len(node.outputs) == 1:
             sym = _sym_node(cx, node)
             if sym is not None:
                 cx.sym[id(node.outputs[0])] = sym
                 dtype = np.dtype(np.int64) if node.op_type == "Shape" else cx.info.dtype(node.outputs[0])
-                if None not in sym[0] and dtype in _INT and node.op_type != "Identity":
+                if all(isinstance(d, int) for d in sym[0]) and dtype in _INT and node.op_type != "Identity":
                     _replace_by_constants(cx, node, [np.array(sym[0], dtype=dtype).reshape(sym[1])])
                     cx.shapes += 1
     return {"folded": cx.folded, "shape values": cx.shapes}

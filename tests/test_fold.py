@@ -154,3 +154,11 @@ def test_reshape_target_from_the_live_shape_becomes_zeros_that_copy_dims():
     assert r.inputs[1].const_value.numpy().tolist() == [0, 0, 4, 8]
     for dims in ({"batch": 1, "sequence": 3}, {"batch": 2, "sequence": 5}):
         assert verify(m, res.graph, dims=dims).ok
+
+
+def test_a_weight_reshape_still_folds():
+    nodes = [h.make_node("Reshape", ["W", "s"], ["Wr"], name="wr"), h.make_node("MatMul", ["x", "Wr"], ["y"], name="mm")]
+    m = make_model(nodes, [value_info("x", shape=[2, 6])], [value_info("y", shape=[2, 2])],
+                   [tensor("W", RNG.standard_normal((2, 6)).astype(np.float32)), tensor("s", np.array([6, 2], np.int64))])
+    res = fuse(m, ())
+    assert res.after == {"MatMul": 1} and verify(m, res.graph).ok

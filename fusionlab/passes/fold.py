@@ -214,6 +214,10 @@ def fold(graph: Graph) -> dict[str, int]:
         return {"folded": 0, "shape values": 0}  # before IR 4 every initializer must also be a graph input
     cx = _Folder(graph)
     for node in list(graph.topological_order()):
+        if node.op_type == "Reshape" and node.domain in ("", "ai.onnx") and node.inputs and \
+                graph.constant(node.inputs[0]) is None:  # a reshape of data; its output may be a graph output
+            cx.shapes += _simplify_reshape(cx, node)
+            continue
         if node.graph is not graph.graph or not _foldable_op(node):
             continue
         inputs = [None if v is None else graph.constant(v) for v in node.inputs]
@@ -224,9 +228,7 @@ def fold(graph: Graph) -> dict[str, int]:
                 _replace_by_constants(cx, node, out)
                 cx.folded += 1
                 continue
-        if node.op_type == "Reshape":
-            cx.shapes += _simplify_reshape(cx, node)
-        elif node.op_type in HOST_OPS and len(node.outputs) == 1:
+        if node.op_type in HOST_OPS and len(node.outputs) == 1:
             sym = _sym_node(cx, node)
             if sym is not None:
                 cx.sym[id(node.outputs[0])] = sym

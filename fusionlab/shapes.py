@@ -96,15 +96,28 @@ def _symbolic_infer(proto: onnx.ModelProto, auto_merge: bool = True) -> onnx.Mod
         return None  # unsupported patterns: keep what onnx inferred
 
 
+_INDEX_TYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+
+
 def _light_proto(graph: Graph) -> onnx.ModelProto:
-    """The graph as a proto whose big initializers keep their dims and type but not their bytes."""
+    """The graph as a proto whose big float initializers are graph inputs of known type and shape (no bytes).
+
+    Integer initializers stay (up to 1 MiB): shape inference reads them (position ids, Expand shapes). A weight
+    declared as an input keeps its shape for inference, and no inference engine tries to read its values.
+    """
     proto = graph.to_proto()
+    keep, moved = [], []
     for init in proto.graph.initializer:
-        if init.ByteSize() > 4096:
-            dims, dtype, name = list(init.dims), init.data_type, init.name
-            init.Clear()
-            init.name, init.data_type = name, dtype
-            init.dims.extend(dims)
+        n = int(np.prod(init.dims, dtype=np.int64)) if init.dims else 1
+        if n * 4 > (2**20 if init.data_type in _INDEX_TYPES else 4096):
+            moved.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+        else:
+            keep.append(init)
+    if moved:
+        inputs = {i.name for i in proto.graph.input}
+        proto.graph.ClearField("initializer")
+        proto.graph.initializer.extend(keep)
+        proto.graph.input.extend(v for v in moved if v.name not in inputs)
     return proto
 
 

@@ -24,6 +24,7 @@ import onnx_ir as ir
 
 from ..graph import Graph
 from ..shapes import ShapeInfo
+from .shape_values import ShapeValues
 
 __all__ = ["fold", "needed", "MAX_FOLD_BYTES", "HOST_OPS", "is_host_side"]
 
@@ -99,67 +100,13 @@ def _within_limits(inputs: list[np.ndarray | None], outputs: list[np.ndarray]) -
     return size_out <= min(MAX_FOLD_BYTES, 2 * size_in + _SLACK)
 
 
-# --------------------------------------------------------------------------------------------------
-# symbolic shape values: int64 vectors whose elements are ints, dim names (str) or unknown (None)
-# --------------------------------------------------------------------------------------------------
-
-def _shape_value(cx: "_Folder", v: ir.Value | None) -> tuple[list, tuple] | None:
-    """(elements, shape) of a small int shape value, each element an int, a dim name or None; None if not one."""
-    if v is None:
-        return None
-    if id(v) in cx.sym:
-        return cx.sym[id(v)]
-    c = cx.graph.constant(v)
-    if c is not None and c.dtype in _INT and c.ndim <= 1 and c.size <= 64:
-        return [int(x) for x in c.reshape(-1)], tuple(c.shape)
-    return None
-
-
-def _gather(data, idx):
-    (elems, shape), (ids, ishape) = data, idx
-    n = len(elems)
-    if len(shape) != 1 or any(k is None or not -n <= k < n for k in ids):
-        return None
-    return [elems[k if k >= 0 else k + n] for k in ids], ishape
-
-
-def _sym_node(cx: "_Folder", node: ir.Node) -> tuple[list, tuple] | None:
-    """Symbolic (elements, shape) of a shape-arithmetic node's output, or None."""
-    op, attrs = node.op_type, node.attributes
-    if op == "Shape":
-        s = cx.info.shape(node.inputs[0])
-        if s is None:
-            return None
-        dims = [d if isinstance(d, (int, str)) else None for d in s]  # a dim name: equal wherever it appears
-        start = int(attrs["start"].value) if "start" in attrs else 0
-        end = int(attrs["end"].value) if "end" in attrs else len(dims)
-        dims = dims[slice(start, end)]
-        return dims, (len(dims),)
-    ins = [_shape_value(cx, v) for v in node.inputs]
-    if not ins or ins[0] is None:
-        return None
-    elems, shape = ins[0]
-    if op == "Identity" or (op == "Cast" and int(attrs["to"].value) in (6, 7)):
-        return elems, shape
-    if op == "Unsqueeze" and shape == () and cx.graph.opset >= 1:
-        return elems, (1,)
-    if op == "Squeeze" and shape == (1,):
-        return elems, ()
-    if op == "Concat" and all(i is not None and len(i[1]) == 1 for i in ins) and int(attrs["axis"].value) in (0, -1):
-        out = [d for i in ins for d in i[0]]
-        return out, (len(out),)
-    if op == "Gather" and len(ins) == 2 and ins[1] is not None and int(attrs["axis"].value if "axis" in attrs else 0) == 0:
-        return _gather(ins[0], ins[1])
-    return None
-
-
 def _simplify_reshape(cx: "_Folder", node: ir.Node) -> int:
     """Reshape(x, Concat(Shape(x)[0], Shape(x)[1], 4, 32)) -> Reshape(x, [0, 0, 4, 32]): a computed target whose
     dynamic elements copy x's own dims at the same position (`0`, with allowzero=0) or leave one to infer (-1)."""
     if len(node.inputs) != 2 or node.inputs[1] is None or int(node.attributes["allowzero"].value
                                                               if "allowzero" in node.attributes else 0):
         return 0
-    target = _shape_value(cx, node.inputs[1])
+    target = cx.values.of(node.inputs[1])
     data = cx.info.shape(node.inputs[0])
     if target is None or len(target[1]) != 1 or cx.graph.constant(node.inputs[1]) is not None or data is None:
         return 0
@@ -188,7 +135,7 @@ class _Folder:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.info = ShapeInfo(graph)
-        self.sym: dict[int, list] = {}
+        self.values = ShapeValues(graph, self.info)
         self.names = graph.names()
         self.folded = 0
         self.shapes = 0
@@ -229,9 +176,8 @@ def fold(graph: Graph) -> dict[str, int]:
                 cx.folded += 1
                 continue
         if node.op_type in HOST_OPS and len(node.outputs) == 1:
-            sym = _sym_node(cx, node)
+            sym = cx.values.of(node.outputs[0])
             if sym is not None:
-                cx.sym[id(node.outputs[0])] = sym
                 dtype = np.dtype(np.int64) if node.op_type == "Shape" else cx.info.dtype(node.outputs[0])
                 if all(isinstance(d, int) for d in sym[0]) and dtype in _INT and node.op_type != "Identity":
                     _replace_by_constants(cx, node, [np.array(sym[0], dtype=dtype).reshape(sym[1])])

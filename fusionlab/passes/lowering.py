@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["LOWERINGS", "Target", "FUSED_CONV_ACTIVATIONS", "FUSED_GEMM_ACTIVATIONS", "ELEMENTWISE_ACTIVATIONS",
-           "conv_target", "gemm_target", "gelu_target", "fast_gelu_target", "contrib_target", "layernorm_target"]
+           "conv_target", "gemm_target", "gelu_target", "fast_gelu_target", "contrib_target", "layernorm_target",
+           "attention_target"]
 
 LOWERINGS = ("runtime", "functions", "onnx")
 _F32 = np.dtype(np.float32)
@@ -100,6 +101,11 @@ def fast_gelu_target(opset: int, lower: str) -> Target | None:
 def contrib_target(op: str, lower: str) -> Target | None:
     """A com.microsoft op with no standard equivalent (BiasGelu, QuickGelu, SkipLayerNormalization, ...)."""
     return None if lower == "onnx" else Target(f"com.microsoft:{op}")
+
+
+def attention_target(lower: str) -> Target | None:
+    """Scaled dot-product attention: onnxruntime's MultiHeadAttention (no standard op before opset 23)."""
+    return None if lower == "onnx" else Target("com.microsoft:MultiHeadAttention")
 
 
 def layernorm_target(opset: int) -> Target | None:

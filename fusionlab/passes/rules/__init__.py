@@ -5,6 +5,7 @@ that belongs to a BiasGelu is not taken by matmul_add_gemm.
 """
 
 from .activation import SiLU
+from .attention import Attention
 from .conv import ConvChain
 from .gelu import ErfGelu, GeluAfterBias, TanhGelu
 from .linear import LinearChain
@@ -14,14 +15,14 @@ from .pool import PadPool
 __all__ = ["VERTICAL_RULES", "RULE_NAMES", "rule_for"]
 
 #: the rule units in priority order
-VERTICAL_RULES = (DecomposedLayerNorm(), SkipLayerNorm(), ErfGelu(), GeluAfterBias(), TanhGelu(), ConvChain(),
+VERTICAL_RULES = (Attention(), DecomposedLayerNorm(), SkipLayerNorm(), ErfGelu(), GeluAfterBias(), TanhGelu(), ConvChain(),
                   PadPool(), LinearChain(), SiLU())
 
 #: every rule name, in the order the README lists them
 RULE_NAMES = (
     "pad_conv", "pad_pool", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
     "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act",
-    "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "silu",
+    "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "silu", "attention",
 )
 
 

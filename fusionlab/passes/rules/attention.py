@@ -1,0 +1,242 @@
+"""Scaled dot-product attention, as exporters write it, -> one com.microsoft MultiHeadAttention.
+
+The pattern, anchored on the Softmax (every arrangement of the views is proved by `layout`, not listed):
+
+    Q = view(q)      [B,N,S,D]   (q, k, v: [B,S,N*D] projections; `view` = Reshape/Transpose chains)
+    K^T = view(k)    [B,N,D,L]
+    P = Softmax(Q·s1 @ K^T·s2 · s3 [+ mask])      (s1, s2, s3 scalar constants, any of them absent)
+    [P = Where(IsNaN(P), 0, P)]                   (SDPA's guard for fully masked rows)
+    out = view(P @ view(v)) [B,S,N*D]
+
+becomes MultiHeadAttention(q, k, v, attention_bias=mask, num_heads=N, scale=s1·s2·s3). Legality: fp32; the
+layouts prove Q, K, V split their last axis into the same N heads of D; the mask has the shape
+MultiHeadAttention accepts ([B or 1, 1 or N, S, L]); every intermediate has one consumer. SDPA's NaN guard
+zeroes rows whose keys are all masked (-inf); MultiHeadAttention returns NaN there instead, so when the mask
+can hold -inf the guard is kept after the fused op (Where(IsNaN(out), 0, out)), which is the same for
+finite inputs. With a finite mask (finfo.min) or none, no row can be NaN and the guard is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_ir as ir
+
+from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, other_input, scalar, sole_consumer
+from ..lowering import attention_target
+from ..shape_values import ShapeValues
+from .common import F32
+from .layout import Atom, trace_back, trace_forward
+
+__all__ = ["Attention"]
+
+
+def _scaled(cx, v: ir.Value):
+    """(inner value, scale, node) when v = inner * c or inner / c with a scalar constant c, else (v, 1.0, None)."""
+    n = v.producer()
+    if is_op(n, "Mul", "Div") and cx.free(n) and sole_consumer(v) is not None:
+        for inner, c_v in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
+            c = cx.constant(c_v)
+            if c is not None and scalar(c) is not None and not cx.broadcasts_up(c, inner) and \
+                    (n.op_type == "Mul" or inner is n.inputs[0]) and cx.constant(inner) is None:
+                k = scalar(c)
+                if k == 0.0 or not math.isfinite(k):
+                    return v, 1.0, None
+                return inner, (k if n.op_type == "Mul" else 1.0 / k), n
+    return v, 1.0, None
+
+
+#: the base [B, S, H] traced by `layout`: atoms x0 (B), x1 (S), and x2.0 x x2.1 = H split into heads
+_ATOMS = {"b": "x0", "s": "x1", "n": "x2.0", "d": "x2.1"}
+
+
+def _heads(layout, want: str) -> tuple[int, int] | None:
+    """(N, D) when `layout` is the base [B, S, H] with H split into N x D, arranged as `want` (e.g. "bnsd")."""
+    if layout is None or len(layout) != 4 or any(len(ax) != 1 for ax in layout):
+        return None
+    if [ax[0].name for ax in layout] != [_ATOMS[w] for w in want]:
+        return None
+    n, d = (layout[want.index(w)][0].size for w in "nd")
+    return (n, d) if isinstance(n, int) and isinstance(d, int) else None
+
+
+def _scores(cx, sm: ir.Node):
+    """(MatMul, mask or None, scale of the scores, nodes) of Softmax(s3 * MatMul(..) [+ mask])."""
+    x, nodes, mask = sm.inputs[0], [], None
+    add = x.producer()
+    if is_op(add, "Add") and cx.free(add) and sole_consumer(x) is sm:
+        for s, m in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+            inner = _scaled(cx, s)[0]
+            if is_op(inner.producer(), "MatMul") and not is_op(m.producer(), "MatMul"):
+                x, mask = s, m
+                nodes.append(add)
+                break
+        else:
+            return None
+    inner, s3, scale_node = _scaled(cx, x)
+    mm = inner.producer()
+    if not is_op(mm, "MatMul") or not cx.free(mm) or sole_consumer(inner) is None:
+        return None
+    nodes += [scale_node] if scale_node is not None else []
+    return mm, mask, s3, nodes + [mm]
+
+
+def _guard(cx, p: ir.Value):
+    """(value the context MatMul reads, guard nodes) for P or Where(IsNaN(P), 0, P)."""
+    readers = consumers(p)
+    if len(readers) == 1:
+        return p, []
+    isnan = next((n for n in readers if is_op(n, "IsNaN")), None)
+    where = next((n for n in readers if is_op(n, "Where")), None)
+    if len(readers) != 2 or isnan is None or where is None or not cx.free(isnan, where) or \
+            list(where.inputs) != [isnan.outputs[0], where.inputs[1], p] or \
+            not exact(cx.constant(where.inputs[1]), 0.0) or sole_consumer(isnan.outputs[0]) is not where:
+        return None
+    return where.outputs[0], [isnan, where]
+
+
+def _mask_finite(cx, mask: ir.Value) -> bool:
+    """Whether the additive mask is provably finite (no -inf: no fully masked row can give NaN)."""
+    c = cx.constant(mask)
+    if c is not None:
+        return bool(np.all(np.isfinite(c)))
+    w = mask.producer()
+    if is_op(w, "Where") and len(w.inputs) == 3:
+        a, b = cx.constant(w.inputs[1]), cx.constant(w.inputs[2])
+        return a is not None and b is not None and bool(np.all(np.isfinite(a)) and np.all(np.isfinite(b)))
+    return False
+
+
+def _mask_ok(cx, mask: ir.Value, q: ir.Value, k: ir.Value, heads: int) -> str | None:
+    """Why the mask cannot be MultiHeadAttention's attention_bias ([B or 1, 1 or N, S, L]), or None."""
+    ms, qs, ks = cx.shape(mask), cx.shape(q), cx.shape(k)
+    if ms is None or qs is None or ks is None or len(ms) != 4:
+        return f"mask shape {ms} is not a known rank-4 shape"
+    if cx.dtype(mask) != F32:
+        return "mask is not float32"
+    if ms[0] not in (1, qs[0]) or ms[1] not in (1, heads) or ms[2] != qs[1] or ms[3] != ks[1] or None in ms:
+        return f"mask shape {ms} is not [B or 1, 1 or N, S, L] for q {qs}, k {ks}"
+    return None
+
+
+_SHAPE_OPS = ("Shape", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Cast", "Identity")
+
+
+def _support(cx, members: list[ir.Node]) -> list[ir.Node]:
+    """The shape arithmetic computing the group's Reshape targets that nothing outside the group reads.
+
+    Dynamo exports take `Shape` of an intermediate (K after its head split) to build the next Reshape's target;
+    those nodes go with the group, or the intermediate would escape it.
+    """
+    inside = {id(n) for n in members}
+    frontier = [n.inputs[1] for n in members if is_op(n, "Reshape") and len(n.inputs) > 1]
+    cand, seen = [], set()
+    while frontier:
+        v = frontier.pop()
+        p = v.producer() if v is not None else None
+        if p is None or id(p) in inside or id(p) in seen or not is_op(p, *_SHAPE_OPS) or not cx.free(p):
+            continue
+        seen.add(id(p))
+        cand.append(p)
+        if p.op_type != "Shape":
+            frontier.extend(i for i in p.inputs if i is not None)
+    keep = {id(p) for p in cand}
+    changed = True
+    while changed:
+        changed = False
+        for p in cand:
+            if id(p) in keep and any(o.is_graph_output() or any(id(u.node) not in inside | keep for u in o.uses())
+                                     for o in p.outputs):
+                keep.discard(id(p))
+                changed = True
+    return [p for p in cand if id(p) in keep]
+
+
+class Attention(Rule):
+    """Q·K^T scaled, masked, Softmax, @V, with the head views -> com.microsoft MultiHeadAttention."""
+
+    names = ("attention",)
+    anchors = ("Softmax",)
+    fixed = True
+    same_shape = False
+
+    def match(self, cx, sm: ir.Node) -> Match | None:
+        rank = cx.rank(sm.inputs[0])
+        if rank != 4 or int(attr(sm, "axis", -1 if cx.graph.opset >= 13 else 1)) not in (-1, 3):
+            return None
+        scores = _scores(cx, sm)
+        if scores is None:
+            return None
+        mm, mask, s3, nodes = scores
+        values = ShapeValues(cx.graph, cx.info)
+        (q_in, s1, q_scale), (k_in, s2, k_scale) = _scaled(cx, mm.inputs[0]), _scaled(cx, mm.inputs[1])
+        q, lq, q_views = trace_back(cx, values, q_in)
+        k, lk, k_views = trace_back(cx, values, k_in)
+        nd = _heads(lq, "bnsd")
+        if nd is None or _heads(lk, "bnds") != nd:
+            return None
+        guarded = _guard(cx, sm.outputs[0])
+        ctx_mm = sole_consumer(guarded[0]) if guarded is not None else None
+        if guarded is None or not is_op(ctx_mm, "MatMul") or ctx_mm.inputs[0] is not guarded[0] or not cx.free(ctx_mm):
+            return None
+        v, lv, v_views = trace_back(cx, values, ctx_mm.inputs[1])
+        if _heads(lv, "bnsd") is None or _heads(lv, "bnsd")[0] != nd[0]:
+            return None
+        out = self._output(cx, values, ctx_mm, q, v, nd[0], _heads(lv, "bnsd")[1])
+        if out is None:
+            raise Refused("the context does not return to [B, S, N*D] through views")
+        self._legal(cx, q, k, v, mask, nd[0])
+        pre = [n for n in (q_scale, k_scale) if n is not None]
+        members = q_views + k_views + v_views + pre + nodes + [sm] + guarded[1] + [ctx_mm] + out[1]
+        if not cx.free(*members):
+            return None
+        members += _support(cx, members)
+        keep_guard = bool(guarded[1]) and mask is not None and not _mask_finite(cx, mask)
+        target = attention_target(cx.lower)
+        if target is None:
+            raise Refused(f"no attention op for lower={cx.lower!r}")
+        return Match("attention", sm, members, f"{nd[0]} heads of {nd[1]}, layouts proved; "
+                     f"mask {'none' if mask is None else 'as attention_bias'}; guard {'kept' if keep_guard else 'none'}",
+                     target.op, target.kernels + (2 if keep_guard else 0) + (1 if out[2] else 0), outputs=[out[0]],
+                     data={"q": q, "k": k, "v": v, "mask": mask, "heads": nd[0], "scale": s1 * s2 * s3,
+                           "guard": keep_guard, "flatten": out[2] and nd[0] * _heads(lv, "bnsd")[1]})
+
+    @staticmethod
+    def _output(cx, values, ctx_mm: ir.Node, q: ir.Value, v: ir.Value, heads: int, dv: int):
+        qs = cx.shape(q)
+        start = [(Atom("c0", qs[0]),), (Atom("c1", heads),), (Atom("c2", qs[1]),), (Atom("c3", dv),)]
+        found = None
+        for value, layout, chain in trace_forward(cx, values, ctx_mm.outputs[0], start):
+            names = [tuple(a.name for a in ax) for ax in layout]
+            if names == [("c0",), ("c2",), ("c1", "c3")]:
+                found = (value, chain, False)
+            elif names == [("c0", "c2"), ("c1", "c3")]:  # flattened to [B*S, N*D] for a Gemm (GPT-2's Conv1D)
+                found = (value, chain, True)
+        return found
+
+    @staticmethod
+    def _legal(cx, q: ir.Value, k: ir.Value, v: ir.Value, mask, heads: int) -> None:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if cx.dtype(t) != F32 or cx.rank(t) != 3:
+                raise Refused(f"{name} projection is not a rank-3 float32 tensor")
+        if cx.shape(k)[1] != cx.shape(v)[1] or cx.shape(k)[0] != cx.shape(q)[0]:
+            raise Refused("key and value lengths (or batches) differ")
+        if mask is not None:
+            why = _mask_ok(cx, mask, q, k, heads)
+            if why:
+                raise Refused(why)
+
+    def rewrite(self, cx, m: Match) -> list[ir.Node]:
+        d = m.data
+        ins = [d["q"], d["k"], d["v"], None, None] + ([d["mask"]] if d["mask"] is not None else [])
+        out = [cx.node("MultiHeadAttention", ins, {"num_heads": int(d["heads"]), "scale": float(d["scale"])},
+                       domain="com.microsoft", base=f"{m.anchor.name}_mha")]
+        if d["guard"]:
+            isnan = cx.node("IsNaN", [out[-1].outputs[0]], base=f"{m.anchor.name}_isnan")
+            zero = cx.initializer(f"{m.anchor.name}_zero", np.array(0.0, np.float32))
+            out += [isnan, cx.node("Where", [isnan.outputs[0], zero, out[-1].outputs[0]], base=f"{m.anchor.name}_guard")]
+        if d["flatten"]:
+            shape = cx.initializer(f"{m.anchor.name}_flat", np.array([-1, d["flatten"]], np.int64))
+            out.append(cx.node("Reshape", [out[-1].outputs[0], shape], base=f"{m.anchor.name}_flatten"))
+        return out

@@ -1,0 +1,150 @@
+"""Attention as the three exporters write it -> MultiHeadAttention; each legality condition has a model it refuses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper as h
+
+from fusionlab import load, verify
+from fusionlab.build import make_model, tensor, value_info
+from fusionlab.passes import fuse
+from fusionlab.passes.rules.layout import base_layout, reshape
+
+RNG = np.random.default_rng(7)
+HID, HEADS = 16, 2
+D = HID // HEADS
+
+
+def attention_model(form="sdpa", mask="neg_inf", mixed_heads=False, dtype=np.float32, extra_reader=False,
+                    scale_shape=(), mask_rows=True, axis=-1):
+    """One self-attention block over x [batch, seq, HID], written the way `form` exports it."""
+    f = lambda *s: (RNG.standard_normal(s) * 0.3).astype(dtype)  # noqa: E731
+    nodes, inits = [], []
+    for p in "qkv":
+        nodes += [h.make_node("MatMul", ["x", f"W{p}"], [f"{p}m"], name=f"{p}_mm"),
+                  h.make_node("Add", [f"{p}m", f"b{p}"], [p], name=f"{p}_add")]
+        inits += [tensor(f"W{p}", f(HID, HID)), tensor(f"b{p}", f(HID))]
+    for p in "qkv":  # mixed_heads: Q's hidden axis read as (D, N) instead of (N, D): same shapes, other heads
+        split = [0, 0, D, HEADS] if (mixed_heads and p == "q") else [0, 0, HEADS, D]
+        inits.append(tensor(f"s_{p}", np.array(split, np.int64)))
+        nodes.append(h.make_node("Reshape", [p, f"s_{p}"], [f"{p}4"], name=f"{p}_split"))
+    nodes += [h.make_node("Transpose", ["q4"], ["qt"], name="q_t", perm=[0, 3, 1, 2] if mixed_heads else [0, 2, 1, 3]),
+              h.make_node("Transpose", ["v4"], ["vt"], name="v_t", perm=[0, 2, 1, 3])]
+    if form == "dynamo":  # K^T through 3-D reshapes with targets computed from Shape, as torch's dynamo writes it
+        big = np.iinfo(np.int64).max
+        for name, val in (("i0", 0), ("i2", 2), ("im2", -2), ("im1", -1), ("imax", big), ("imin", -big - 1)):
+            inits.append(tensor(name, np.array([val], np.int64)))
+        inits.append(tensor("minus1", np.array([-1], np.int64)))
+        nodes += [h.make_node("Transpose", ["k4"], ["kbn"], name="k_t0", perm=[0, 2, 1, 3]),
+                  h.make_node("Shape", ["kbn"], ["ks_"], name="k_shape"),
+                  h.make_node("Slice", ["ks_", "im2", "im1"], ["k_s"], name="k_sl_s"),
+                  h.make_node("Slice", ["ks_", "im1", "imax"], ["k_d"], name="k_sl_d"),
+                  h.make_node("Slice", ["ks_", "imin", "im2"], ["k_bn"], name="k_sl_bn"),
+                  h.make_node("Concat", ["minus1", "k_s", "k_d"], ["s_k3"], name="k_cat3", axis=0),
+                  h.make_node("Concat", ["k_bn", "k_d", "k_s"], ["s_k4"], name="k_cat4", axis=0),
+                  h.make_node("Reshape", ["kbn", "s_k3"], ["k3"], name="k_r3"),
+                  h.make_node("Transpose", ["k3"], ["k3t"], name="k_t1", perm=[0, 2, 1]),
+                  h.make_node("Reshape", ["k3t", "s_k4"], ["kt"], name="k_r4")]
+    else:
+        nodes.append(h.make_node("Transpose", ["k4"], ["kt"], name="k_t", perm=[0, 2, 3, 1]))
+    s = float(D) ** -0.25
+    if form == "eager":
+        nodes += [h.make_node("MatMul", ["qt", "kt"], ["raw"], name="scores"),
+                  h.make_node("Mul", ["raw", "scale"], ["sc"], name="post_scale")]
+        inits.append(tensor("scale", np.full(scale_shape, 1 / np.sqrt(D), dtype)))
+    else:
+        nodes += [h.make_node("Mul", ["qt", "s1"], ["qs"], name="q_scale"), h.make_node("Mul", ["kt", "s2"], ["ks"], name="k_scale"),
+                  h.make_node("MatMul", ["qs", "ks"], ["sc"], name="scores")]
+        inits += [tensor("s1", np.full(scale_shape, s, dtype)), tensor("s2", np.full(scale_shape, s, dtype))]
+    logits = "sc"
+    if mask is not None:
+        fill = -np.inf if mask == "neg_inf" else np.finfo(dtype).min
+        nodes += [h.make_node("Where", ["keep", "zero", "fill"], ["bias"], name="mask"),
+                  h.make_node("Add", ["sc", "bias"], ["logits"], name="add_mask")]
+        inits += [tensor("zero", np.zeros(1, dtype)), tensor("fill", np.full(1, fill, dtype))]
+        logits = "logits"
+    nodes.append(h.make_node("Softmax", [logits], ["p"], name="softmax", axis=axis))
+    probs = "p"
+    if form in ("sdpa", "dynamo"):
+        nodes += [h.make_node("IsNaN", ["p"], ["nan"], name="isnan"), h.make_node("Where", ["nan", "zero2", "p"], ["pg"], name="guard")]
+        inits.append(tensor("zero2", np.zeros(1, dtype)))
+        probs = "pg"
+    nodes += [h.make_node("MatMul", [probs, "vt"], ["ctx"], name="context"),
+              h.make_node("Transpose", ["ctx"], ["ctx_t"], name="ctx_t", perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["ctx_t", "s_out"], ["y"], name="merge")]
+    inits.append(tensor("s_out", np.array([0, 0, HID], np.int64)))
+    outputs = [value_info("y", dtype, ["batch", "seq", HID])]
+    if extra_reader:
+        nodes.append(h.make_node("Relu", ["qt"], ["leak"], name="leak"))
+        outputs.append(value_info("leak", dtype, None))
+    inputs = [value_info("x", dtype, ["batch", "seq", HID])]
+    if mask is not None:
+        inputs.append(value_info("keep", np.bool_, ["batch", 1, "seq" if mask_rows else 1, "seq"]))
+    return make_model(nodes, inputs, outputs, inits, opset=17)
+
+
+def _fused(m):
+    res = fuse(m, ("vertical",))
+    return res, res.plan.rule_counts().get("attention", 0)
+
+
+@pytest.mark.parametrize("form,mask", [("sdpa", "neg_inf"), ("sdpa", "finfo_min"), ("dynamo", "finfo_min"),
+                                       ("eager", "finfo_min"), ("sdpa", None), ("eager", None)])
+def test_exporter_forms_become_one_multiheadattention(form, mask):
+    m = attention_model(form, mask)
+    res, n = _fused(m)
+    assert n == 1, res.plan.refusals
+    ops = res.after
+    assert ops.get("com.microsoft:MultiHeadAttention") == 1 and "Softmax" not in ops and "Transpose" not in ops
+    # the NaN guard is kept only where the mask can be -inf
+    assert ("IsNaN" in ops) == (form in ("sdpa", "dynamo") and mask == "neg_inf")
+    for dims in ({"batch": 2, "seq": 5}, {"batch": 1, "seq": 9}):
+        assert verify(m, res.graph, dims=dims).ok
+
+
+def test_fully_masked_row_with_neg_inf_mask_matches_the_guard():
+    """A query whose keys are all masked: SDPA's guard gives 0; the fused op + kept guard gives 0 too."""
+    import onnxruntime  # noqa: F401
+
+    from fusionlab.runtime import run
+
+    m = attention_model("sdpa", "neg_inf")
+    res, _ = _fused(m)
+    x = RNG.standard_normal((2, 4, HID)).astype(np.float32)
+    keep = np.ones((2, 1, 4, 4), bool)
+    keep[1, 0, 2, :] = False  # row 2 of batch 1 attends to nothing
+    a, b = run(m, {"x": x, "keep": keep})["y"], run(res.graph, {"x": x, "keep": keep})["y"]
+    assert np.all(a[1, 2] == 0) and np.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case,reason", [
+    ({"mixed_heads": True}, None),                            # Q's heads are other elements than K's
+    ({"mask_rows": False}, "is not \\[B or 1, 1 or N, S, L\\]"),  # mask broadcasts over queries
+    ({"dtype": np.float16}, "not a rank-3 float32"),
+    ({"scale_shape": (1, HEADS, 1, 1)}, None),                 # a per-head scale is not a scalar: no pattern
+    ({"axis": 2}, None),                                       # Softmax over the queries
+])
+def test_must_not_fuse(case, reason):
+    m = attention_model("sdpa", "finfo_min", **case)
+    res, n = _fused(m)
+    assert n == 0
+    if reason is not None:
+        assert any("attention" == r.rule and __import__("re").search(reason, r.reason) for r in res.plan.refusals), \
+            res.plan.refusals
+    assert verify(m, res.graph, dims={"batch": 2, "seq": 3}).ok
+
+
+def test_an_intermediate_read_outside_blocks_the_fusion():
+    m = attention_model("eager", "finfo_min", extra_reader=True)
+    res, n = _fused(m)
+    assert n == 0 and any("read outside" in r.reason for r in res.plan.why_not("softmax"))
+
+
+def test_layout_prover_regroups_and_splits_atoms():
+    base = base_layout(("batch", "seq", 8), "x")
+    heads = reshape(base, ["batch", "seq", 2, 4])
+    assert [tuple(a.name for a in ax) for ax in heads] == [("x0",), ("x1",), ("x2.0",), ("x2.1",)]
+    merged = reshape([heads[i] for i in (0, 2, 1, 3)], [-1, "seq", 4])
+    assert [tuple(a.name for a in ax) for ax in merged] == [("x0", "x2.0"), ("x1",), ("x2.1",)]
+    assert reshape(base, ["batch", 3, -1]) is None  # 3 does not divide the sequence dim's atoms

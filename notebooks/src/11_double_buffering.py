@@ -27,7 +27,8 @@ warnings.filterwarnings("ignore")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fusionlab import devices, pipeline
+from fusionlab import devices
+from fusionlab.lessons import double_buffer as pipeline
 from fusionlab.timing import bench, compare
 
 plt.rcParams["figure.dpi"] = 80

@@ -34,7 +34,8 @@ import numpy as np
 from onnx import numpy_helper
 
 import fusionlab
-from fusionlab import dynamic, zoo
+from fusionlab import zoo
+from fusionlab.lessons import dynamic_shapes as dynamic
 from fusionlab.passes import fuse
 from fusionlab.runtime import make_feeds, session
 from fusionlab.text import text_table

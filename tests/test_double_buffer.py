@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fusionlab import pipeline as P
+from fusionlab.lessons import double_buffer as P
 
 times = st.tuples(*[st.floats(0.01, 5.0, allow_nan=False)] * 3).map(lambda t: P.StageTimes(*t))
 

@@ -23,7 +23,7 @@ Measured against float64 references on 1e7-point grids (this machine, with FMA; 
 max |erf error| 3.8e-7 over [-6, 6] (4.7e-7 where no FMA contraction happens; the approximation
 itself, evaluated in float64, is within 6.9e-8: the rest is float32 rounding); max |tanh error|
 3.3e-7 over [-10, 10]; max exp relative error 8.5e-8 (at most 3 ulp from numpy's float32 exp) over
-[-87, 88.7]; max |sigmoid error| 8.9e-8 over [-30, 30]. tests/test_elementwise.py asserts 5e-7, 5e-7,
+[-87, 88.7]; max |sigmoid error| 8.9e-8 over [-30, 30]. tests/test_codegen.py asserts 5e-7, 5e-7,
 2e-7 and 2e-7. Special values follow libm: erf(+-inf) = +-1, tanh(+-inf) = +-1, exp(inf) = inf,
 exp(-inf) = 0, sigmoid(+-inf) = 1 or 0, and NaN propagates. Float64 kernels call libm (exact, scalar).
 """
@@ -38,8 +38,8 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
-from .build import make_model, tensor, value_info
-from .graph import Graph, load
+from ..build import make_model, tensor, value_info
+from ..graph import Graph, load
 
 __all__ = ["SUPPORTED", "FusedKernel", "BytesMoved", "compile_chain", "fuse_elementwise", "chain_model",
            "unfused", "bytes_moved"]
@@ -60,7 +60,7 @@ _FASTMATH = {"contract"}
 # A libm call (math.erf, math.exp, math.tanh) inside the loop keeps LLVM from vectorising it: with no
 # vector math library in numba's LLVM, each element pays one scalar call, fastmath or not. These are
 # branch-free (clamps are selects) polynomial forms of the kind Eigen, XLA and onnxruntime's MLAS use;
-# their measured errors are in the module docstring and asserted in tests/test_elementwise.py.
+# their measured errors are in the module docstring and asserted in tests/test_codegen.py.
 _HELPERS = {
     "erf": '''
 # erf(x): the float32 rational approximation of Eigen and XLA, x * P(x^2) / Q(x^2),

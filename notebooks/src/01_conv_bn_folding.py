@@ -398,7 +398,7 @@ fig
 # One thing the model leaves out: Ascend stores feature maps as NC1HWC0, channels in blocks of C0 = 16 (fp16), and
 # the cube unit works on whole blocks. The stem's 3 input channels are padded to 16, so the device computes (and its
 # DMA moves) 16/3 ≈ 5.3× the input-channel work the ONNX graph describes. The cell after the prediction counts
-# both; the cost model's conv time uses the unpadded count, and is too low for the stem by up to that factor.
+# both; the cost model's conv time uses the unpadded count.
 
 # %%
 for name in ("Atlas 300I Pro", "Atlas 800I A2 (Ascend 910B)"):
@@ -424,8 +424,10 @@ print(f"at the 300I Pro's fp16 peak: {folded_work.flops / pro_peak * 1e6:.1f} us
 # share of the layer there, and a small share on a CPU, where the conv itself takes far longer (compare the
 # medians in §8). Whether the
 # write-up's 40% holds on real hardware would need `msprof` on an Atlas 300I Pro. The model only shows
-# that a saving of that order is *plausible* for a memory-bound BN after a fast conv, and the C0 padding above
-# makes the conv's share larger than the model has it, so the saving smaller.
+# that a saving of that order is *plausible* for a memory-bound BN after a fast conv. The C0 padding weakens even
+# that: padded, the conv's arithmetic alone takes 18 µs at the 300I Pro's peak instead of 3.4 µs, longer than the
+# conv's memory traffic, so on the device the conv is slower than the model has it and the BN pass that folding
+# removes is a smaller share of the layer than predicted.
 #
 # ### The seed's other ResNet-50 claim: MatMul + activation and the batch size
 

@@ -235,7 +235,8 @@ for kb in (192, 64):
     p = mixed.plan(yolo, max_group_ops=None, buffer_kb=kb)
     patterns = collections.Counter("+".join(g.op_types) for g in p)
     ws = [g.extra["working_set_kb"] for g in p]
-    print(f"buffer_kb={kb}: {len(yolo) - p.saved_launches} kernels; working sets {min(ws)}-{max(ws)} KB")
+    print(f"buffer_kb={kb}: {len(yolo) - p.saved_launches} kernels; working sets {min(ws)}-{max(ws)} KB, "
+          f"{sum(w > 64 for w in ws)} of {len(ws)} groups above 64 KB")
     for pattern, n in patterns.most_common():
         print(f"  {n:>3} x {pattern}")
 _, steps = mixed.plan(yolo, max_group_ops=None, buffer_kb=64, trace=True)
@@ -243,10 +244,10 @@ print("why a left-over Sigmoid cannot join its Mul at 64 KB:",
       next(s for s in steps if s.node == "/model.1/act/Sigmoid").reason)
 
 # %% [markdown]
-# It is a cliff, not a slope. In this tile model a whole Conv + BN + SiLU group needs 64.5 to 72 KB (the Conv's
-# inputs travel through L1, its output and the SiLU's intermediate through the UB), so at 192 KB every Conv takes
-# its BN, Sigmoid and Mul, and the residual `Add`s ride along. A 64 KB budget is just under that: most groups
-# stop after the BN. The Sigmoid and Mul left behind cannot even pair up, because their input now arrives in the
+# It is a cliff, not a slope. In this tile model most whole Conv + BN + SiLU groups need a little more than 64 KB
+# (the Conv's inputs travel through L1, its output and the SiLU's intermediate through the UB, double-buffered
+# 16 KB tiles), so at 192 KB every Conv takes its BN, Sigmoid and Mul, and the residual `Add`s ride along. A 64 KB
+# budget is just under that: 51 of the 57 groups stop after the BN. The Sigmoid and Mul left behind cannot even pair up, because their input now arrives in the
 # UB, double-buffered, and their working set is larger than the whole group's was. So each Conv group that stopped
 # leaves two single-op kernels behind, and the residual `Add`s run alone too: 80 + 2 × 51 + 7 = 189. A budget
 # that sits just below the working set of a common pattern changes the plan of the whole network at once; the

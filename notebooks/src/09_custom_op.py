@@ -325,7 +325,9 @@ print(json.dumps(doc["input_desc"][0]), json.dumps(doc["attr"][0]), sep="\n")
 print(files["ascendc/op_kernel/conv_relu.cpp"])
 a2 = package_files([decl], soc="Ascend910B4")["ascendc/op_kernel/conv_relu.cpp"]
 print("the same kernel stub for an Atlas A2 (Ascend910B4), epilogue lines:")
-print("\n".join(line for line in a2.splitlines() if "FixPipe" in line or "Mmad" in line))
+lines = a2.splitlines()
+start = next(i for i, line in enumerate(lines) if "Epilogue" in line)
+print("\n".join(lines[start:-2]))
 
 # %% [markdown]
 # Converting the model on the device is `atc --framework=5` (5 = ONNX). `fusion_switch.cfg` is for

@@ -49,9 +49,10 @@ print("anything else (Softmax, control flow, custom domains): OPAQUE")
 # - a reduction can *end* a group (its inputs are computed on the fly) but nothing is fused after it.
 #   This is TVM's rule, and it is conservative: a reduction's consumers need the finished result, so fusing
 #   them means a kernel that reduces first and then reuses the result on chip, which TVM's FuseOps does not
-#   generate. Other compilers do: XLA fuses a reduction's producers into it and several reductions of one
-#   input into one kernel (multi-output fusion), PyTorch Inductor writes softmax or LayerNorm (reductions and
-#   the elementwise ops around them) as one kernel, and CANN's graph fusion replaces ONNX's decomposed LayerNorm
+#   generate. Other compilers do: XLA's GPU backend fuses the elementwise ops after a reduction into it
+#   (reduction epilogue fusion, on by default: `--xla_gpu_enable_reduction_epilogue_fusion`) and its Triton
+#   softmax rewriter makes a whole softmax one kernel, PyTorch Inductor writes softmax or LayerNorm (reductions
+#   and the elementwise ops around them) as one kernel, and CANN's graph fusion replaces ONNX's decomposed LayerNorm
 #   (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) by one `LayerNorm` kernel
 #   (`LayerNormONNXFusionPass`). Notebook 07 fuses reductions with their consumers;
 # - Conv/MatMul (out-elementwise-fusable) can absorb elementwise ops into their output, never another

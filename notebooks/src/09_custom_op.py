@@ -348,8 +348,9 @@ print(files["fusion_switch.cfg"])
 #   with the same algebra as notebook 01 (it inserts `ConvBnFilterHost` / `ConvBnBiasHost` ops that the compiler
 #   evaluates once).
 # - **UB fusion** (`TbeCommonRules0FusionPass`, `TbeConv2DReluv2Pass` and relatives) compiles the conv and the
-#   elementwise op after it as one kernel: the conv's result goes to the Unified Buffer (or through FixPipe on
-#   A2), the ReLU is applied there, and only the activated result is written to global memory. In the words of
+#   elementwise op after it as one kernel: the conv's result stays on chip (in the Unified Buffer, or passing
+#   through FixPipe on A2), the ReLU is applied there or on the way out, and only the activated result is written
+#   to global memory. In the words of
 #   the CANN docs, UB fusion saves "the data movement of A's output from the UB to GM and back".
 #
 # Both are on unless a `fusion_switch.cfg` turns them off, and `atc` reports what fired in `fusion_result.json`
@@ -375,8 +376,8 @@ print("passes the baseline switches off:", {part: sorted(p) for part, p in switc
 #   quantisation), a layout, or several operators that no fusion pass joins (attention blocks are the common case,
 #   and CANN ships fused ones).
 #
-# The seed's 23% for YOLOv5 (§1) must therefore have been measured against a baseline without ATC's fusion, or
-# with a pattern ATC did not fuse; against ATC's default a custom `ConvRelu` would at best match the built-in
+# The seed's 23% for YOLOv5 (§1) was then most likely measured against a baseline without ATC's fusion, or on a
+# pattern ATC did not fuse; against ATC's default a custom `ConvRelu` would at best match the built-in
 # fusion. The ledger's verdict:
 
 # %%

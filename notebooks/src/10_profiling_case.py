@@ -61,7 +61,8 @@ print("fused model equivalent to the original (fp32, rtol 1e-4, atol 1e-5):", re
 # The table mirrors the columns of msprof's `op_summary`. **Wait** is computed the way msprof computes
 # `Task Wait Time`: the time between the end of the previous op and the start of this one. On an NPU that gap is
 # the kernel-launch and scheduling cost; on this CPU it is onnxruntime's per-node overhead (finding the inputs,
-# allocating the output, dispatching the kernel). The run shown is the median one of fifteen.
+# allocating the output, dispatching the kernel) plus, as §3 measures, the profiler's own bookkeeping. The run
+# shown is the median one of fifteen.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -251,6 +252,10 @@ print(f"measured without the profiler: {saved:.0f} us saved per run for {before.
       f"fewer kernels, {saved / (before.ops_per_run - after.ops_per_run):.1f} us per kernel removed")
 
 # %% [markdown]
+# The saving per removed kernel, measured with the profiler off, includes more than a launch: each removed
+# BatchNormalization, Sigmoid and Mul also read and wrote a whole feature map. That is why it is larger than the
+# calibrated launch overhead.
+#
 # **Parallel branches.** The seed's fix for launch gaps on Ascend is to run independent work on several streams.
 # onnxruntime's CPU equivalent is `ExecutionMode.ORT_PARALLEL` with `inter_op_num_threads > 1`. We try it on an
 # Inception-style model, whose blocks have four independent branches.
@@ -273,10 +278,6 @@ branches = compare(serial_run, parallel_run, min_time=2.0, label_a="sequential",
 print(branches.table())
 
 # %% [markdown]
-# The saving per removed kernel, measured with the profiler off, includes more than a launch: each removed
-# BatchNormalization, Sigmoid and Mul also read and wrote a whole feature map. That is why it is larger than the
-# calibrated launch overhead, and why the profiler's gaps (§3) overstate what launches cost.
-#
 # ## 7. Fix 2: frequent allocation → preallocated buffers
 #
 # The seed's second fix is a preallocated workspace instead of allocating and freeing per op. onnxruntime has
@@ -328,6 +329,7 @@ print("outputs:", {name: tuple(a.shape) for name, a in bound_out.items()})
 # virtual CPU we cannot see.) This CPU's power draw is unknown, so no TOPS/W is given for it.
 
 # %%
+print(seed_claims.claim("s41-fix-blockdim").summary(), "\n")
 costs = cost.node_costs(model)
 calibrated = devices.get("this machine")
 cpu_1 = metrics.with_peak(calibrated, metrics.ort_matmul_gflops(512, threads=1), "this CPU, 1 thread")

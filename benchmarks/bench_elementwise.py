@@ -17,7 +17,8 @@ import numpy as np
 
 from common import machine_line, markdown_table, parser, write_result
 
-from fusionlab import calibrate, elementwise, runtime, timing
+from fusionlab import calibrate, runtime, timing
+from fusionlab.lessons import codegen as elementwise
 
 CHAINS = {
     "cheap": [("Mul", 0.5), ("Add", "b"), ("Relu",), ("Sub", 0.1), ("Mul", "b"), ("Clip", -1.0, 1.0)],

@@ -3,7 +3,9 @@
 The Ascend figures live in `data/devices.json` with a source note each; figures that are derived,
 disputed or assumed are listed in the preset's `uncertain` field (see the reference notes,
 cann_facts.md sections 3.3 and 4). "this machine" is not a preset: `this_machine()` builds it from
-`fusionlab.calibrate` (single-thread matmul GFLOP/s, streaming bandwidth, onnxruntime per-kernel cost).
+`fusionlab.calibrate` (single-thread matmul GFLOP/s, DRAM streaming bandwidth on arrays >= 4 x the
+last-level cache, onnxruntime's per-kernel cost with the profiler off). Every notebook takes this
+machine's bandwidth and launch cost from here, so they quote the same quantities.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def names() -> list[str]:
 
 
 def this_machine(calibrate: bool = False) -> Device:
-    """This CPU as a Device, single-threaded; calibrate=True re-measures, False reuses (or quickly takes) one."""
+    """This CPU as a Device, single-threaded; calibrate=True re-measures, False reuses the process's calibration."""
     from . import calibrate as cal
     from .timing import machine_info
 
@@ -117,8 +119,8 @@ def this_machine(calibrate: bool = False) -> Device:
         name=THIS_MACHINE, chip=machine_info().get("cpu", "cpu"), peak_fp16_tflops=gflops / 1e3, peak_int8_tops=None,
         peak_fp32_tflops=gflops / 1e3, mem_bandwidth_gbs=c.stream_gbs, ub_kb=c.l2_kb, l1_kb=c.l1d_kb, ai_cores=1,
         power_w=None, launch_overhead_us=c.launch_overhead_us,
-        source=("measured by fusionlab.calibrate, one thread: numpy fp32 matmul, streaming copy/add bandwidth, "
-                "onnxruntime per-kernel cost; buffer = L2 + L1d of one core"),
+        source=("measured by fusionlab.calibrate, one thread: numpy fp32 matmul, DRAM streaming copy/add bandwidth "
+                "(arrays >= 4 x L3), onnxruntime per-kernel cost with the profiler off; buffer = L2 + L1d of one core"),
         uncertain=[], precision="fp32",
     )
 

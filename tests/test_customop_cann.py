@@ -161,3 +161,23 @@ def test_cli_output_is_byte_identical_across_runs(tmp_path):
         digests.append(_tree_digest(out))
     assert digests[0] == digests[1]
     assert "cbr_customop.onnx" in digests[0] and len(digests[0]) == 14
+
+
+def test_kernel_stub_describes_the_cube_path_for_a_conv_and_the_vector_path_otherwise():
+    from fusionlab.customop.cann import has_fixpipe, kernel_pipeline, op_kernel
+
+    conv = decls()[0]  # ConvRelu: Conv on the Cube, ReLU in the epilogue
+    on_310p = op_kernel(conv, "Ascend310P3")
+    assert "Cube pipeline" in on_310p and "L0A / L0B" in on_310p and "L0C" in on_310p
+    assert "MTE2: GM -> UB) -> Compute (Vector" not in on_310p  # not the vector kernel's CopyIn/Compute/CopyOut
+    assert "no FixPipe" in on_310p and "Vector unit applies it" in on_310p
+    on_a2 = op_kernel(conv, "Ascend910B4")
+    assert "FixPipe moves L0C -> GM" in on_a2 and "reluEn" in on_a2
+    assert has_fixpipe("Ascend910B4") and not has_fixpipe("Ascend310P3")
+    # the package passes its SoC on to the kernel stub
+    assert "FixPipe moves L0C -> GM" in package_files([conv], soc="Ascend910B4")["ascendc/op_kernel/conv_relu.cpp"]
+    vector = (reg_op("SigmoidMul").INPUT("x", ["DT_FLOAT16"]).OUTPUT("y", ["DT_FLOAT16"])
+              .fuses("Sigmoid", "Mul").OP_END_FACTORY_REG("SigmoidMul"))
+    lines = kernel_pipeline(vector)
+    assert lines[0].startswith("Vector pipeline: CopyIn (MTE2: GM -> UB) -> Compute (Vector")
+    assert not any("Cube" in line for line in lines)

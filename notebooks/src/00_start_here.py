@@ -17,6 +17,11 @@
 # [onnxruntime](https://onnxruntime.ai) as the engine. Where the write-up simplifies or is wrong, the notebook
 # says so and shows the correct version.
 #
+# Every quantitative or factual claim of the write-up is listed in one ledger, `docs/seed_claims.md` (in the
+# repository, beside `notebooks/`): what it says, our verdict, the evidence and the notebook section that shows
+# it. It is generated from `data/seed_claims.json`, and the notebooks print their verdicts from the same file
+# (`fusionlab.seed_claims`), so a figure cannot differ between them.
+#
 # **No Ascend hardware is available here.** Numbers for Ascend devices come from a cost model built on their
 # *published* specifications. They are predictions, and they are labelled as such. Numbers for the CPU you
 # are running on are *measured*.
@@ -41,7 +46,8 @@
 # | `02_vertical_fusion` | fuse producer→consumer chains (Conv+Relu, MatMul+Add+Gelu...): the legality rules and the saved memory traffic |
 # | `03_horizontal_fusion` | fuse sibling branches that read the same input (concatenated weights) |
 # | `04_mixed_fusion` | both at once, on real topologies (residual blocks, attention) |
-# | `05_fusion_thresholds` | when fusion stops paying: buffer capacity, peak memory, the "more than 5 ops" rule |
+# | `05_fusion_thresholds` | when fusion stops paying: a cost model, buffer capacity, peak memory, the "more than 5 ops" rule |
+# | `06_fused_codegen` | fusion made real: one generated loop against one pass per op, bytes and GB/s measured |
 # | `09_custom_op` | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
 # | `10_profiling_case` | profile a model, find the gaps, fix them, and measure again |
 # | `11_double_buffering` | overlap data movement with compute: the pipeline behind "+18%" |
@@ -74,6 +80,21 @@
 # [nbval](https://github.com/computationalmodelling/nbval). nbval compares each cell's output with the stored
 # one, so the notebooks stay true. Cells whose output depends on your machine (timings, CPU name) are marked
 # `# NBVAL_IGNORE_OUTPUT`.
+
+# %% [markdown]
+# ## The ledger of the write-up's claims
+#
+# How the write-up's claims fare, counted from the ledger (each verdict is explained in `docs/seed_claims.md`):
+
+# %%
+from collections import Counter
+
+from fusionlab import seed_claims
+
+claims = seed_claims.load()
+print(f"{len(claims)} claims checked:")
+for verdict, n in Counter(c.verdict for c in claims.values()).most_common():
+    print(f"  {n:>2} {verdict:<17} {seed_claims.VERDICTS[verdict]}")
 
 # %% [markdown]
 # ## Set-up check
@@ -167,6 +188,9 @@ print(f"intermediate tensors (conv_out, bn_out): 2 × {y.nbytes // 1024} KiB eac
 # same happens again for `bn_out` before the Relu. A plan that fuses all three into one kernel removes both
 # round trips and two kernel launches. Here is that plan, written by hand. From notebook 02 on, passes find
 # such groups themselves.
+#
+# **Predict before you run the next cell:** each intermediate is 256 KiB, written once and read once. How many
+# bytes of memory traffic does fusing all three save?
 
 # %%
 intermediate = y.nbytes  # conv_out and bn_out have y's shape and dtype
@@ -208,6 +232,24 @@ print(unfused)
 comparison = timing.compare_models(model, model, level_a="disable", level_b="all", feeds=feeds,
                                    label_a="ours, unfused", label_b="onnxruntime 'all' (fused)")
 comparison
+
+# %% [markdown]
+# Not all of that is fusion. Level `"extended"` applies onnxruntime's fusions (BN folding, Conv + Relu); `"all"`
+# adds a layout transform on top, rewriting the Conv into its blocked NCHWc form (channels in blocks of 8 or 16,
+# which its vector kernels prefer). Separate the two:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fusion_only = timing.compare_models(model, model, level_a="disable", level_b="extended", feeds=feeds)
+layout_only = timing.compare_models(model, model, level_a="extended", level_b="all", feeds=feeds)
+print(f"fusions  (extended vs off):   {fusion_only.speedup:.2f}x (95% CI {fusion_only.ci_low:.2f}-{fusion_only.ci_high:.2f})")
+print(f"layout   (all vs extended):   {layout_only.speedup:.2f}x (95% CI {layout_only.ci_low:.2f}-{layout_only.ci_high:.2f})")
+print(f"together (all vs off):        {comparison.speedup:.2f}x")
+
+# %% [markdown]
+# The product of the first two is about the third. On this layer the layout transform can be worth as much as the
+# fusions or more, so "onnxruntime at `all` is 1.5× faster" is not a measure of fusion: always say which level you
+# compare with which.
 
 # %% [markdown]
 # Faster is only half the story. A fusion must also give the **same answers**. `fusionlab.verify` runs both

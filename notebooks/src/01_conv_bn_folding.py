@@ -9,8 +9,9 @@
 # 3. the same fold for grouped and depthwise convolutions and for ConvTranspose (a different weight axis);
 # 4. what folding costs in fp16: overflow and rounding error, measured;
 # 5. when folding is **illegal**, so a pass must leave the graph alone;
-# 6. the fold applied to a real layer (the ResNet-50 stem), verified with onnxruntime, drawn, and timed;
-# 7. what "5 steps become one conv, 40% fewer instructions" really saves, counted in FLOPs, bytes and launches.
+# 6. the fold applied to a real layer (the ResNet-50 stem), verified with onnxruntime and drawn;
+# 7. what "5 steps become one conv, 40% fewer instructions" really saves, counted in FLOPs, bytes and launches;
+# 8. and only then, timed on this machine, and read against the count.
 #
 # The method follows the MLC course: write the unfused computation in plain numpy, check it against the
 # engine, transform it, check again, and only then time it.
@@ -20,17 +21,13 @@
 # 300I Pro from its published specifications (labelled as a prediction), and measure this CPU.
 
 # %%
-import warnings
-
-warnings.filterwarnings("ignore")
-
 import matplotlib.pyplot as plt
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 import fusionlab
-from fusionlab import cost, derive, timing, viz, zoo
+from fusionlab import cost, derive, devices, seed_claims, timing, viz, zoo
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.legality import conv_bn_legal
 
@@ -93,6 +90,9 @@ print(f"numpy reference vs onnxruntime (fp32): max |difference| below 1e-5: {err
 # $$W' = W\cdot\frac{\gamma}{\sqrt{\sigma^2+\varepsilon}},\qquad b' = \beta - \frac{\gamma\,\mu}{\sqrt{\sigma^2+\varepsilon}},\qquad z = \mathrm{Conv}(x, W') + b'.$$
 #
 # Let us try it on our layer, which has a bias.
+
+# %%
+print(seed_claims.claim("s21-fold-formula").summary())
 
 # %%
 s = gamma / np.sqrt(var + eps)                             # one scale per output channel
@@ -226,9 +226,21 @@ print("fold_conv_bn flags it:", f16.overflow, "| inf weights in channel 3:", int
 # the scale $s$ itself is already beyond 65504, so the whole channel, bias included, becomes `inf`. That is
 # why its relative error reads `inf`.
 #
-# A fold that overflows must not be applied to an fp16 model: the folded channel would be `inf`. The
-# unfused model computes the same channel without trouble, because it normalises *after* the conv. A pass
-# should check `Folded.overflow` and leave that BN alone, or keep the model in fp32.
+# Would the unfused model fare better in fp16? Not with this channel. A scale of 632,000 amplifies every
+# difference from the mean, so the *exact* BN outputs of channel 3 are themselves beyond fp16's range almost
+# everywhere:
+
+# %%
+exact = derive.batch_norm(derive.conv_nd(x, W, b, **conv_attrs), gamma_bad, beta, mean, var_bad, eps)
+print(f"exact outputs of channel 3 beyond fp16's 65504: {np.mean(np.abs(exact[0, 3]) > 65504):.1%} of positions")
+print(f"largest: {np.abs(exact[0, 3]).max():.3g}")
+
+# %% [markdown]
+# So no fp16 model can compute this channel, folded or unfused: γ = 2000 with σ² = 0 is a broken BN, and the
+# overflow flag is reporting it. Folding adds a failure of its own in a narrower case: the folded weight carries
+# the scale $s$ alone, while the output carries $s\,(y-\mu)$, and for a nearly dead channel $y-\mu$ is tiny. Then the
+# unfused model's outputs fit in fp16 but the folded weights $s\cdot W$ do not. Either way a pass must check
+# `Folded.overflow` and leave that BN alone (and report it), or keep the model in fp32.
 #
 # ## 5. When folding is illegal
 #
@@ -323,33 +335,6 @@ print("output shape:", report.outputs[0].shape)
 viz.before_after(stem, stem_folded, titles=("ResNet-50 stem, exported", "BN folded into the conv"))
 
 # %% [markdown]
-# ### Timing it on this machine
-#
-# `timing.compare_models` runs the two models in alternation (A, B, B, A, …) on one thread with
-# onnxruntime's own optimisations **off**, so that we time our fold and not onnxruntime's. The speedup is
-# the median of the paired per-round ratios, with a 95% confidence interval. We also time the unfused model
-# at onnxruntime's `basic` level. That level includes onnxruntime's own `ConvBNFusion`, so it should land
-# close to our folded model.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-ours = timing.compare_models(stem, stem_folded, level_a="disable", level_b="disable", dims={"batch": 1},
-                             label_a="unfused", label_b="folded (ours)")
-print(ours.table())
-print()
-ort_fold = timing.compare_models(stem, stem_folded, level_a="basic", level_b="disable", dims={"batch": 1},
-                                 label_a="unfused, onnxruntime basic", label_b="folded (ours)")
-print(ort_fold.table())
-
-# %% [markdown]
-# How to read these numbers. The stem's conv does about 236 million floating-point operations on a
-# 64×112×112 output. The BN pass over that output is one multiply and one add per element, about 0.8
-# million elements. Its cost is mostly memory: it reads and writes 3.2 MB (fp32) that the conv has just
-# produced. On a CPU, much of that tensor is still in cache, so removing BN saves a modest slice of a
-# layer dominated by the conv. If the speedup above is small, or its interval includes 1, that is the
-# honest result: **folding removes a memory-bound pass, not arithmetic.** The second table shows
-# onnxruntime doing the same fold by itself at its `basic` level, so the two should be about equal.
-#
 # ## 7. "5 steps become one conv, 40% fewer instructions": counting the work
 #
 # The write-up frames the unfused layer as 5 steps: (1) the conv, (2) subtract $\mu$, (3) divide by
@@ -357,6 +342,12 @@ print(ort_fold.table())
 # conv output and writes it back. A real BN kernel (onnxruntime's) does steps 2–5 in one pass as
 # $y\cdot s + t$. Folding leaves one conv with a bias. `derive.conv_bn_work` counts FLOPs, bytes moved
 # (every kernel's reads and writes) and kernel launches for the stem's shape, in fp16 as on Ascend.
+#
+# **Predict before you run the next cell:** folding removes four elementwise passes over the conv's output. By what
+# share will the FLOPs fall, and by what share the bytes moved?
+
+# %%
+print(seed_claims.claim("s21-40pct-instructions").summary())
 
 # %%
 works = derive.conv_bn_work(1, 3, 64, (224, 224), (7, 7), strides=[2, 2], pads=[3, 3, 3, 3], dtype_bytes=2)
@@ -403,6 +394,11 @@ fig
 # `fusionlab.cost` models a device from its published specifications (70 TFLOPS fp16, 204.8 GB/s; the
 # launch overhead is an assumption, see `devices.get(...).uncertain`). Each kernel takes
 # max(FLOPs / peak, bytes / bandwidth) plus a launch. These are **predictions, not measurements**.
+#
+# One thing the model leaves out: Ascend stores feature maps as NC1HWC0, channels in blocks of C0 = 16 (fp16), and
+# the cube unit works on whole blocks. The stem's 3 input channels are padded to 16, so the device computes (and its
+# DMA moves) 16/3 ≈ 5.3× the input-channel work the ONNX graph describes. The cell after the prediction counts
+# both; the cost model's conv time uses the unpadded count.
 
 # %%
 for name in ("Atlas 300I Pro", "Atlas 800I A2 (Ascend 910B)"):
@@ -413,13 +409,67 @@ for name in ("Atlas 300I Pro", "Atlas 800I A2 (Ascend 910B)"):
           f"predicted saving {1 - after.latency_s / before.latency_s:.0%}")
 
 # %% [markdown]
+# %%
+padded = derive.conv_bn_work(1, 16, 64, (224, 224), (7, 7), strides=[2, 2], pads=[3, 3, 3, 3], dtype_bytes=2)[2]
+pro_peak = devices.get("Atlas 300I Pro").peak_flops("float16")
+print(f"folded stem conv: {folded_work.flops / 1e9:.3f} GFLOP as in the graph (C_in = 3), "
+      f"{padded.flops / 1e9:.3f} GFLOP with C_in padded to C0 = 16 ({padded.flops / folded_work.flops:.2f}x)")
+print(f"at the 300I Pro's fp16 peak: {folded_work.flops / pro_peak * 1e6:.1f} us unpadded, "
+      f"{padded.flops / pro_peak * 1e6:.1f} us padded")
+
+# %% [markdown]
 # The prediction differs from the CPU measurement for a clear reason. On an accelerator with tens of
 # TFLOPS, the model has the 7×7 conv finish in a few microseconds, while the BN pass still has to stream the
 # whole conv output through memory at a few hundred GB/s and pay a launch. So the removed pass is a large
 # share of the layer there, and a small share on a CPU, where the conv itself takes far longer (compare the
-# medians in section 6). Whether the
+# medians in §8). Whether the
 # write-up's 40% holds on real hardware would need `msprof` on an Atlas 300I Pro. The model only shows
-# that a saving of that order is *plausible* for a memory-bound BN after a fast conv.
+# that a saving of that order is *plausible* for a memory-bound BN after a fast conv. The C0 padding weakens even
+# that: padded, the conv's arithmetic alone takes 18 µs at the 300I Pro's peak instead of 3.4 µs, longer than the
+# conv's memory traffic, so on the device the conv is slower than the model has it and the BN pass that folding
+# removes is a smaller share of the layer than predicted.
+#
+# ### The seed's other ResNet-50 claim: MatMul + activation and the batch size
+
+# %%
+print(seed_claims.claim("s22-matmul-act-batch-1.5x").summary())
+matmuls = [n.op_type for n in resnet.graph.node if n.op_type in ("MatMul", "Gemm")]
+stem_out = 64 * 112 * 112
+print(f"ResNet-50's matrix multiplications: {matmuls}; output 1000 values per image; "
+      f"the stem's output {stem_out:,} values: the classifier's output is {1000 / stem_out:.2%} of the stem's")
+
+# %% [markdown]
+# ResNet-50 has one matrix multiplication, the final classifier, and nothing but the output follows it. Fusing an
+# activation into it would keep one 1000-value vector per image out of memory, a rounding error next to the
+# feature maps of the convolutions, so it cannot be what let a batch grow by half.
+
+# %% [markdown]
+# ## 8. Timing it on this machine
+#
+# `timing.compare_models` runs the two models in alternation (A, B, B, A, …) on one thread with
+# onnxruntime's own optimisations **off**, so that we time our fold and not onnxruntime's. The speedup is
+# the median of the paired per-round ratios, with a 95% confidence interval. We also time the unfused model
+# at onnxruntime's `basic` level. That level includes onnxruntime's own `ConvBNFusion`, so it should land
+# close to our folded model.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ours = timing.compare_models(stem, stem_folded, level_a="disable", level_b="disable", dims={"batch": 1},
+                             label_a="unfused", label_b="folded (ours)")
+print(ours.table())
+print()
+ort_fold = timing.compare_models(stem, stem_folded, level_a="basic", level_b="disable", dims={"batch": 1},
+                                 label_a="unfused, onnxruntime basic", label_b="folded (ours)")
+print(ort_fold.table())
+
+# %% [markdown]
+# How to read these numbers, with the count of §7 in hand. The stem's conv does about 236 million floating-point operations on a
+# 64×112×112 output. The BN pass over that output is one multiply and one add per element, about 0.8
+# million elements. Its cost is mostly memory: it reads and writes 3.2 MB (fp32) that the conv has just
+# produced. On a CPU, much of that tensor is still in cache, so removing BN saves a modest slice of a
+# layer dominated by the conv. If the speedup above is small, or its interval includes 1, that is the
+# honest result: **folding removes a memory-bound pass, not arithmetic.** The second table shows
+# onnxruntime doing the same fold by itself at its `basic` level, so the two should be about equal.
 
 # %% [markdown]
 # ## Summary
@@ -432,7 +482,7 @@ for name in ("Atlas 300I Pro", "Atlas 800I A2 (Ascend 910B)"):
 # - Folding is illegal in training mode, when the conv output is used elsewhere, and when parameters are not
 #   true constants. A pass must prove legality or leave the graph alone.
 # - On a real layer the fold verifies within fp32 tolerances. What it saves is memory traffic and launches,
-#   not arithmetic, which is why its effect on a conv-dominated layer is modest on a CPU.
+#   not arithmetic (counted first, in §7), which is why its effect on a conv-dominated layer is modest on a CPU.
 #
 # ## What to try next
 #

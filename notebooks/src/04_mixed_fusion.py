@@ -15,14 +15,12 @@
 # measure Ascend kernels here; this notebook is about *which* groups form and *why*.
 
 # %%
-import warnings
-
-warnings.filterwarnings("ignore")
+import collections
 
 import numpy as np
 from onnx import helper
 
-from fusionlab import opclass, viz, zoo
+from fusionlab import opclass, seed_claims, viz, zoo
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.graph import load
 from fusionlab.passes import fuse, mixed
@@ -48,7 +46,15 @@ print("anything else (Softmax, control flow, custom domains): OPAQUE")
 #
 # - elementwise and broadcast ops can be fused into almost anything — they are computed on the fly;
 # - injective ops (reshape, transpose, concat) move data; they join when every path stays injective;
-# - a reduction can *end* a group (its inputs are computed on the fly) but nothing is fused after it;
+# - a reduction can *end* a group (its inputs are computed on the fly) but nothing is fused after it.
+#   This is TVM's rule, and it is conservative: a reduction's consumers need the finished result, so fusing
+#   them means a kernel that reduces first and then reuses the result on chip, which TVM's FuseOps does not
+#   generate. Other compilers do: XLA's GPU backend fuses the elementwise ops after a reduction into it
+#   (reduction epilogue fusion, on by default: `--xla_gpu_enable_reduction_epilogue_fusion`) and its Triton
+#   softmax rewriter makes a whole softmax one kernel, PyTorch Inductor writes softmax or LayerNorm (reductions
+#   and the elementwise ops around them) as one kernel, and CANN's graph fusion replaces ONNX's decomposed LayerNorm
+#   (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) by one `LayerNorm` kernel
+#   (`LayerNormONNXFusionPass`). Notebook 07 fuses reductions with their consumers;
 # - Conv/MatMul (out-elementwise-fusable) can absorb elementwise ops into their output, never another
 #   Conv/MatMul;
 # - opaque ops stand alone.
@@ -136,12 +142,20 @@ viz.draw(g, plan, title="FuseOps groups, no thresholds")
 # %% [markdown]
 # Read the picture with the trace: `conv1` takes the whole diamond (everything between it and `join` is
 # elementwise or broadcast), but stops at `conv2` — one Conv per group. `center` cannot join `normalise`:
-# one of its paths runs through a reduction (`variance`), which may only *end* a group.
+# one of its paths runs through a reduction (`variance`), which may only *end* a group. Under TVM's rule the
+# decomposed LayerNorm takes three or more kernels; a compiler that fuses reductions with their consumers
+# (XLA, Inductor, CANN's `LayerNormONNXFusionPass`) runs it as one.
 #
 # ## 5. Thresholds
 #
 # **Maximum ops per group.** The seed's rule for Atlas 800I A2 is to split a custom op that fuses more
 # than 5 basic ops. TVM's equivalent knob is `relay.FuseOps.max_depth` (default 256).
+#
+# **Predict first:** the graph has 17 nodes. With no limit it makes the groups above; how many kernels will it
+# run with `max_group_ops=2`?
+
+# %%
+print(seed_claims.claim("s42-split-above-5-ops").summary())
 
 # %%
 for max_ops in (None, 5, 3, 2):
@@ -213,6 +227,33 @@ for max_ops in (None, 5, 3):
         print(f"max_group_ops={str(max_ops):<5} buffer_kb={str(kb):<5} groups={len(p):>3} "
               f"kernels={len(yolo) - p.saved_launches:>3} / {len(yolo)} nodes")
 
+# %% [markdown]
+# Most settings give 80 kernels, but a 64 KB buffer gives 189, more than twice as many. Why such a jump? Compare
+# the groups the pass forms at 192 KB and at 64 KB, and the working sets it computes for them:
+
+# %%
+for kb in (192, 64):
+    p = mixed.plan(yolo, max_group_ops=None, buffer_kb=kb)
+    patterns = collections.Counter("+".join(g.op_types) for g in p)
+    ws = [g.extra["working_set_kb"] for g in p]
+    print(f"buffer_kb={kb}: {len(yolo) - p.saved_launches} kernels; working sets {min(ws)}-{max(ws)} KB, "
+          f"{sum(w > 64 for w in ws)} of {len(ws)} groups above 64 KB")
+    for pattern, n in patterns.most_common():
+        print(f"  {n:>3} x {pattern}")
+_, steps = mixed.plan(yolo, max_group_ops=None, buffer_kb=64, trace=True)
+print("why a left-over Sigmoid cannot join its Mul at 64 KB:",
+      next(s for s in steps if s.node == "/model.1/act/Sigmoid").reason)
+
+# %% [markdown]
+# It is a cliff, not a slope. In this tile model most whole Conv + BN + SiLU groups need a little more than 64 KB
+# (the Conv's inputs travel through L1, its output and the SiLU's intermediate through the UB, double-buffered
+# 16 KB tiles), so at 192 KB every Conv takes its BN, Sigmoid and Mul, and the residual `Add`s ride along. A 64 KB
+# budget is just under that: 51 of the 57 groups stop after the BN. The Sigmoid and Mul left behind cannot even pair up, because their input now arrives in the
+# UB, double-buffered, and their working set is larger than the whole group's was. So each Conv group that stopped
+# leaves two single-op kernels behind, and the residual `Add`s run alone too: 80 + 2 × 51 + 7 = 189. A budget
+# that sits just below the working set of a common pattern changes the plan of the whole network at once; the
+# seed's "split above 5 ops" is the same kind of step, set by one device's buffer.
+
 # %%
 yp = mixed.plan(yolo, max_group_ops=5, buffer_kb=192)
 reasons = {}
@@ -238,7 +279,10 @@ print(len(yolo), "->", len(yres.graph), "nodes;", "equivalent" if verify(yolo, y
 #   node in between, so groups have one exit and never form cycles.
 # - Phases order the work: Conv/MatMul groups first, injective ops later.
 # - Backend limits reshape the groups: a cap on ops per group (the seed's 5 on Atlas 800I A2), the on-chip
-#   buffer, recompute of multi-consumer results. Each group records why it stopped.
+#   buffer, recompute of multi-consumer results. Each group records why it stopped. A budget just below the
+#   working set of a common pattern is a cliff: YOLOv5n goes from 80 to 189 kernels.
+# - TVM's rule that a reduction only ends a group is conservative; XLA, Inductor and CANN fuse reductions with
+#   their consumers (notebook 07).
 # - Lowered to ONNX functions, the model still verifies against the original.
 #
 # **Try next:** change `tile_kb` and `buffer_kb` together (256 KB for a 310P3 core); plan BERT-tiny

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 05 · When to stop fusing: a cost model, real fused kernels, and the threshold explorer
+# # 05 · When to stop fusing: a cost model and the threshold explorer
 #
 # **What you will learn**
 #
@@ -7,11 +7,12 @@
 #    shapes alone: FLOPs and bytes per kernel, launch overhead, spills when a group outgrows the on-chip
 #    buffer, and memory liveness over the execution order;
 # 2. what device figures the Ascend presets use, where they come from, and which ones are uncertain;
-# 3. what elementwise fusion buys when it *really* runs fused: a generated one-pass loop against the
-#    unfused chain, in bytes moved and in GB/s on this machine;
-# 4. how well the model predicts the speedups we measure on this CPU, with the error shown;
-# 5. why "fuse as much as possible" is not the rule: the curve of cost against group size, and the
+# 3. how well the model predicts the speedups we measure on this CPU, with the error shown;
+# 4. why "fuse as much as possible" is not the rule: the curve of cost against group size, and the
 #    mechanism by which over-fusion can *raise* peak memory.
+#
+# What elementwise fusion buys when it *really* runs fused (a generated one-pass loop against onnxruntime's
+# unfused kernels, in bytes and GB/s) is notebook 06.
 #
 # The seed reports two numbers this notebook is about: "over-fusion raised peak device memory by 15–20 %
 # on an Atlas 800T" and "on Atlas 800I A2, split custom ops of more than 5 basic ops". We have no Ascend
@@ -19,16 +20,14 @@
 # specifications, not a measurement; what this machine measures is shown next to it.
 
 # %%
-import warnings
-
-warnings.filterwarnings("ignore")
-
 import matplotlib.pyplot as plt
 import numpy as np
 
 import fusionlab
-from fusionlab import cost, devices, elementwise, runtime, timing, widgets, zoo
+from fusionlab import calibrate, cost, devices, runtime, seed_claims, timing, widgets, zoo
 from fusionlab.passes import fuse, options_for
+
+print(seed_claims.claim("s42-split-above-5-ops").summary())
 
 # %% [markdown]
 # ## 1. The devices
@@ -47,14 +46,23 @@ from fusionlab.passes import fuse, options_for
 print(devices.devices_table())
 
 # %% [markdown]
-# "This machine" is not a preset: `devices.this_machine()` measures it with `fusionlab.calibrate`
-# (single-thread numpy fp32 matmul, streaming copy/add bandwidth on arrays far larger than the caches,
-# and onnxruntime's per-kernel cost from a chain of tiny ops). Its numbers vary from run to run.
+# "This machine" is not a preset: `devices.this_machine()` measures it with `fusionlab.calibrate`, which
+# defines each quantity once for every notebook:
+#
+# * **bandwidth**: DRAM streaming bandwidth, the better of a copy and an add over fp32 arrays of at least four
+#   times the last-level cache (smaller arrays stay partly in the cache and read high);
+# * **launch**: what one more node costs onnxruntime with the profiler off (a chain of tiny ops, per op). A
+#   profile shows larger gaps between kernels, because the profiler adds its own cost per kernel (notebook 10 §3
+#   measures both);
+# * **peak**: single-thread numpy fp32 matmul.
+#
+# Its numbers vary from run to run.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-me = devices.this_machine(calibrate=True)
+me = devices.this_machine()
 print(devices.devices_table([me]))
+print(calibrate.calibrate(quick=True).summary())
 
 # %% [markdown]
 # ## 2. The roofline, one node at a time
@@ -64,6 +72,9 @@ print(devices.devices_table([me]))
 # (peak / bandwidth: ≈ 342 FLOP/B for an Atlas 300I Pro). A big MatMul sits far right of the ridge; an
 # elementwise Add does one FLOP per 6 bytes (fp16) and can only ever be memory-bound. That is why
 # elementwise ops are the first candidates for fusion: their cost *is* their traffic.
+#
+# **Predict before you run the next cell:** the Relu below reads and writes 4096 × 4096 fp16 values, 32 MiB each
+# way, on an Atlas 300I Pro's 204.8 GB/s. How long does it take, before the launch overhead is added?
 
 # %%
 from onnx import helper
@@ -83,6 +94,11 @@ for c, k in zip(cost.node_costs(toy, precision="fp16"), toy_cost.kernels_detail)
     print(f"{c.name:<7} {c.flops / 1e6:>9.1f} MFLOP {c.bytes / 2**20:>6.1f} MiB  "
           f"intensity {c.flops / c.bytes:>7.1f} FLOP/B  -> {k.bound}-bound, {k.time_s * 1e6:.1f} us")
 print(f"ridge point of {pro.name}: {pro.ridge_flop_per_byte:.0f} FLOP/B")
+
+# %% [markdown]
+# The answer for the Relu: 2 × 32 MiB ÷ 204.8 GB/s = 328 µs, plus the assumed 5 µs launch, the 333 µs printed
+# above. The MatMul's 1365 FLOP/B puts it far to the right of the ridge; the Add and the Relu, at 0.2 FLOP/B,
+# far to the left.
 
 # %%
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
@@ -113,100 +129,7 @@ print(f"unfused: {toy_cost.kernels} kernels, {toy_cost.bytes_moved / 2**20:.1f} 
 print(f"fused:   {fused_cost.kernels} kernel,  {fused_cost.bytes_moved / 2**20:.1f} MiB, {fused_cost.latency_s * 1e6:.1f} us")
 
 # %% [markdown]
-# ## 3. Elementwise fusion that really runs fused
-#
-# Counting saved bytes is easy; collecting them needs a kernel that makes **one pass over memory**.
-# `fusionlab.elementwise` generates one: from a chain of ONNX elementwise nodes it writes the Python source
-# of a loop, which numba compiles (single-threaded). Every intermediate lives in a register. Here is a
-# bias–scale–activation chain with a per-channel constant over an NCHW tensor. The generator merges the
-# H and W dimensions, because every operand treats them alike, and indexes the bias by channel only:
-
-# %%
-bias = np.linspace(-0.5, 0.5, 16, dtype=np.float32).reshape(16, 1, 1)
-spec = [("Mul", 0.5), ("Add", bias), ("Relu",), ("Sub", 0.1), ("Mul", "x"), ("Clip", -1.0, 1.0)]
-kernel = elementwise.fuse_elementwise(spec, shape=(8, 16, 64, 64))
-print(kernel.source)
-
-# %% [markdown]
-# The fused kernel must compute what the unfused chain computes. We check it against numpy, one pass per
-# op, and against onnxruntime running the same chain as an ONNX model, within the fp32 tolerances used
-# everywhere (rtol 1e-4, atol 1e-5):
-
-# %%
-x = np.random.default_rng(0).standard_normal((8, 16, 64, 64)).astype(np.float32)
-fused_y = kernel(x)
-numpy_y = kernel.unfused(x)
-ort_y = runtime.run(elementwise.chain_model(spec, (8, 16, 64, 64)), {"x": x})["y"]
-for name, ref in (("numpy chain", numpy_y), ("onnxruntime", ort_y)):
-    ok = np.allclose(fused_y, ref, rtol=1e-4, atol=1e-5)
-    print(f"fused vs {name:<12} within fp32 tolerance: {ok}")
-moved = kernel.bytes_moved()
-print(moved)
-
-# %% [markdown]
-# On a memory-bound chain the speedup should approach the ratio of bytes moved, and the fused kernel's
-# effective bandwidth (bytes it must move ÷ time) should approach what this machine can stream. The numpy
-# chain also allocates a fresh array for every op, which can push the speedup past the bytes ratio. The
-# timings below vary from run to run. The benchmark `benchmarks/bench_elementwise.py` does the same on
-# 16M-element tensors and writes `benchmarks/results/elementwise.md`.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-out = np.empty_like(x)
-cmp = timing.compare(lambda: kernel.unfused(x), lambda: kernel(x, out=out), label_a="numpy unfused",
-                     label_b="fused", min_time=0.5)
-print(cmp.table())
-gbs = moved.after / cmp.b.median / 1e9
-print(f"fused kernel: {gbs:.1f} GB/s = {gbs / me.mem_bandwidth_gbs:.0%} of measured streaming bandwidth "
-      f"({me.mem_bandwidth_gbs:.1f} GB/s); speedup {cmp.speedup:.2f}x vs bytes ratio {moved.ratio:.2f}x")
-
-# %% [markdown]
-# Fusion removes *memory* traffic, so it pays only while the loop is not busy computing. Transcendental
-# ops (`Erf`, `Tanh`, `Exp`) are where a naive generator goes wrong: a call to the scalar C library
-# (`math.erf`) inside the loop stops the compiler from vectorising it, and the fused loop then loses to
-# numpy's and onnxruntime's SIMD kernels. So for float32 the generator emits small branch-free helpers
-# once, above the loop: the rational approximations Eigen, XLA and onnxruntime use for `erf` and `tanh`
-# (a polynomial over a polynomial, the argument clamped), and an `exp` built from range reduction, a
-# polynomial and the float's exponent bits. The loop calls them and stays vectorisable. Here is a
-# GELU-like chain:
-
-# %%
-gelu_spec = [("Mul", 0.7071), ("Erf",), ("Add", 1.0), ("Mul", "x"), ("Mul", 0.5), ("Tanh",)]
-gelu = elementwise.fuse_elementwise(gelu_spec, shape=(2**21,))
-print(gelu.source)
-
-# %% [markdown]
-# An approximation must be checked like any other rewrite. The module docstring of
-# `fusionlab.elementwise` gives each helper's maximum error measured on a dense grid, and the tests
-# assert those bounds. The fused chain also stays within the fp32 tolerances against onnxruntime, and
-# infinities and NaN come out as the library functions give them:
-
-# %%
-xg = np.random.default_rng(1).standard_normal(2**21).astype(np.float32)
-gelu_ort = runtime.session(elementwise.chain_model(gelu_spec, (2**21,)), "disable", 1)
-print("fused vs onnxruntime within fp32 tolerance:",
-      np.allclose(gelu(xg), gelu_ort.run(["y"], {"x": xg})[0], rtol=1e-4, atol=1e-5))
-print("erf at inf, -inf, nan:", elementwise.fuse_elementwise([("Erf",)], shape=(3,))(np.float32([np.inf, -np.inf, np.nan])))
-
-# %% [markdown]
-# Vectorised is not the same as memory-bound. Each `erf` or `tanh` costs about a dozen multiply-adds
-# and a division per element, so this chain does far more arithmetic per byte than the chain above.
-# The timing shows where it lands on this machine (it varies from run to run); if the fused loop's
-# GB/s stays well under the streaming bandwidth, the loop is compute-bound and the bytes saved are no
-# longer the whole story. The benchmark reports the same for 16M elements.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-gelu_out = np.empty_like(xg)
-cmp_gelu = timing.compare(lambda: gelu_ort.run(["y"], {"x": xg}), lambda: gelu(xg, out=gelu_out),
-                          label_a="onnxruntime unfused", label_b="fused", min_time=0.5)
-print(cmp_gelu.table())
-gelu_gbs = gelu.bytes_moved().after / cmp_gelu.b.median / 1e9
-print(f"fused GELU-like chain: {gelu_gbs:.1f} GB/s = {gelu_gbs / me.mem_bandwidth_gbs:.0%} of measured streaming "
-      f"bandwidth; speedup over onnxruntime {cmp_gelu.speedup:.2f}x vs bytes ratio {gelu.bytes_moved().ratio:.2f}x")
-
-# %% [markdown]
-# ## 4. A plan's cost on every device
+# ## 3. A plan's cost on every device
 #
 # Now a real network: a YOLOv5s-style detector (width ×0.25, 320×320 input) exported the way `torch.onnx`
 # does. We make a plan per fusion kind and cost each on every preset. The speedup is relative to the
@@ -230,7 +153,7 @@ print(cost.compare(yolo, plans).table())
 print(cost.plan_cost(yolo, plans["vertical"], "Atlas 300I Pro").table(max_rows=8))
 
 # %% [markdown]
-# ## 5. Predicted against measured, on this CPU
+# ## 4. Predicted against measured, on this CPU
 #
 # The only device we can measure is this one. For each fusion kind we fuse the model, verify it against
 # the original (onnxruntime, optimisations off), time both interleaved (one thread), and compare with the
@@ -270,7 +193,7 @@ for name, kind, groups, p, m in rows:
 # op. A model that is off by tens of percent can still rank plans correctly. That is what the explorer
 # uses it for.
 #
-# ## 6. The trade-off: cost against group size
+# ## 5. The trade-off: cost against group size
 #
 # The mixed pass groups ops TVM-style and stops a group at `max_group_ops`. Sweeping that limit gives the
 # curve behind "fusion is not always better". We use the 640×640 detector on an Atlas 300I Pro twice:
@@ -314,7 +237,7 @@ fig.tight_layout()
 # a group (a lower `max_group_ops`, or the mixed pass's `buffer_kb` budget) trades a launch for a smaller
 # workspace. The seed's "split above 5 ops" rule is one fixed point on this curve.
 #
-# ## 7. The explorer
+# ## 6. The explorer
 #
 # The widget below wires the same functions to controls: max ops per group, the mixed pass's UB budget,
 # the fusion kinds, the device. A button measures the fused model on this CPU. It needs a live kernel; in
@@ -345,10 +268,7 @@ print(state.plan.table(max_rows=5))
 #   together. That is the mechanism behind the seed's "over-fusion raised peak memory 15–20 %", shown
 #   here as a prediction, not a measurement.
 # * Saved bytes are only collected by a kernel that really makes one pass over memory, such as the
-#   generated loop. To judge it, compare its speedup with the bytes ratio and its GB/s with the machine's
-#   streaming bandwidth. Transcendentals need vectorisable approximations of known error in place of
-#   scalar library calls; even then a chain heavy in them can be compute-bound, and the bytes ratio
-#   overstates what fusion buys.
+#   generated loop of notebook 06.
 # * The Ascend numbers are predictions from published specs, with an assumed launch overhead. On this
 #   CPU the model's predicted speedups are checked against measurement, with the error shown.
 #

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 06 · A custom fused operator, from declaration to package
+# # 09 · A custom fused operator, from declaration to package
 #
 # **What you will learn**
 #
@@ -10,7 +10,8 @@
 #    attributes and name derived from the member ops;
 # 4. how to **run** that op in onnxruntime with a Python kernel, verify it, and what a Python kernel costs;
 # 5. which files a developer takes to an Ascend machine: op prototype, msopgen JSON, Ascend C project,
-#    `atc` command and `fusion_switch.cfg`.
+#    `atc` command and `fusion_switch.cfg`;
+# 6. that CANN already fuses Conv + BN + ReLU on its own, and when a custom fused op is still worth writing.
 #
 # This is the seed's §3.2 (operator prototype) and §6.1 (deployment package), done for real. There is no
 # Ascend hardware or CANN toolkit here: the generated C++ is not compiled, and the kernel body is left as a
@@ -18,10 +19,6 @@
 # rewritten model in onnxruntime, the comparison with the original.
 
 # %%
-import warnings
-
-warnings.filterwarnings("ignore")
-
 import json
 import tempfile
 from pathlib import Path
@@ -29,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import fusionlab
-from fusionlab import timing, viz, zoo
+from fusionlab import seed_claims, timing, viz, zoo
 from fusionlab.customop import (DeclarationError, compute, declare_group, library_path, package_files,
                                 reg_op, replace_groups, write_package)
 from fusionlab.passes import vertical
@@ -43,6 +40,9 @@ from fusionlab.runtime import make_feeds, session, verify
 # `REQUIRED_ATTR` has none; `OP_END_FACTORY_REG` closes the chain and must repeat the name (the real macro
 # has a `static_assert` for that). fusionlab's builder has the same vocabulary. Here is the seed's
 # `ConvRelu`, with the attribute names of CANN's built-in `Conv2D` (`strides`, `pads`, `dilations`, `groups`):
+
+# %%
+print(seed_claims.claim("s32-reg-op").summary())
 
 # %%
 F = ["DT_FLOAT16", "DT_FLOAT"]
@@ -70,7 +70,11 @@ print(conv_relu)
 # types; (2) keep attribute names consistent with CANN's built-in ops; (3) name the op after what it fuses
 # (`ConvRelu`, not `MyOp`). The seed's own example breaks rule 2: it writes `stride` and `padding`, but
 # CANN's `Conv2D` calls them `strides` and `pads`. `OP_END_FACTORY_REG` runs every check and reports all
-# problems at once. A small helper prints them:
+# problems at once. A small helper prints them.
+#
+# **Predict first:** the seed's own example declares `.ATTR(stride, ListInt, {1, 1})` and
+# `.ATTR(padding, ListInt, {0, 0})` for a fused Conv. Which of the three rules does it break? The second cell
+# answers.
 
 # %%
 def try_declare(build):
@@ -309,11 +313,21 @@ print(json.dumps(doc["input_desc"][0]), json.dumps(doc["attr"][0]), sep="\n")
 # In the **Ascend C project**, `op_host/conv_relu.cpp` holds the `OpDef` (inputs, outputs and attributes,
 # generated in full), and `op_kernel/conv_relu.cpp` holds the kernel. The tiling function, the gert
 # infer-shape and the kernel body are stubs marked `TO WRITE ON THE DEVICE`. They are the part that needs
-# the hardware, its compiler and its profiler. `framework/onnx_plugin/conv_relu_plugin.cc` registers the op
+# the hardware, its compiler and its profiler. The stub says which data path the kernel must take. A conv is a
+# *cube* op, not a vector one: its data goes GM → L1 → L0A/L0B → Cube → L0C, and the epilogue (bias, ReLU)
+# is applied on the way out. On the 310P3 of this package that means L0C → UB, where the Vector unit applies it,
+# then MTE3 to GM; on an Atlas A2 (Ascend 910B) the FixPipe that moves L0C to GM can apply the ReLU itself
+# (`FixpipeParamsV220.reluEn`). Only a purely elementwise op takes the vector path CopyIn (MTE2) → Compute
+# (Vector) → CopyOut (MTE3) of notebook 11. `framework/onnx_plugin/conv_relu_plugin.cc` registers the op
 # for ATC's ONNX parser: `OriginOpType("ai.onnx.contrib::1::ConvRelu")`.
 
 # %%
 print(files["ascendc/op_kernel/conv_relu.cpp"])
+a2 = package_files([decl], soc="Ascend910B4")["ascendc/op_kernel/conv_relu.cpp"]
+print("the same kernel stub for an Atlas A2 (Ascend910B4), epilogue lines:")
+lines = a2.splitlines()
+start = next(i for i, line in enumerate(lines) if "Epilogue" in line)
+print("\n".join(lines[start:-2]))
 
 # %% [markdown]
 # Converting the model on the device is `atc --framework=5` (5 = ONNX). `fusion_switch.cfg` is for
@@ -325,7 +339,52 @@ print(files["atc.sh"])
 print(files["fusion_switch.cfg"])
 
 # %% [markdown]
-# ## 9. The seed's package layout, against the real one
+# ## 9. CANN already fuses Conv+BN+ReLU: when is a custom op worth writing?
+#
+# Everything above builds a custom `ConvRelu`. On a real Ascend machine you would usually not need it: ATC fuses
+# Conv + BN + ReLU by default, in two steps.
+#
+# - **Graph fusion** (`ConvBatchnormFusionPass`) folds the BN into the conv's filter and bias at compile time,
+#   with the same algebra as notebook 01 (it inserts `ConvBnFilterHost` / `ConvBnBiasHost` ops that the compiler
+#   evaluates once).
+# - **UB fusion** (`TbeCommonRules0FusionPass`, `TbeConv2DReluv2Pass` and relatives) compiles the conv and the
+#   elementwise op after it as one kernel: the conv's result stays on chip (in the Unified Buffer, or passing
+#   through FixPipe on A2), the ReLU is applied there or on the way out, and only the activated result is written
+#   to global memory. In the words of
+#   the CANN docs, UB fusion saves "the data movement of A's output from the UB to GM and back".
+#
+# Both are on unless a `fusion_switch.cfg` turns them off, and `atc` reports what fired in `fusion_result.json`
+# (`match_times`, `effect_times` per pass). That is what the package's `fusion_switch.cfg` is for: it converts the
+# *original* model with those passes off, to get the unfused baseline.
+
+# %%
+print(seed_claims.claim("s22-cann-three-kinds").summary())
+switch = json.loads(files["fusion_switch.cfg"])["Switch"]
+print("passes the baseline switches off:", {part: sorted(p) for part, p in switch.items()})
+
+# %% [markdown]
+# So a custom fused op is worth writing only when ATC's own fusion does not already do the job, and the bar to
+# beat is ATC's default model (fusion on), not the unfused baseline:
+#
+# - **the pattern is not matched.** Check `fusion_result.json`: a pass with `match_times` above `effect_times`
+#   matched a pattern and could not apply it. An unusual activation or epilogue, a group with two outputs, an op
+#   order the exporter wrote differently, or an operator CANN has no kernel for are the usual reasons;
+# - **the fused kernel is slow for your shapes.** msprof shows it (`op_summary`: `aicore_time`, the pipe ratios);
+#   try AOE tuning of the built-in op first;
+# - **the target has no UB fusion.** The CANN docs say Atlas 350 (Ascend 950) does not support it;
+# - **you need something the built-in does not offer**: a numerics choice (accumulation type, a fused
+#   quantisation), a layout, or several operators that no fusion pass joins (attention blocks are the common case,
+#   and CANN ships fused ones).
+#
+# The seed's 23% for YOLOv5 (§1) was then most likely measured against a baseline without ATC's fusion, or on a
+# pattern ATC did not fuse; against ATC's default a custom `ConvRelu` would at best match the built-in
+# fusion. The ledger's verdict:
+
+# %%
+print(seed_claims.claim("s1-yolov5-23pct").summary())
+
+# %% [markdown]
+# ## 10. The seed's package layout, against the real one
 #
 # | seed §6.1 | real CANN | note |
 # |---|---|---|
@@ -343,8 +402,11 @@ print(files["fusion_switch.cfg"])
 # - onnxruntime runs the op through a Python kernel, and the model matches the unfused original within
 #   fp32 tolerances. It is slower, because a Python/numpy kernel pays marshalling, the GIL and an unoptimised
 #   convolution. That says nothing about a native fused kernel.
-# - The generated package has the prototype, the msopgen input, the Ascend C project with marked stubs,
-#   the ONNX plugin, the `atc` command and a `fusion_switch.cfg`.
+# - The generated package has the prototype, the msopgen input, the Ascend C project with marked stubs (the
+#   cube data path for a conv, the vector one for elementwise ops), the ONNX plugin, the `atc` command and a
+#   `fusion_switch.cfg`.
+# - ATC already fuses Conv + BN + ReLU (graph fusion folds the BN, UB fusion the activation). Write a custom
+#   fused op for a pattern ATC does not fuse, or fuses badly, and measure it against ATC's default.
 #
 # **What to try next**
 #

@@ -1,10 +1,14 @@
 # %% [markdown]
-# # 07 · A profiling case: find where the time goes, apply the seed's three fixes, measure again
+# # 10 · A profiling case: find where the time goes, apply the seed's three fixes, measure again
 #
 # **What you will learn in this notebook**
 #
 # - how to profile an ONNX model with onnxruntime and read the result the way msprof's `op_summary` is read on
-#   Ascend: op name, type, start, duration, and the *wait time* before each op (the launch gap);
+#   Ascend: op name, type, start, duration, and the *wait time* before each op (the launch gap); the real msprof
+#   command line and `op_summary` columns, and the ACL calls that exist (the seed's `aclmdlReportComputationTime`
+#   does not);
+# - what the profiler itself costs, measured, and why much of a profile's "no kernel running" time is the
+#   profiler's own bookkeeping;
 # - how to draw a timeline (one lane per thread) and write a trace file for Perfetto / `chrome://tracing`;
 # - what fusion changes in a profile: op count, launch gaps, time per op type;
 # - the seed's three fixes (§4.1), each measured here with interleaved runs: **launch gaps** → fusion and
@@ -20,17 +24,15 @@
 
 # %%
 import tempfile
-import warnings
 from pathlib import Path
-
-warnings.filterwarnings("ignore")
 
 import matplotlib.pyplot as plt
 
-from fusionlab import cost, devices, metrics, profile, zoo
+import fusionlab
+from fusionlab import calibrate, cost, devices, metrics, profile, seed_claims, zoo
 from fusionlab.passes import fuse
 from fusionlab.runtime import verify
-from fusionlab.timing import compare, compare_models
+from fusionlab.timing import bench, compare, compare_models
 
 plt.rcParams["figure.dpi"] = 80
 
@@ -59,7 +61,8 @@ print("fused model equivalent to the original (fp32, rtol 1e-4, atol 1e-5):", re
 # The table mirrors the columns of msprof's `op_summary`. **Wait** is computed the way msprof computes
 # `Task Wait Time`: the time between the end of the previous op and the start of this one. On an NPU that gap is
 # the kernel-launch and scheduling cost; on this CPU it is onnxruntime's per-node overhead (finding the inputs,
-# allocating the output, dispatching the kernel). The run shown is the median one of fifteen.
+# allocating the output, dispatching the kernel) plus, as §3 measures, the profiler's own bookkeeping. The run
+# shown is the median one of fifteen.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -69,6 +72,8 @@ print(before.op_table(top=12, sort="duration"))
 
 # %% [markdown]
 # What does not vary from run to run is the structure: how many kernels one run launches and of which types.
+# **Predict first:** the original graph has 258 nodes and the fused one 142. How many kernels does one run of each
+# launch?
 
 # %%
 print(f"kernels per run: original {before.ops_per_run}, fused {after.ops_per_run}")
@@ -76,23 +81,119 @@ counts_before = {t: r["count"] for t, r in sorted(before.by_op_type().items())}
 counts_after = {t: r["count"] for t, r in sorted(after.by_op_type().items())}
 print("original:", counts_before)
 print("fused:   ", counts_after)
+print("graph nodes that launch no kernel:",
+      sorted({n.op_type for n in fusionlab.load(model).topological_order()} - set(counts_before)))
 
 # %% [markdown]
-# ## 3. The timeline, and a trace for Perfetto
+# The original launches 256 kernels, not 258: its two `Constant` nodes hold the Resize scales, and onnxruntime turns
+# constants into initializers when it loads the model, so they never run. The fused model has no `Constant` left
+# over, and runs all of its 142 nodes.
 #
-# One lane per thread; each bar is a kernel, coloured by op type. The grey band is the whole run: where it
-# shows between bars, no kernel is running. That is where launch gaps live.
+# ### The same on Ascend: msprof and its `op_summary`
+#
+# On an Ascend device the profiler is msprof. The seed's command, `msprof --application=python3 infer.py
+# --output=timeline.json`, is not quite the real one: `--application` takes the whole command as one quoted string,
+# and `--output` names a *directory*. Either form works:
+#
+# ```bash
+# msprof --output=./prof --ascendcl=on --task-time=on --ai-core=on --aic-metrics=PipeUtilization python3 infer.py
+# msprof --application="python3 infer.py" --output=./prof          # the legacy form
+# ```
+#
+# msprof writes `./prof/PROF_*/mindstudio_profiler_output/`: `msprof_*.json` is the timeline (Chrome-trace format,
+# like onnxruntime's), and `op_summary_*.csv` has one row per task. The columns our table mirrors, and the ones a
+# CPU cannot give (names as msprof writes them; CANN 8 renames `Block Dim` to `Block Num`):
+#
+# | msprof `op_summary` | here | meaning |
+# |---|---|---|
+# | `Op Name`, `OP Type` | Op Name, OP Type | the node and its operator |
+# | `Task Start Time(us)` | Start(us) | when the task started (here: since the run started) |
+# | `Task Duration(us)` | Duration(us) | scheduling + execution + completion of the task |
+# | `Task Wait Time(us)` | Wait(us) | end of the previous task to the start of this one: the launch gap |
+# | `Block Dim` | (Thread) | how many AI cores the launch used; on this CPU, which thread ran it |
+# | `aicore_time(us)`, `total_cycles` | - | time on the AI Core alone (always ≤ Task Duration) |
+# | `vec_ratio`, `mac_ratio`, `scalar_ratio`, `mte1_ratio`, `mte2_ratio`, `mte3_ratio` | - | share of cycles each pipe was busy (`--aic-metrics=PipeUtilization`; `aiv_*`/`aic_*` on A2) |
+#
+# The seed's other profiling call does not exist:
 
 # %%
-fig, axes = plt.subplots(2, 1, figsize=(10, 3.6), sharex=True)
+print(seed_claims.claim("s41-msprof-command").summary(), "\n")
+print(seed_claims.claim("s41-acl-report-time").summary())
+
+# %% [markdown]
+# `aclrtSynchronizeStream` is real (it waits for a stream to finish), but ACL has no `aclmdlReportComputationTime`.
+# From inside an application, profiling is `aclprofInit(path)`, `aclprofCreateConfig(devices, n, metrics, events,
+# ACL_PROF_ACL_API | ACL_PROF_TASK_TIME | ACL_PROF_AICORE_METRICS)`, `aclprofStart(config)`, the model runs,
+# `aclprofStop(config)`, `aclprofFinalize()`: the same data msprof collects, written to `path`. For per-operator
+# times *at run time*, the subscription API: `aclprofCreateSubscribeConfig`, `aclprofModelSubscribe(modelId, config)`,
+# then `aclprofGetOpNum`, `aclprofGetOpType`, `aclprofGetOpName` and `aclprofGetOpDuration` on the data read back from
+# a pipe, and `aclprofModelUnSubscribe` at the end.
+#
+# ## 3. The profiler's own cost
+#
+# A profiler records two timestamps and an event per kernel, and that takes time. How much? Run the same model in
+# two sessions, one with onnxruntime's profiler on and one with it off, interleaved (`compare`), and set the
+# difference per kernel against the "no kernel running" time the profile reports per kernel:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+with tempfile.TemporaryDirectory() as tmp:
+    profiled_sess = fusionlab.session(model, "disable", 1, enable_profiling=True, profile_prefix=str(Path(tmp) / "ort"))
+    profiled_feeds = fusionlab.make_feeds(model, seed=0, sess=profiled_sess)
+    overhead = compare(profile.runner(model), lambda: profiled_sess.run(None, profiled_feeds), min_time=2.0,
+                       label_a="profiler off", label_b="profiler on")
+    profiled_sess.end_profiling()
+print(overhead.table())
+per_kernel = (overhead.b.median - overhead.a.median) * 1e6 / before.ops_per_run
+gap = before.gap_us / before.ops_per_run
+print(f"\nthe profiler adds {per_kernel:.1f} us per kernel to a run; the profile shows {gap:.1f} us per kernel with no "
+      "kernel running")
+print("-> the profiler's own cost is as large as the whole gap: the gaps say little about the launch cost"
+      if per_kernel >= gap else f"-> the profiler's own cost is {per_kernel / gap:.0%} of the gap")
+cal = calibrate.calibrate(quick=True)
+print("\n" + cal.summary())
+
+# %% [markdown]
+# The last block is `fusionlab.calibrate`, measured on a chain of tiny ops: what one more kernel costs onnxruntime
+# with the profiler off (the *launch overhead*, the figure the cost model of notebook 05 charges this machine for
+# each kernel), and with it on. Their difference is the profiler's bookkeeping per kernel, measured a second way.
+# Part of that bookkeeping lands between kernels and part inside them, so the profile both lengthens the run and
+# widens its gaps: where the profiler's cost per kernel is as large as the gap per kernel, **most of what the
+# profile shows as "no kernel running" is the profiler itself**, and the launch cost without it is a fraction of a
+# microsecond. Gaps still count kernels, and fewer kernels still means fewer gaps; but what fusion saves must be
+# measured with the profiler off, as §6 does.
+#
+# ## 4. The timeline, and a trace for Perfetto
+#
+# One lane per thread; each bar is a kernel, coloured by op type. The grey band is the whole run: where it
+# shows between bars, no kernel is running. That is where launch gaps live. At the scale of a whole run the gaps
+# are a few microseconds wide, too narrow to see, so the lower two rows zoom in on the same part of the network in
+# both models: block `model.8` (a C3 block of the backbone).
+
+# %%
+def window(prof, prefix="/model.8/"):
+    """(start, end) in ms of the ops whose node names start with `prefix` in the median run."""
+    ops = [e for e in prof.ops() if e.node.startswith(prefix)] or prof.ops()[len(prof.ops()) // 3:len(prof.ops()) // 2]
+    return min(e.start_us for e in ops) / 1000 - 0.01, max(e.end_us for e in ops) / 1000 + 0.01
+
+
+fig, axes = plt.subplots(4, 1, figsize=(10, 7.2))
 profile.draw_timeline(before, ax=axes[0], title="original: one run")
 profile.draw_timeline(after, ax=axes[1], title="fused: one run")
+for ax, prof, name in ((axes[2], before, "original"), (axes[3], after, "fused")):
+    profile.draw_timeline(prof, ax=ax, title=f"{name}, zoomed in on block model.8")
+    ax.set_xlim(*window(prof))
 fig.tight_layout()
 plt.close(fig)
 fig
 
 # %% [markdown]
-# Zoom in with a real trace viewer: `write_trace` writes both profiles into one Chrome-trace file, one process
+# Zoomed in, the white gaps between kernels show. In the original, every Conv is followed by three short kernels
+# (BatchNormalization, Sigmoid, Mul), each with a gap before it; in the fused model each Conv is followed by one
+# (`QuickGelu`, onnxruntime's x·sigmoid(αx) kernel, here with α = 1: SiLU).
+
+# %% [markdown]
+# Zoom in further with a real trace viewer: `write_trace` writes both profiles into one Chrome-trace file, one process
 # each (the file is written atomically). Open it at <https://ui.perfetto.dev> or in `chrome://tracing`. From the
 # command line, `fusionlab profile model.onnx --fuse -o trace.json` does the same and prints the op tables.
 
@@ -107,15 +208,21 @@ print("kernel events:", sum(e.get("cat") == "Node" for e in events),
       "=", before.n_runs, "runs x", before.ops_per_run, "+", after.n_runs, "runs x", after.ops_per_run)
 
 # %% [markdown]
-# ## 4. Before and after fusion, side by side
+# ## 5. Before and after fusion, side by side
 #
 # The table gives medians over the fifteen profiled runs: run time, time inside kernels, and time with no kernel
 # running. Below it, time per op type: the BatchNormalization, Sigmoid and Mul kernels are gone, and the fused
-# activation (`QuickGelu`, onnxruntime's x·sigmoid(x) kernel) takes their place.
+# activation (`QuickGelu`) takes their place.
+#
+# **Predict first:** if every kernel launch leaves the same gap, what should the fused model's "no kernel running"
+# time be? (Scale the original's gap by 142 / 256.) The last line of the next cell compares.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 print(profile.side_by_side(before, after))
+predicted_gap = before.gap_us * after.ops_per_run / before.ops_per_run
+print(f"\nsame gap per kernel: {before.gap_us:.0f} x 142 / 256 = {predicted_gap:.0f} us predicted, "
+      f"{after.gap_us:.0f} us measured")
 
 # %%
 fig = profile.draw_op_types(before, after)
@@ -123,8 +230,12 @@ plt.close(fig)
 fig
 
 # %% [markdown]
-# ## 5. Fix 1: launch gaps → fusion, and parallel branches
-#
+# ## 6. Fix 1: launch gaps → fusion, and parallel branches
+
+# %%
+print(seed_claims.claim("s41-fix-launch-gaps").summary())
+
+# %% [markdown]
 # **Fusion.** Fewer kernels means fewer gaps, and the folded BN removes arithmetic and memory traffic too.
 # `compare_models` runs the two models interleaved (A, B, B, A, ...) on the same input and reports the median of
 # the per-round time ratios with a 95% confidence interval.
@@ -134,10 +245,17 @@ fig
 fusion = compare_models(model, fused.graph, min_time=2.0, label_a="original", label_b="fused")
 print(fusion.table())
 gap_per_op = before.gap_us / before.ops_per_run
-print(f"\nprofile: gaps {before.gap_us:.0f} -> {after.gap_us:.0f} us per run, "
-      f"{gap_per_op:.1f} us per launched op on this CPU")
+print(f"\nprofile: gaps {before.gap_us:.0f} -> {after.gap_us:.0f} us per run, {gap_per_op:.1f} us per launched op "
+      f"with the profiler on; launch overhead with it off: {cal.launch_overhead_us:.2f} us per op (§3)")
+saved = (fusion.a.median - fusion.b.median) * 1e6
+print(f"measured without the profiler: {saved:.0f} us saved per run for {before.ops_per_run - after.ops_per_run} "
+      f"fewer kernels, {saved / (before.ops_per_run - after.ops_per_run):.1f} us per kernel removed")
 
 # %% [markdown]
+# The saving per removed kernel, measured with the profiler off, includes more than a launch: each removed
+# BatchNormalization, Sigmoid and Mul also read and wrote a whole feature map. That is why it is larger than the
+# calibrated launch overhead.
+#
 # **Parallel branches.** The seed's fix for launch gaps on Ascend is to run independent work on several streams.
 # onnxruntime's CPU equivalent is `ExecutionMode.ORT_PARALLEL` with `inter_op_num_threads > 1`. We try it on an
 # Inception-style model, whose blocks have four independent branches.
@@ -160,13 +278,16 @@ branches = compare(serial_run, parallel_run, min_time=2.0, label_a="sequential",
 print(branches.table())
 
 # %% [markdown]
-# ## 6. Fix 2: frequent allocation → preallocated buffers
+# ## 7. Fix 2: frequent allocation → preallocated buffers
 #
 # The seed's second fix is a preallocated workspace instead of allocating and freeing per op. onnxruntime has
 # two such mechanisms, both on by default: the **CPU memory arena** (a caching allocator) with **memory
 # patterns** (the plan of every intermediate's offset, computed on the first run and reused). We switch both off
 # to see what they are worth. **IO binding** goes one step further for the outputs: the output buffers are
 # allocated once and bound to the session, so a run neither allocates them nor copies them into new numpy arrays.
+
+# %%
+print(seed_claims.claim("s41-fix-workspace").summary())
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -197,9 +318,10 @@ print("outputs:", {name: tuple(a.shape) for name, a in bound_out.items()})
 # allocator little to do, so a verdict of no clear difference is a real result, not a failure to measure.
 
 # %% [markdown]
-# ## 7. Fix 3: low compute density → more parallelism, shown as utilisation
+# ## 8. Fix 3: low compute density → more parallelism, shown as utilisation
 #
-# On Ascend the seed tunes `blockDim` (how many AI cores a kernel uses). The CPU knob is onnxruntime's
+# On Ascend the seed tunes `blockDim` (how many AI cores a kernel uses; "gridDim" is CUDA's word, an Ascend launch
+# has only the one). The CPU knob is onnxruntime's
 # `intra_op_num_threads`: how many cores one kernel is split across. We measure one thread against two and turn
 # each median time into **compute utilisation**: the model's FLOPs (from the cost model) per second, divided by a
 # peak. For the peak of this CPU we *measure* the roof onnxruntime itself can reach: its own MatMul kernel on
@@ -207,6 +329,7 @@ print("outputs:", {name: tuple(a.shape) for name, a in bound_out.items()})
 # virtual CPU we cannot see.) This CPU's power draw is unknown, so no TOPS/W is given for it.
 
 # %%
+print(seed_claims.claim("s41-fix-blockdim").summary(), "\n")
 costs = cost.node_costs(model)
 calibrated = devices.get("this machine")
 cpu_1 = metrics.with_peak(calibrated, metrics.ort_matmul_gflops(512, threads=1), "this CPU, 1 thread")
@@ -223,7 +346,8 @@ util_2 = metrics.utilisation(threads.b.median, costs, cpu_2)
 print(threads.table(), "\n")
 print(metrics.table([util_1, util_2]))
 print(f"\nroof (onnxruntime MatMul): {cpu_1.peak_flops('float32') / 1e9:.1f} GFLOP/s with 1 thread, "
-      f"{cpu_2.peak_flops('float32') / 1e9:.1f} GFLOP/s with 2; streaming bandwidth {calibrated.mem_bandwidth_gbs:.1f} GB/s")
+      f"{cpu_2.peak_flops('float32') / 1e9:.1f} GFLOP/s with 2; DRAM streaming bandwidth "
+      f"{calibrated.mem_bandwidth_gbs:.1f} GB/s (fusionlab.calibrate, the figure every notebook uses)")
 
 # %% [markdown]
 # When the cores are shared with other work, a second thread can only help as much as another core is idle.
@@ -231,7 +355,7 @@ print(f"\nroof (onnxruntime MatMul): {cpu_1.peak_flops('float32') / 1e9:.1f} GFL
 # roof the model really used. A small model gives each kernel little work to split, so do not expect the
 # second thread to double the speed: read the verdict line.
 #
-# ## 8. The seed's evaluation model, modelled for the Atlas presets
+# ## 9. The seed's evaluation model, modelled for the Atlas presets
 #
 # For the Ascend devices there is no profile to read, so the time comes from the cost model: each kernel takes
 # max(FLOPs / peak, bytes / bandwidth) plus a launch overhead, at fp16 (ATC converts float models to fp16 for
@@ -250,6 +374,9 @@ print(metrics.table(modelled))
 #   launch overhead and memory traffic dominate. Utilisation is a property of the *workload* on the device,
 #   not of a fused op alone;
 # - the TOPS/W target cannot be met by the 300I Duo at its rated power even in theory, as the next cell computes.
+
+# %%
+print(seed_claims.claim("s62-targets-300i-duo").summary())
 
 # %%
 duo = presets["Atlas 300I Duo"]
@@ -277,7 +404,7 @@ plt.close(fig)
 fig
 
 # %% [markdown]
-# ## 9. The seed's troubleshooting table (§4.2), checked
+# ## 10. The seed's troubleshooting table (§4.2), checked
 #
 # The write-up ends its performance advice with a table of symptoms, causes and fixes. Two rows are right, one is
 # vague and one fix is wrong. Here each row is set against what is true, and against the place in this workbook
@@ -285,24 +412,37 @@ fig
 #
 # | symptom | the seed's cause → fix | what is true, and where it is shown |
 # |---|---|---|
-# | accuracy anomaly after fusion | "value range changed by fusion" | Vague. The real causes are folding in fp16 (rounding, and overflow when $\gamma/\sqrt{\sigma^2+\epsilon}$ is large), a rewrite whose legality was not checked (BN in training mode, a second consumer), or a tolerance that is too strict for the depth of the network. Notebook `01` shows the fp16 cases; every fusion in this workbook is compared with the unfused model (`fusionlab.verify`). |
-# | memory leak | "workspace not freed" → "use the `ACL_MEM_MALLOC_HUGE` flag" | The cause is right, the fix is not. `ACL_MEM_MALLOC_HUGE_FIRST` is an `aclrtMalloc` page policy: blocks over 1 MiB come from 2 MiB huge pages when there are any. It frees nothing. The fix for a leak is to pair every `aclrtMalloc` with `aclrtFree` and destroy datasets and buffers after use. Better still, allocate the workspace once and reuse it, as onnxruntime's arena does (§6). |
+# | accuracy anomaly after fusion | "value range changed by fusion" → "add a normalisation layer" | Vague cause, wrong fix. The real causes are folding in fp16 (rounding, and overflow when $\gamma/\sqrt{\sigma^2+\epsilon}$ is large), a rewrite whose legality was not checked (BN in training mode, a second consumer), or a tolerance that is too strict for the depth of the network. Notebook `01` shows the fp16 cases; every fusion in this workbook is compared with the unfused model (`fusionlab.verify`). |
+# | memory leak | "workspace not freed" → "use the `ACL_MEM_MALLOC_HUGE` flag" | The cause is right, the fix is not. `ACL_MEM_MALLOC_HUGE_FIRST` is an `aclrtMalloc` page policy: blocks over 1 MiB come from 2 MiB huge pages when there are any. It frees nothing. The fix for a leak is to pair every `aclrtMalloc` with `aclrtFree` and destroy datasets and buffers after use. Better still, allocate the workspace once and reuse it, as onnxruntime's arena does (§7). |
 # | build failure | TBE / driver version mismatch | Right. The CANN toolkit, driver and firmware versions must match (compatibility tables in the CANN release notes), and `--soc_version` must name the chip exactly (`Ascend310P3`, `Ascend910B4`, ...). Notebook `09` generates the package and the `atc` command with that parameter. |
-# | slower after fusion | bad fusion strategy → analyse with msprof | Right, and it is the theme of notebook `05`: over-fusion raises peak memory and can spill the on-chip buffer. Profile before and after (§4 here); switch off a single fusion pass with a `fusion_switch.cfg` (notebook `09`). |
+# | slower after fusion | bad fusion strategy → analyse with msprof | Right: fusion can make a model slower. Notebook `03` §6 measures it (horizontally fused Inception is slower than the original once onnxruntime optimises both), and notebook `05` §5 shows the cost of fusing more against group size (the over-fusion curve). Profile before and after (§5 here, with the profiler's own cost in mind, §3); switch off a single CANN fusion pass with a `fusion_switch.cfg` (notebook `09`). |
 # | custom op with more than 5 basic ops on Atlas 800I A2 | split it | A rule of thumb for one device. Notebooks `04` and `05` make it a parameter (`max_ops`) beside the buffer budget, which is the limit underneath it. |
+
+# %% [markdown]
+# The ledger's verdict on each row, with the evidence it cites (`docs/seed_claims.md`):
+
+# %%
+for cid in ("s42-accuracy-anomaly", "s42-memory-leak", "s42-build-failure", "s42-slower-after-fusion",
+            "s42-split-above-5-ops"):
+    c = seed_claims.claim(cid)
+    print(f"{c.says}\n  -> {c.verdict}; shown in {c.where_shown()}")
 
 # %% [markdown]
 # ## Summary
 #
 # - A profile answers "where does the time go?" per kernel. The msprof-style wait time shows the gaps between
-#   kernels; the timeline shows them as white space; the trace file lets you zoom in with Perfetto.
+#   kernels; the zoomed timeline shows them as white space; the trace file lets you zoom in with Perfetto. On
+#   Ascend the same columns are in msprof's `op_summary` (`Task Wait Time(us)`, `Block Dim`, `aicore_time`,
+#   `mte2_ratio`, ...); profiling from code is `aclprof*`, not the seed's nonexistent `aclmdlReportComputationTime`.
+# - The profiler costs time of its own, per kernel, and much of a profile's "no kernel running" time is that cost
+#   (§3). Measure what a change saves with the profiler off.
 # - **Launch gaps → fusion** removes kernels, and with them gaps and arithmetic (the folded BN). Whether that
-#   shows as a speedup on your CPU is in §5: the measured ratio with its confidence interval.
+#   shows as a speedup on your CPU is in §6: the measured ratio with its confidence interval.
 # - **Launch gaps → parallel branches** cannot work with onnxruntime ≥ 1.14 on CPU: all nodes run in one stream,
-#   as the parallel-mode profile shows. Its measured ratio is printed in §5.
+#   as the parallel-mode profile shows. Its measured ratio is printed in §6.
 # - **Frequent allocation → preallocation**: onnxruntime already preallocates by default (arena + memory
-#   patterns); §6 measures what switching them off costs and what IO binding adds.
-# - **Low compute density → more parallelism** is measured in §7 and expressed as utilisation of the cores used.
+#   patterns); §7 measures what switching them off costs and what IO binding adds.
+# - **Low compute density → more parallelism** is measured in §8 and expressed as utilisation of the cores used.
 # - The seed's evaluation model is easy to compute once FLOPs and bytes are known (cost model) and time is known
 #   (profile or roofline). Its 4 TOPS/W target is above what the 300I Duo can reach at rated power.
 #

@@ -1,39 +1,49 @@
 # %% [markdown]
-# # 08 · Double buffering: overlap data movement with compute
+# # 11 · Double buffering: overlap data movement with compute
 #
 # **What you will learn in this notebook**
 #
 # - what double buffering is on an Ascend AI Core: three hardware queues (copy-in, compute, copy-out) and
 #   `TQue` buffers of depth `BUFFER_NUM = 2` in Ascend C;
+# - why copy-in and copy-out do not add up: they share the core's memory bandwidth, so no schedule moves its
+#   bytes faster than bytes ÷ bandwidth, and double buffering can only hide compute behind copying (or the
+#   reverse);
 # - a simulator of one AI Core's vector pipeline, and the timelines it produces with one buffer and with two;
-# - when double buffering pays (balanced stages) and when it cannot (one stage dominates), with stage times
-#   modelled from the Atlas presets' published bandwidth and Unified Buffer size;
-# - for which stage ratios the seed's "+18%" would hold;
+# - when double buffering pays (copies and compute balanced) and when it cannot (one dominates), with stage
+#   times modelled from the Atlas presets' published bandwidth and Unified Buffer size;
+# - for which stage ratios the seed's "+18%" would hold, and what its "IPC 1.7×" can and cannot mean;
+# - how fusion and double buffering combine, derived from the model's numbers;
 # - a real CPU analogue, measured: loading tiles in one thread while another computes.
 #
 # **Where this comes from.** The seed's §3.3 shows a TBE kernel with `tvm.tag_scope("double_buffer")` and says
-# double buffering gave +18%. That code is pseudo-code. The real mechanism, in Ascend C, is
-# `TQue<QuePosition::VECIN, BUFFER_NUM>` with `BUFFER_NUM = 2` around a CopyIn → Compute → CopyOut loop
-# (the official AddCustom sample). We have no Ascend hardware: the Ascend part of this notebook is a *model*
-# built from published specifications; the CPU part is *measured*.
+# double buffering gave +18%. That code is pseudo-code: TBE has no such scope. The real forms are
+#
+# - Ascend C: `TQue<QuePosition::VECIN, BUFFER_NUM>` with `BUFFER_NUM = 2` around a CopyIn → Compute → CopyOut
+#   loop (the official AddCustom sample; `pipe.InitBuffer(inQueueX, 2, size)`);
+# - TBE DSL: `sch[tensor].double_buffer()` on a tensor of the schedule (TBE's schedules enable it from the tiling's
+#   ping-pong flags);
+# - TIK: a loop `with tik_instance.for_range(0, n, thread_num=2) as i:`, whose two "threads" are the ping and pong
+#   buffers.
+#
+# We have no Ascend hardware: the Ascend part of this notebook is a *model* built from published specifications;
+# the CPU part is *measured*.
 
 # %%
 import os
 import tempfile
-import warnings
-
-warnings.filterwarnings("ignore")
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fusionlab import devices, pipeline
+from fusionlab import devices, seed_claims
+from fusionlab.lessons import double_buffer
 from fusionlab.timing import bench, compare
 
 plt.rcParams["figure.dpi"] = 80
+print(seed_claims.claim("s33-tbe-dsl-sketch").summary())
 
 # %% [markdown]
-# ## 1. Three queues, one tile at a time
+# ## 1. Three queues, one memory path
 #
 # An Ascend C vector kernel cuts its data into tiles. Each tile goes through three stages, each run by its own
 # hardware queue, so the three can work *at the same time* on different tiles:
@@ -44,110 +54,156 @@ plt.rcParams["figure.dpi"] = 80
 # | Compute | Vector | UB → UB |
 # | CopyOut | MTE3 | UB → global memory |
 #
-# What stops them overlapping is the buffers. `pipeline.simulate` models exactly the dependencies of the
-# `TQue` pattern: CopyIn of tile *i* needs an input buffer, which Compute of tile *i − BUFFER_NUM* releases;
-# Compute of tile *i* needs an output buffer, which CopyOut of tile *i − BUFFER_NUM* releases. It is pure and
-# deterministic: the same stage times always give the same schedule.
+# Two things stop them overlapping completely:
 #
-# Take three equal stages of 1 µs and 8 tiles, three ways:
+# - **the buffers.** `double_buffer.simulate` models the dependencies of the `TQue` pattern: CopyIn of tile *i*
+#   needs an input buffer, which Compute of tile *i − BUFFER_NUM* releases; Compute of tile *i* needs an output
+#   buffer, which CopyOut of tile *i − BUFFER_NUM* releases;
+# - **the bandwidth.** MTE2 and MTE3 are separate queues, but both move bytes between the core and global memory,
+#   and the core's share of the device's memory bandwidth is one number. While both copy, each runs at half
+#   speed. So the copies of *n* tiles take at least *n* × (copy-in + copy-out), whatever the schedule.
+#
+# The simulator is pure and deterministic: the same stage times always give the same schedule.
+#
+# Take three equal stages of 1 µs (each copy alone takes 1 µs) and 8 tiles, three ways:
 #
 # - one buffer used for input and output alike (`inplace=True`): a tile must leave before the next may come in.
 #   This is the picture in the CANN docs, where each queue is busy only a third of the time;
 # - `BUFFER_NUM = 1` with separate input and output queues, as in the AddCustom sample with `BUFFER_NUM = 1`:
-#   copy-in of the next tile can already overlap copy-out of this one;
+#   copy-in of the next tile may start while this one is copied out;
 # - `BUFFER_NUM = 2`: MTE2 fills one buffer while the Vector unit works on the other.
+#
+# **Predict before you run the next cell:** serially the 8 tiles take 8 × 3 µs = 24 µs. How long do they take with
+# `BUFFER_NUM = 2`? (Hint: how many microseconds of copying does each tile need, and can two copies share 1 µs?)
 
 # %%
-stages = pipeline.StageTimes(copy_in=1.0, compute=1.0, copy_out=1.0)
-cases = {
-    "one shared buffer (in place)": pipeline.simulate(8, stages, 1, inplace=True),
-    "BUFFER_NUM = 1": pipeline.simulate(8, stages, 1),
-    "BUFFER_NUM = 2": pipeline.simulate(8, stages, 2),
-}
+stages = double_buffer.StageTimes(copy_in=1.0, compute=1.0, copy_out=1.0)
+modes = {"one shared buffer (in place)": (1, True), "BUFFER_NUM = 1": (1, False), "BUFFER_NUM = 2": (2, False)}
+cases = {name: double_buffer.simulate(8, stages, b, inplace=inplace) for name, (b, inplace) in modes.items()}
 for name, s in cases.items():
-    busy = s.busy()
-    print(f"{name:<30} total {s.total:5.1f} us   Vector busy {busy['Vector']:.0%}   "
-          f"MTE2 busy {busy['MTE2']:.0%}")
+    print(f"{name:<30} total {s.total:5.1f} us   Vector busy {s.busy()['Vector']:.0%}   "
+          f"memory path busy {s.path_busy:.0%}")
+print(f"no schedule can beat {double_buffer.lower_bound(8, stages):.0f} us: 8 tiles x 2 us of copying")
 
 # %%
 fig, axes = plt.subplots(3, 1, figsize=(9, 6.6), sharex=True)
 for ax, (name, s) in zip(axes, cases.items()):
-    pipeline.draw_pipeline(s, ax=ax, title=f"{name}: {s.total:g} us for 8 tiles")
+    double_buffer.draw_pipeline(s, ax=ax, title=f"{name}: {s.total:g} us for 8 tiles")
 fig.tight_layout()
 plt.close(fig)
 fig
 
 # %% [markdown]
-# The simulator agrees with the closed forms, which the tests check for random stage times:
+# The answer is 16 µs, not the 10 µs a picture of three independent engines suggests: every tile needs 2 µs of
+# the memory path (1 µs in, 1 µs out), and double buffering reaches exactly that bound. Where MTE2 and MTE3 bars
+# overlap in the middle picture, each runs at half speed: overlapping copy-in with copy-out buys nothing, so
+# `BUFFER_NUM = 1` with separate queues is as slow as the fully serial loop. What double buffering overlaps is
+# *copying with computing*.
+#
+# For comparison, the same tiles if MTE2 and MTE3 each had a memory path of their own
+# (`shared_bandwidth=False`), the picture behind "three stages, three times faster":
+
+# %%
+for name, (b, inplace) in modes.items():
+    s = double_buffer.simulate(8, stages, b, inplace=inplace, shared_bandwidth=False)
+    print(f"{name:<30} total {s.total:5.1f} us   (a path each)")
+
+# %% [markdown]
+# The simulator agrees with the closed forms, which the tests check for random stage times (in, compute, out are
+# each stage's time alone):
 #
 # - one shared buffer: *n* × (in + compute + out), fully serial;
-# - `BUFFER_NUM = 1`, separate queues: a new tile every compute + max(in, out);
-# - `BUFFER_NUM = 2`: a new tile every max(in, compute, out) once the pipeline is full, plus fill and drain.
+# - `BUFFER_NUM = 1`, separate queues: the same on one memory path, since the next copy-in shares the path with
+#   this copy-out (with a path each it would be a tile every compute + max(in, out));
+# - `BUFFER_NUM = 2`: a tile every max(in + out, compute) once the pipeline is full;
+# - and no schedule, with any number of buffers, beats max(*n* × (in + out), *n* × compute): bytes ÷ bandwidth
+#   against compute. `tests/test_double_buffer.py` checks that bound over a grid of stage ratios, buffer counts
+#   and every device preset.
 
 # %%
 for n in (8, 64, 512):
-    one = pipeline.simulate(n, stages, 1, inplace=True).total
-    two = pipeline.simulate(n, stages, 2).total
+    one = double_buffer.simulate(n, stages, 1, inplace=True).total
+    two = double_buffer.simulate(n, stages, 2).total
     print(f"{n:4d} tiles: serial {one:6.0f} us, double-buffered {two:6.0f} us "
-          f"(= n x 1 us + 2 us fill/drain: {n + 2}), speed-up {one / two:.2f}x")
+          f"(bound {double_buffer.lower_bound(n, stages):6.0f} us), speed-up {one / two:.2f}x")
 
 # %% [markdown]
-# With three balanced stages the ceiling is 3× over the fully serial loop. Against the fairer baseline (one
-# buffer but separate queues) it is 2×.
+# With three equal stages the speed-up is 1.5×: (1 + 1 + 1) ÷ max(1 + 1, 1). The most double buffering can ever
+# give on one memory path is 2×, when compute takes exactly as long as the two copies together, so that each
+# hides the other completely. (With a path per copy queue the ceiling would be 3×: §3 plots both.)
 #
 # ## 2. When it cannot pay: one stage dominates
 #
-# Double buffering hides the shorter stages behind the longest one. If one stage dominates, there is little to
-# hide. The gain of `BUFFER_NUM = 2` over `BUFFER_NUM = 1` (separate queues) as the compute time grows, with
-# copy-in and copy-out fixed at 1 µs each:
+# Double buffering hides the shorter of copying and computing behind the longer one. If one dominates, there is
+# little to hide. The gain of `BUFFER_NUM = 2` over `BUFFER_NUM = 1` as the compute time grows, with copy-in and
+# copy-out fixed at 1 µs each:
 
 # %%
 for compute in (0.25, 0.5, 1, 2, 4, 16, 64):
-    gain = pipeline.double_buffer_gain((1.0, compute, 1.0), n_tiles=256)
-    print(f"compute / copy-in = {compute:6.2f}: double buffering gains {gain:+6.1%}")
+    gain = double_buffer.double_buffer_gain((1.0, compute, 1.0), n_tiles=256)
+    print(f"compute = {compute:6.2f} us (copies 2 us): double buffering gains {gain:+6.1%}")
 
 # %% [markdown]
-# The gain peaks when compute equals each copy stage and falls towards zero on both sides: a copy-bound kernel
-# waits for MTE2 no matter how many buffers it has, and a compute-bound one keeps the Vector unit busy anyway.
+# The gain peaks at +99% (2× less the fill and drain of 256 tiles) when compute equals the two copies together
+# (2 µs), and falls towards zero on both sides: a copy-bound kernel waits for the memory path no matter how many
+# buffers it has, and a compute-bound one keeps the Vector unit busy anyway.
 #
 # ## 3. The seed's "+18%": for which stage ratios would it hold?
-#
-# On the compute-bound side, with copy-in and copy-out equal, the steady-state gain has a simple form. Against one
-# buffer with separate queues it is copy / (2 × compute); against the fully serial loop it is copy / compute.
-# `ratio_for_gain` inverts it:
 
 # %%
-r_queues = pipeline.ratio_for_gain(0.18)
-r_serial = pipeline.ratio_for_gain(0.18, inplace=True)
-print(f"+18% against BUFFER_NUM = 1 (separate queues): total copy time = {r_queues:.0%} of compute time")
-print(f"+18% against the fully serial loop:            total copy time = {r_serial:.0%} of compute time")
-check = pipeline.double_buffer_gain((r_queues / 2, 1.0, r_queues / 2), n_tiles=4096)
-print(f"simulated with 4096 tiles at that ratio: {check:+.1%}")
+print(seed_claims.claim("s33-double-buffer-18pct").summary())
+
+# %% [markdown]
+# With one memory path, `BUFFER_NUM = 1` runs a tile every in + compute + out, `BUFFER_NUM = 2` every
+# max(in + out, compute). So if the copies take *r* times the compute, the gain is *r* on the compute-bound side
+# (*r* < 1) and 1/*r* on the copy-bound side (*r* > 1). `ratio_for_gain` inverts the steady-state gain:
 
 # %%
-ratios = np.logspace(-2, 2, 121)
+r_compute = double_buffer.ratio_for_gain(0.18)
+r_copy = double_buffer.ratio_for_gain(0.18, side="copy")
+r_paths = double_buffer.ratio_for_gain(0.18, shared_bandwidth=False)
+print(f"+18%, compute-bound kernel: total copy time = {r_compute:.0%} of compute time")
+print(f"+18%, copy-bound kernel:    total copy time = {r_copy:.1f} x compute time")
+print(f"(with a memory path per copy queue it would need copy = {r_paths:.0%} of compute)")
+for r in (r_compute, r_copy):
+    check = double_buffer.double_buffer_gain((r / 2, 1.0, r / 2), n_tiles=4096)
+    print(f"simulated with 4096 tiles at copy/compute = {r:.2f}: {check:+.1%}")
+
+# %%
+def gain_over_serial(r, shared, n=256):
+    """BUFFER_NUM = 2 against the fully serial loop, for total copy = r x compute (split equally)."""
+    t = (r / 2, 1.0, r / 2)
+    return double_buffer.serial_time(n, t) / double_buffer.simulate(n, t, 2, shared_bandwidth=shared).total - 1
+
+
+ratios = np.logspace(-2, 2, 81)
 fig, ax = plt.subplots(figsize=(7, 3.6))
-for inplace, label in ((False, "vs BUFFER_NUM = 1 (separate queues)"), (True, "vs one shared buffer (serial)")):
-    gains = [pipeline.double_buffer_gain((r / 2, 1.0, r / 2), n_tiles=256, inplace=inplace) for r in ratios]
-    ax.semilogx(ratios, np.array(gains) * 100, label=label)
-ax.axhline(18, color="black", ls="--", lw=1, label="the seed's +18%")
+for shared, style, label in ((True, "-", "one memory path (an AI Core)"), (False, "--", "a path per copy queue")):
+    gains = [gain_over_serial(r, shared) for r in ratios]
+    ax.semilogx(ratios, np.array(gains) * 100, style, label=f"{label}: peak +{max(gains):.0%} at "
+                f"{ratios[int(np.argmax(gains))]:.2g}")
+ax.axhline(18, color="black", ls=":", lw=1, label="the seed's +18%")
 ax.set_xlabel("total copy time / compute time per tile")
-ax.set_ylabel("gain of BUFFER_NUM = 2 (%)")
-ax.set_title("double buffering pays most when the stages are balanced")
+ax.set_ylabel("gain over the serial loop (%)")
+ax.set_title("double buffering pays most when copying and computing balance")
 ax.legend(fontsize="small")
 plt.close(fig)
 fig
 
 # %% [markdown]
+# Against the serial loop, one memory path peaks at about +100% (2×) where the copies take as long as the compute
+# (ratio 1); independent paths would peak at about +200% (3×) at ratio 2, the number a three-equal-stages picture
+# suggests. The seed's +18% crosses the solid curve twice: at copy = 18% of compute, and at copy = 5.6 × compute.
 # So +18% is a plausible figure, but only for a particular balance of copy and compute. It is not a property of
 # double buffering; it is a property of one kernel's stage times. The same switch gives almost nothing to a
-# kernel that is strongly copy- or compute-bound, and up to 2× (or 3× against a serial loop) to a balanced one.
+# kernel that is strongly copy- or compute-bound, and up to 2× to a balanced one.
 #
 # ## 4. Stage times from the Atlas presets (modelled)
 #
 # Where do real stage times come from? For an elementwise kernel on one AI Core:
 #
-# - copy time = bytes / the core's share of memory bandwidth (published bandwidth ÷ AI cores, all cores busy);
+# - copy time = bytes / the core's share of memory bandwidth (published bandwidth ÷ AI cores, all cores busy),
+#   shared by copy-in and copy-out;
 # - compute time = element operations / vector throughput. The vector unit processes 256 bytes per cycle (128
 #   fp16 lanes) at 1.8 GHz; this is modelled from the 910B platform file (`vec_calc_size`, `cube_freq`), not
 #   published per product, so treat it as an assumption;
@@ -157,65 +213,125 @@ fig
 # %%
 presets = devices.load_devices()
 for dev in presets.values():
-    core = pipeline.core_from_device(dev)
+    core = double_buffer.core_from_device(dev)
     print(f"{dev.name:<30} UB {core.ub_bytes // 1024:4d} KiB, {core.copy_gbs:5.1f} GB/s per core, "
           f"vector {core.vector_gflops:.0f} G fp16 ops/s")
 
 # %% [markdown]
 # An fp16 `Add` (two inputs, one output, one operation per element) against a `Sinh`-like op (one input, one output,
 # about 20 vector operations per element: exp, reciprocal, subtract, scale) and a heavier 100-operation
-# kernel, each on 4 M elements per core:
+# kernel, each on 4 Mi elements per core.
+#
+# **Predict first:** the Sinh-like kernel reads 4 Mi fp16 values and writes 4 Mi, on a 300I Pro core's
+# 25.6 GB/s. What is the least time any schedule can take? The `bound` column answers.
 
 # %%
-def modelled_gain(dev, ops_per_elem, inputs, elems=4 * 2**20):
-    core = pipeline.core_from_device(dev)
+ELEMS = 4 * 2**20
+
+
+def modelled(dev, ops_per_elem, inputs=1, elems=ELEMS, buffers=(1, 2)):
+    """{buffers: (tile, stage times, schedule)} for one elementwise kernel of `elems` elements on one core."""
+    core = double_buffer.core_from_device(dev)
     rows = {}
-    for buffers in (1, 2):
-        tile = pipeline.max_tile_elems(core.ub_bytes, buffers, inputs=inputs, outputs=1)
-        t = pipeline.stage_times(core, tile, inputs=inputs, outputs=1, ops_per_elem=ops_per_elem)
-        n = -(-elems // tile)
-        rows[buffers] = (tile, t, pipeline.simulate(n, t, buffers).total)
+    for b in buffers:
+        tile = double_buffer.max_tile_elems(core.ub_bytes, b, inputs=inputs, outputs=1)
+        t = double_buffer.stage_times(core, tile, inputs=inputs, outputs=1, ops_per_elem=ops_per_elem)
+        rows[b] = (tile, t, double_buffer.simulate(-(-elems // tile), t, b))
     return rows
 
 
 for dev in presets.values():
+    core = double_buffer.core_from_device(dev)
     print(dev.name)
     for label, ops, inputs in (("Add", 1, 2), ("Sinh-like", 20, 1), ("100 ops/elem", 100, 1)):
-        rows = modelled_gain(dev, ops, inputs)
-        (tile1, t1, total1), (tile2, t2, total2) = rows[1], rows[2]
-        bound = "copy" if t2.copy_in + t2.copy_out > t2.compute else "compute"
-        print(f"  {label:<13} tile {tile1:>6} -> {tile2:>6} elems; copy/compute {(t2.copy_in + t2.copy_out) / t2.compute:6.2f} "
-              f"({bound}-bound); {total1:8.1f} -> {total2:8.1f} us: {total1 / total2 - 1:+6.1%}")
+        rows = modelled(dev, ops, inputs)
+        (tile1, _, s1), (tile2, t2, s2) = rows[1], rows[2]
+        bound = ELEMS * 2 * (inputs + 1) / (core.copy_gbs * 1e3)  # bytes / bandwidth, us
+        kind = "copy" if t2.copy_in + t2.copy_out > t2.compute else "compute"
+        print(f"  {label:<13} tile {tile1:>6} -> {tile2:>6} elems; copy/compute "
+              f"{(t2.copy_in + t2.copy_out) / t2.compute:6.2f} ({kind}-bound); bound {bound:7.1f} us; "
+              f"{s1.total:8.1f} -> {s2.total:8.1f} us: {s1.total / s2.total - 1:+6.1%}")
 
 # %% [markdown]
-# The model says: a single elementwise op is so copy-bound on these devices that double buffering cannot help
-# much, since the copies themselves are the bottleneck; fusing several elementwise ops into one kernel (more
-# operations per byte copied) moves the kernel towards the balanced point where double buffering pays most.
-# Fusion and double buffering work together: one raises the compute per byte, the other hides what copying is
-# left.
+# The least time for the Sinh-like kernel on the 300I Pro is 16 MiB ÷ 25.6 GB/s = 655 µs, and the double-buffered
+# schedule takes 656 µs, within a microsecond of that bound: it is copy-bound, and double buffering hides
+# its 364 µs of compute behind the copies (+55%). No row beats its bound. A lone `Add` is so copy-bound that double buffering gains a few
+# percent; the 100-operation kernel is compute-bound, and double buffering hides its copies (+36% on the 300I Pro).
 #
 # The timeline of the Sinh-like kernel on the 300I Pro, first tiles:
 
 # %%
-core = pipeline.core_from_device(presets["Atlas 300I Pro"])
+core = double_buffer.core_from_device(presets["Atlas 300I Pro"])
 fig, axes = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
 for ax, buffers in zip(axes, (1, 2)):
-    tile = pipeline.max_tile_elems(core.ub_bytes, buffers)
-    t = pipeline.stage_times(core, tile, ops_per_elem=20)
-    s = pipeline.simulate(-(-2**20 // tile), t, buffers)
-    pipeline.draw_pipeline(s, ax=ax, max_tiles=6 * buffers,
-                           title=f"BUFFER_NUM = {buffers}: tile {tile} elems, {s.total:.1f} us for 1 M elems")
+    tile = double_buffer.max_tile_elems(core.ub_bytes, buffers)
+    t = double_buffer.stage_times(core, tile, ops_per_elem=20)
+    s = double_buffer.simulate(-(-2**20 // tile), t, buffers)
+    double_buffer.draw_pipeline(s, ax=ax, max_tiles=6 * buffers,
+                                title=f"BUFFER_NUM = {buffers}: tile {tile} elems, {s.total:.1f} us for 1 Mi elems")
 fig.tight_layout()
 plt.close(fig)
 fig
 
 # %% [markdown]
+# ### Fusion and double buffering, together
+#
+# Take a chain of *k* unary elementwise ops, each about 5 vector operations per element, on 4 Mi fp16 elements per
+# 300I Pro core. Unfused, each op is its own kernel and moves the whole tensor in and out. Fused, one kernel
+# moves it once and does all 5*k* operations per element on the tile while it sits in the UB (intermediates stay
+# on chip, so the tile size does not change). Each is modelled with one and with two buffers:
+
+# %%
+pro = presets["Atlas 300I Pro"]
+print(f"{'k ops':>5} {'unfused, 1 buf':>15} {'unfused, 2 buf':>15} {'fused, 1 buf':>13} {'fused, 2 buf':>13} "
+      f"{'fusion gain':>11} {'DB gain, fused':>14} {'Vector busy':>19}")
+chain = {}
+for k in (1, 2, 4, 8, 16):
+    one_op = modelled(pro, 5)
+    fused = modelled(pro, 5 * k)
+    t = {("unfused", b): k * one_op[b][2].total for b in (1, 2)} | {("fused", b): fused[b][2].total for b in (1, 2)}
+    busy = (one_op[2][2].busy()["Vector"], fused[2][2].busy()["Vector"])
+    chain[k] = (t, busy)
+    print(f"{k:>5} {t['unfused', 1]:>12.0f} us {t['unfused', 2]:>12.0f} us {t['fused', 1]:>10.0f} us "
+          f"{t['fused', 2]:>10.0f} us {t['unfused', 2] / t['fused', 2]:>10.1f}x "
+          f"{t['fused', 1] / t['fused', 2] - 1:>+13.0%} {busy[0]:>8.0%} -> {busy[1]:>4.0%}")
+print("Vector unit busy, fused kernel / one basic op: "
+      + ", ".join(f"{k} ops {b[1] / b[0]:.1f}x" for k, (_, b) in chain.items() if k > 1))
+
+# %% [markdown]
+# Read the columns from the numbers:
+#
+# - **fusion is most of the win.** Every unfused kernel is copy-bound (5 operations per element hide behind
+#   the copies), so the chain costs *k* × 655 µs with double buffering and double buffering gains it only +14%.
+#   The fused kernel moves the bytes once: up to *k* = 4 it still takes only the 655 µs of copying, a *k*-fold gain.
+# - **double buffering pays most on the fused kernel.** As fusion adds compute per byte, the fused kernel moves
+#   toward the balance point of §2: at *k* = 8 its compute (728 µs) about matches its copies, and double
+#   buffering gains +89%. Past that the fused kernel is compute-bound and the gain falls again (+44% at 16).
+# - So they work together, not in place of each other: fusion cuts the bytes that bound the kernel, double
+#   buffering hides whichever of copying and computing is left shorter. Neither helps much with what the
+#   other leaves: double buffering cannot shorten a copy-bound chain, fusion cannot overlap what remains.
+#
+# ### The seed's "IPC 1.7×"
+
+# %%
+print(seed_claims.claim("s33-ipc-1.7x").summary())
+
+# %% [markdown]
+# IPC, instructions per cycle, is a hardware counter: on Ascend, msprof's `--aic-metrics=PipeUtilization` reports
+# how many cycles each pipe was busy (`vec_ratio`, `mte2_ratio`, `mte3_ratio`, … in `op_summary`). We have no
+# counters. The simulator's nearest quantity is the last column: the share of time the Vector unit works.
+# A kernel that waits for MTE2 issues few vector instructions per cycle; a fused one that keeps the Vector unit
+# busy issues more. In this model the ratio between a fused kernel and one basic op is 2.0× for two fused ops and
+# 7.1× for eight (the line under the table): any figure such as 1.7× is a property of how many ops were fused and how
+# balanced the result is, not of fusion. Without the counters and the kernels the seed measured, it cannot be
+# checked.
+#
 # ## 5. A real CPU analogue, measured
 #
 # A CPU has no MTE queues, but the same idea applies whenever data arrives from somewhere else: a loader thread
 # reads tile *i + 1* into one buffer while the main thread computes on tile *i* in the other
-# (`pipeline.run_tiles`, a queue of depth 2, like `TQue` with `BUFFER_NUM = 2`). Both sides release Python's GIL
-# (file reads with `os.preadv`, numpy's ufuncs), so they can run on two cores.
+# (`double_buffer.run_tiles`, a queue of depth 2, like `TQue` with `BUFFER_NUM = 2`). Both sides release Python's
+# GIL (file reads with `os.preadv`, numpy's ufuncs), so they can run on two cores.
 #
 # Two loaders:
 #
@@ -225,16 +341,16 @@ fig
 #    transfers, using no CPU, the way a DMA engine does. This is the situation MTE2 is in.
 #
 # The compute stage is a few `tanh` sweeps over the tile, chosen so that the two stages are roughly balanced.
-# First we time each stage on its own and let the simulator predict the overlap gain; then we measure it,
-# interleaved.
+# There is no copy-out, so the shared-path question does not arise. First we time each stage on its own and let
+# the simulator predict the overlap gain; then we measure it, interleaved.
 
 # %%
 TILE = 2**17  # float32 elements: 512 KiB per tile
 N_TILES = 24
 SWEEPS = 2
 workdir = tempfile.TemporaryDirectory()
-data_file = pipeline.write_tile_file(os.path.join(workdir.name, "tiles.bin"), N_TILES, TILE)
-compute = pipeline.elementwise_compute(SWEEPS, TILE)
+data_file = double_buffer.write_tile_file(os.path.join(workdir.name, "tiles.bin"), N_TILES, TILE)
+compute = double_buffer.elementwise_compute(SWEEPS, TILE)
 buffers = [np.empty(TILE, dtype=np.float32) for _ in range(2)]
 print(f"{N_TILES} tiles of {TILE * 4 // 1024} KiB; compute = {SWEEPS} tanh sweeps per tile")
 
@@ -242,10 +358,10 @@ print(f"{N_TILES} tiles of {TILE * 4 // 1024} KiB; compute = {SWEEPS} tanh sweep
 def measure(loader, label):
     load_t = bench(lambda: loader.load(3, buffers[0]), min_time=0.3).median
     comp_t = bench(lambda: compute(buffers[0]), min_time=0.3).median
-    sim = pipeline.simulate(N_TILES, (load_t, comp_t, 0.0), 2)
-    predicted = pipeline.serial_time(N_TILES, (load_t, comp_t, 0.0)) / sim.total
-    c = compare(lambda: pipeline.run_tiles(loader.load, compute, N_TILES, buffers, overlap=False),
-                lambda: pipeline.run_tiles(loader.load, compute, N_TILES, buffers, overlap=True),
+    sim = double_buffer.simulate(N_TILES, (load_t, comp_t, 0.0), 2)
+    predicted = double_buffer.serial_time(N_TILES, (load_t, comp_t, 0.0)) / sim.total
+    c = compare(lambda: double_buffer.run_tiles(loader.load, compute, N_TILES, buffers, overlap=False),
+                lambda: double_buffer.run_tiles(loader.load, compute, N_TILES, buffers, overlap=True),
                 min_time=2.0, label_a="sequential", label_b="overlapped")
     print(f"== {label}")
     print(f"per tile: load {load_t * 1e6:.0f} us, compute {comp_t * 1e6:.0f} us; "
@@ -255,12 +371,12 @@ def measure(loader, label):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-with pipeline.TileFile(data_file, TILE) as cached:
+with double_buffer.TileFile(data_file, TILE) as cached:
     memcpy_result = measure(cached, "loader = memcpy from the page cache (needs a CPU core)")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-with pipeline.TileFile(data_file, TILE, device_gbs=4.0) as device:
+with double_buffer.TileFile(data_file, TILE, device_gbs=4.0) as device:
     dma_result = measure(device, "loader = emulated 4 GB/s device (needs no CPU while it transfers)")
 workdir.cleanup()
 
@@ -287,27 +403,30 @@ for name, (predicted, c) in (("page-cache loader", memcpy_result), ("emulated de
           f"(95% CI {c.ci_low:.2f}-{c.ci_high:.2f}x): {outcome}")
 
 # %% [markdown]
-# When the measured ratio falls short of the prediction, the simulator's assumption is what broke: it gives each
-# stage its own engine. An AI Core really has separate MTE2, Vector and MTE3 queues; a CPU with few, busy cores
-# does not give a Python loader thread a free core. That is the CPU version of "one stage dominates": the shared
-# resource becomes the bottleneck.
+# When the measured ratio falls short of the prediction, the simulator's assumption is what broke: it gives the
+# loader and the compute an engine each. An AI Core really has separate MTE2 and Vector queues; a CPU with few,
+# busy cores does not give a Python loader thread a free core. It is the same lesson as the shared memory path of
+# §1: two engines that share one resource do not add up.
 #
 # ## Summary
 #
-# - Double buffering overlaps data movement with compute by giving each queue two buffers
-#   (`BUFFER_NUM = 2`), so one can be filled while the other is worked on.
-# - The simulator reproduces the analytic results: serial *n*(in + compute + out) with one shared buffer, a
-#   tile every compute + max(in, out) with one buffer per queue, and a tile every max(stage) with two.
-# - It pays most for balanced stages (up to 2×, or 3× against a fully serial loop) and tends to nothing when one
-#   stage dominates. The seed's "+18%" corresponds to a total copy time of about a third of the compute time
-#   (against one buffer per queue), or about a fifth (against a serial loop).
-# - With the Atlas presets' bandwidth and UB sizes, a lone elementwise op is copy-bound. Fusing more work into
-#   the kernel and double buffering complement each other.
+# - Double buffering overlaps data movement with compute by giving each queue two buffers (`BUFFER_NUM = 2` in
+#   Ascend C, `sch[t].double_buffer()` in a TBE schedule, `thread_num=2` in TIK).
+# - Copy-in and copy-out share the core's memory bandwidth. No schedule beats max(bytes ÷ bandwidth, compute);
+#   overlapping copy-in with copy-out gains nothing, overlapping copying with computing gains up to 2×, when the
+#   two balance (3× only in a picture with a memory path per queue).
+# - The seed's "+18%" corresponds to copies of 18% of the compute time, or of 5.6 × the compute time: a
+#   property of one kernel's balance, not of double buffering.
+# - With the Atlas presets' bandwidth and UB sizes, a lone elementwise op is copy-bound. Fusion cuts the bytes
+#   and raises the compute per byte; double buffering then hides what is left. The fused kernel gains most from
+#   double buffering, the unfused chain least.
+# - "IPC 1.7×" needs hardware counters; in the model, the Vector unit's busy share grows with the number of
+#   fused ops, so any such ratio describes one kernel, not fusion.
 # - On a CPU the idea is measurable too; it pays when the loading side does not need the cores that compute.
 #
 # **What to try next**
 #
-# - Change `ops_per_elem` and `inputs` in `modelled_gain` to model your own kernel, or pass `latency_us` to
+# - Change `ops_per_elem` and `inputs` in `modelled` to model your own kernel, or pass `latency_us` to
 #   `core_from_device` to see how a fixed per-transfer cost punishes the smaller tiles double buffering needs.
-# - Try `BUFFER_NUM = 3` in `pipeline.simulate`: when does a third buffer help?
+# - Try `BUFFER_NUM = 3` in `double_buffer.simulate`: when does a third buffer help on one memory path?
 # - Notebook `10_profiling_case` for the measured side of the seed's performance advice.

@@ -1,10 +1,11 @@
 # %% [markdown]
-# # 09 · Dynamic shapes: caching fused kernels by shape
+# # 12 · Dynamic shapes: caching fused kernels by shape
 #
 # **What you will learn in this notebook**
 #
 # - why a static-shape compiler such as Ascend's ATC compiles a model *per input shape*, and how it handles
-#   variable sequence lengths with a few shape **gears** (档位) chosen ahead of time;
+#   variable sequence lengths with a few shape **gears** (档位) chosen ahead of time, and its other answer, a real
+#   dynamic-shape model compiled for a shape *range*, tiled at run time;
 # - what is wrong with the seed's `DynamicFusionOp` cache: a key that is a hash of a string, and no bound on
 #   its size;
 # - why padding a request up to a gear does not change the answer, checked on a real BERT-style encoder;
@@ -23,18 +24,16 @@
 import os
 import tempfile
 import time
-import warnings
 from collections import Counter
 from pathlib import Path
-
-warnings.filterwarnings("ignore")
 
 import matplotlib.pyplot as plt
 import numpy as np
 from onnx import numpy_helper
 
 import fusionlab
-from fusionlab import dynamic, zoo
+from fusionlab import seed_claims, zoo
+from fusionlab.lessons import dynamic_shapes
 from fusionlab.passes import fuse
 from fusionlab.runtime import make_feeds, session
 from fusionlab.text import text_table
@@ -56,27 +55,56 @@ plt.rcParams["figure.dpi"] = 80
 # to select a gear, and pads the request up to it. The
 # [ATC documentation](https://www.hiascend.com/document/detail/zh/CANNCommunityEdition/81RC1alpha001/devaids/devtools/atc/atlasatcparam_16_0020.html)
 # allows from 2 to 100 gears and recommends 3 to 4. Each gear lists one value for *every* `-1`, in order, so
-# with two inputs of shape `(1, -1)` a gear of 128 is written `128,128`. `dynamic.atc_dynamic_dims` writes the
+# with two inputs of shape `(1, -1)` a gear of 128 is written `128,128`. `dynamic_shapes.atc_dynamic_dims` writes
+# the
 # arguments:
 
 # %%
-GEARS = dynamic.gears(512, 4)  # halvings of 512: the "pow2" policy
-args = dynamic.atc_dynamic_dims({"input_ids": (1, -1), "attention_mask": (1, -1)}, GEARS)
+GEARS = dynamic_shapes.gears(512, 4)  # halvings of 512: the "pow2" policy
+args = dynamic_shapes.atc_dynamic_dims({"input_ids": (1, -1), "attention_mask": (1, -1)}, GEARS)
 print("gears:", GEARS)
 print("atc --model=bert.onnx --framework=5 --output=bert_gears --soc_version=Ascend310P3 \\\n    " + args)
-print("linear gears instead:", dynamic.gears(512, 4, "linear"))
+print("linear gears instead:", dynamic_shapes.gears(512, 4, "linear"))
 for n in (1, 64, 65, 300, 512):
-    print(f"a request of {n:3d} tokens runs on gear {dynamic.gear_for(n, GEARS)}")
+    print(f"a request of {n:3d} tokens runs on gear {dynamic_shapes.gear_for(n, GEARS)}")
 try:
-    dynamic.gear_for(600, GEARS)
+    dynamic_shapes.gear_for(600, GEARS)
 except ValueError as exc:
     print("600 tokens:", exc)
+
+# %% [markdown]
+# Gears are not ATC's only answer. It also compiles a real **dynamic-shape** model: give a dimension a *range*
+# instead of a value, and one `.om` serves every length in it, with no padding and no gear to choose.
+#
+# ```bash
+# atc --model=bert.onnx --framework=5 --output=bert_dyn --soc_version=Ascend310P3 \
+#     --input_shape="input_ids:1,1~512;attention_mask:1,1~512"    # or -1: any length >= 0
+# # older releases: --input_shape_range="input_ids:[1,1~512];attention_mask:[1,1~512]" (now deprecated;
+# # in CANN 6.0.1, the seed's release, the documentation lists it as reserved and not yet supported)
+# ```
+#
+# At run time the application sets the real input shape with `aclmdlSetDatasetTensorDesc` before
+# `aclmdlExecute`, and reads the output shapes back with `aclmdlGetDatasetTensorDesc`. The operators were compiled
+# for the range, not for one shape, so each one computes its **tiling at run time**: the host-side tiling function
+# of an Ascend C operator (`op_host/<op>_tiling.h`, the `TilingFunc` of notebook 09's package) runs for every
+# call with the actual shapes and hands the kernel its block and tile sizes. The price is that tiling work per
+# call, and kernels that cannot be specialised for one shape; the gain is one model, no padding and no
+# compile-per-shape. Which is faster for a given model and traffic is a measurement on the device; on this CPU,
+# section 4 measures the same question with onnxruntime (one dynamic session against one static session per shape).
+# (The documentation also says a shape range cannot be set for the older Atlas 200/300/500 inference products,
+# the Ascend 310.)
 
 # %% [markdown]
 # ## 2. The seed's cache, and its two flaws
 #
 # Here is the seed's class as published (comments translated). `_compile` is not shown in the seed; ours only
 # counts calls. `max_ops` is accepted and never used.
+#
+# **Predict first:** 2000 requests arrive with lengths between 8 and 512 tokens (below). How many compiled kernels
+# will the seed's cache hold at the end?
+
+# %%
+print(seed_claims.claim("s51-shape-cache").summary())
 
 # %%
 class DynamicFusionOp:
@@ -141,8 +169,8 @@ print(f"{len(op.fusion_cache)} specialised copies hold at least {len(op.fusion_c
 #   real: in CPython `hash(-1) == hash(-2)`, and -1 and -2 are exactly how CANN's graph engine writes an unknown
 #   dimension and an unknown rank (`ge::UNKNOWN_DIM`, `ge::UNKNOWN_DIM_NUM`).
 #
-# The cure is to use the shape itself as the key. `dynamic.shape_key` normalises a shape to nested tuples of
-# Python ints, and `dynamic.ShapeCache` is keyed by it, so equal shapes share one entry and different shapes
+# The cure is to use the shape itself as the key. `dynamic_shapes.shape_key` normalises a shape to nested tuples of
+# Python ints, and `dynamic_shapes.ShapeCache` is keyed by it, so equal shapes share one entry and different shapes
 # can never share one:
 
 # %%
@@ -151,11 +179,11 @@ print("the seed's strings:", {name: str(s) for name, s in spellings.items()})
 print("distinct seed keys for one shape:", len({hash(str(s)) for s in spellings.values()}))
 print("hash((1, -1)) == hash((1, -2)):", hash((1, -1)) == hash((1, -2)))
 
-cache = dynamic.ShapeCache(lambda key: f"kernel for {key}", capacity=None)
+cache = dynamic_shapes.ShapeCache(lambda key: f"kernel for {key}", capacity=None)
 for s in spellings.values():
     cache.get(s)
 print("ShapeCache entries for the three spellings:", len(cache), cache.keys())
-print("(1, -1) and (1, -2) are different keys:", dynamic.shape_key((1, -1)) != dynamic.shape_key((1, -2)))
+print("(1, -1) and (1, -2) are different keys:", dynamic_shapes.shape_key((1, -1)) != dynamic_shapes.shape_key((1, -2)))
 
 # %% [markdown]
 # `ShapeCache(build, capacity)` is also bounded: when a new entry would exceed `capacity`, the least recently
@@ -165,7 +193,7 @@ print("(1, -1) and (1, -2) are different keys:", dynamic.shape_key((1, -1)) != d
 
 # %%
 def cache_growth(key_of, capacity=None):
-    c = dynamic.ShapeCache(lambda key: key, capacity)
+    c = dynamic_shapes.ShapeCache(lambda key: key, capacity)
     held = []
     for n in stream:
         c.get(key_of(n))
@@ -174,7 +202,7 @@ def cache_growth(key_of, capacity=None):
 
 
 exact_cache, exact_held = cache_growth(lambda n: (1, n))
-gear_cache, gear_held = cache_growth(lambda n: (1, dynamic.gear_for(n, GEARS)))
+gear_cache, gear_held = cache_growth(lambda n: (1, dynamic_shapes.gear_for(n, GEARS)))
 for name, c in (("per exact shape (the seed)", exact_cache), ("gears 64/128/256/512", gear_cache)):
     s = c.stats()
     print(f"{name:<28} compiles {s['misses']:4d}  hits {s['hits']:5d}  entries {s['entries']:4d}")
@@ -198,13 +226,13 @@ fig
 
 # %%
 def waste(gear_set):
-    return sum(dynamic.gear_for(n, gear_set) for n in stream) / stream.sum()
+    return sum(dynamic_shapes.gear_for(n, gear_set) for n in stream) / stream.sum()
 
 
 rows = [["one static model (512)", "1", f"{waste((512,)):.2f}x"]]
 for policy in ("pow2", "linear"):
     for k in (2, 3, 4, 6):
-        g = dynamic.gears(512, k, policy)
+        g = dynamic_shapes.gears(512, k, policy)
         rows.append([f"{policy} {'/'.join(map(str, g))}", str(k), f"{waste(g):.2f}x"])
 print("\n".join(text_table(["gears", "compiles", "waste"], rows)))
 
@@ -217,8 +245,8 @@ ax1.set_xlabel("request length (tokens); red: gears")
 ax1.set_ylabel("requests")
 ax1.set_title("the stream and the pow2 gears")
 ks = range(1, 9)
-ax2.plot(list(ks), [waste(dynamic.gears(512, k, "pow2")) for k in ks], "o-", label="pow2 (halvings of 512)")
-ax2.plot(list(ks), [waste(dynamic.gears(512, k, "linear")) for k in ks], "s-", label="linear (equal steps)")
+ax2.plot(list(ks), [waste(dynamic_shapes.gears(512, k, "pow2")) for k in ks], "o-", label="pow2 (halvings of 512)")
+ax2.plot(list(ks), [waste(dynamic_shapes.gears(512, k, "linear")) for k in ks], "s-", label="linear (equal steps)")
 ax2.axhline(1, color="black", lw=1, ls="--")
 ax2.set_xlabel("number of gears (= compilations)")
 ax2.set_ylabel("computed / useful tokens")
@@ -248,10 +276,10 @@ print("smallest positive fp32 (subnormal):", np.finfo(np.float32).smallest_subno
 # %% [markdown]
 # Now on a real encoder: `zoo`'s BERT-tiny (2 layers, hidden 128), fused with our vertical pass (LayerNorm and
 # bias+GELU groups become single kernels), run by onnxruntime with all its optimisations. For lengths from 1 to
-# 511 we run the exact shape, then the same request padded to its gear (`dynamic.pad_feeds`: input ids with the
-# [PAD] id 0, mask with 0) and sliced back (`dynamic.unpad`), and compare every value at the real positions with
+# 511 we run the exact shape, then the same request padded to its gear (`dynamic_shapes.pad_feeds`: input ids with the
+# [PAD] id 0, mask with 0) and sliced back (`dynamic_shapes.unpad`), and compare every value at the real positions with
 # fp32 tolerances (rtol 1e-4, atol 1e-5, unscaled). Twice: on the same dynamic-shape session, and on a static
-# session built for the gear (`dynamic.static_session`, section 4).
+# session built for the gear (`dynamic_shapes.static_session`, section 4).
 
 # %%
 fused = fuse(model, passes=("vertical",))
@@ -260,11 +288,11 @@ fused_model = fused.graph
 dynamic_sess = session(fused_model, "all")
 checks = []
 for n in (1, 7, 64, 65, 100, 129, 300, 511):
-    g = dynamic.gear_for(n, GEARS)
+    g = dynamic_shapes.gear_for(n, GEARS)
     feeds = make_feeds(model, dims={"batch": 1, "sequence": n}, seed=n)
-    same = dynamic.verify_padding(dynamic_sess, feeds, g)
-    static = dynamic.verify_padding(dynamic_sess, feeds, g,
-                                    padded_session=dynamic.static_session(fused_model, {"batch": 1, "sequence": g}))
+    same = dynamic_shapes.verify_padding(dynamic_sess, feeds, g)
+    gear_session = dynamic_shapes.static_session(fused_model, {"batch": 1, "sequence": g})
+    static = dynamic_shapes.verify_padding(dynamic_sess, feeds, g, padded_session=gear_session)
     checks.append((n, g, same, static))
 print("\n".join(text_table(
     ["length", "gear", "padded, same session", "padded, static gear session"],
@@ -279,7 +307,7 @@ print("\n".join(text_table(
 feeds = make_feeds(model, dims={"batch": 1, "sequence": 100}, seed=100)
 names = [o.name for o in dynamic_sess.get_outputs()]
 exact = dynamic_sess.run(names, feeds)[0]
-unmasked = dynamic_sess.run(names, dynamic.pad_feeds(feeds, 128, pad_values={"attention_mask": 1}))[0][:, :100]
+unmasked = dynamic_sess.run(names, dynamic_shapes.pad_feeds(feeds, 128, pad_values={"attention_mask": 1}))[0][:, :100]
 print("padded without masking the padding: equal within tol?",
       bool(np.allclose(unmasked, exact, rtol=1e-4, atol=1e-5)))
 print("largest difference above 0.1:", bool(np.abs(unmasked - exact).max() > 0.1))
@@ -299,7 +327,7 @@ print(f"padded on the static gear session vs exact on the dynamic one: {max(c[3]
 #
 # ## 4. Measured: compiling for one shape with onnxruntime
 #
-# `dynamic.static_session(model, {"batch": 1, "sequence": L})` fixes the symbolic input dimensions with
+# `dynamic_shapes.static_session(model, {"batch": 1, "sequence": L})` fixes the symbolic input dimensions with
 # onnxruntime's `SessionOptions.add_free_dimension_override_by_name`. onnxruntime then optimises the graph
 # knowing every shape, and refuses inputs of any other shape, like an `.om` compiled for one gear. Building the
 # session (graph optimisation, kernel selection, weight pre-packing) is our "compile".
@@ -315,7 +343,7 @@ def ort_ops(make):
 
 
 ops_dynamic = ort_ops(lambda p: session(fused_model, "all", optimized_path=p))
-ops_static = ort_ops(lambda p: dynamic.static_session(fused_model, {"batch": 1, "sequence": 128}, optimized_path=p))
+ops_static = ort_ops(lambda p: dynamic_shapes.static_session(fused_model, {"batch": 1, "sequence": 128}, optimized_path=p))
 rows = [[op, str(ops_dynamic.get(op, 0)), str(ops_static.get(op, 0))]
         for op in sorted(set(ops_dynamic) | set(ops_static)) if ops_dynamic.get(op, 0) != ops_static.get(op, 0)]
 print("ops that differ in the graph onnxruntime runs:")
@@ -349,7 +377,7 @@ rss_before = rss_mib()
 statics, build_s, cmp = {}, {}, {}
 for n in GRID:
     t0 = time.perf_counter()
-    statics[n] = dynamic.static_session(fused_model, {"batch": 1, "sequence": n})
+    statics[n] = dynamic_shapes.static_session(fused_model, {"batch": 1, "sequence": n})
     build_s[n] = time.perf_counter() - t0
     feeds = make_feeds(model, dims={"batch": 1, "sequence": n}, seed=n)
     cmp[n] = compare(lambda: dynamic_sess.run(names, feeds), lambda: statics[n].run(names, feeds),
@@ -408,7 +436,7 @@ fig
 # %%
 # NBVAL_IGNORE_OUTPUT
 for n in (64, 512):
-    no_skip = dynamic.static_session(fused_model, {"batch": 1, "sequence": n}, disable=("SkipLayerNormFusion",))
+    no_skip = dynamic_shapes.static_session(fused_model, {"batch": 1, "sequence": n}, disable=("SkipLayerNormFusion",))
     feeds = make_feeds(model, dims={"batch": 1, "sequence": n}, seed=n)
     c = compare(lambda: dynamic_sess.run(names, feeds), lambda: no_skip.run(names, feeds), min_time=0.3,
                 label_a="dynamic", label_b="static, no SkipLayerNormFusion")
@@ -426,7 +454,7 @@ for n in (64, 512):
 #
 # ## 5. Replaying the stream through three policies
 #
-# `dynamic.replay(lengths, policy, ...)` runs the stream through a policy with a `ShapeCache` and counts
+# `dynamic_shapes.replay(lengths, policy, ...)` runs the stream through a policy with a `ShapeCache` and counts
 # compilations, hits, evictions, the largest number of models held, and the padding waste. The counts depend
 # only on the stream:
 #
@@ -434,21 +462,21 @@ for n in (64, 512):
 # - **gears**: pad to the nearest of the four gears, a cache of capacity 4 (all gears) or 2 (too small);
 # - **one static model**: everything padded to 512, the simplest static deployment (one gear);
 # - **one dynamic session**: compiled once, every request runs at its own length (what ATC's `--dynamic_dims`
-#   cannot do, and onnxruntime on a CPU can).
+#   gears cannot do, and its shape-range mode of section 1 and onnxruntime on a CPU can).
 
 # %%
 def policies(run_static=None, run_dynamic=None, build=None, dynamic_build=None):
     kw = dict(run_seconds=run_static, build_seconds=build)
     return [
-        dynamic.replay(stream, "gears", gears=(512,), capacity=1, label="one static model (512)", **kw),
-        dynamic.replay(stream, "exact", **kw),
-        dynamic.replay(stream, "gears", gears=GEARS, capacity=4, **kw),
-        dynamic.replay(stream, "gears", gears=GEARS, capacity=2, **kw),
-        dynamic.replay(stream, "dynamic", run_seconds=run_dynamic, build_seconds=dynamic_build),
+        dynamic_shapes.replay(stream, "gears", gears=(512,), capacity=1, label="one static model (512)", **kw),
+        dynamic_shapes.replay(stream, "exact", **kw),
+        dynamic_shapes.replay(stream, "gears", gears=GEARS, capacity=4, **kw),
+        dynamic_shapes.replay(stream, "gears", gears=GEARS, capacity=2, **kw),
+        dynamic_shapes.replay(stream, "dynamic", run_seconds=run_dynamic, build_seconds=dynamic_build),
     ]
 
 
-print(dynamic.replay_table(policies()))
+print(dynamic_shapes.replay_table(policies()))
 
 # %% [markdown]
 # The seed's cache compiles once per distinct length; gears compile four times and pad. A cache smaller than the
@@ -463,7 +491,7 @@ print(dynamic.replay_table(policies()))
 # %%
 # NBVAL_IGNORE_OUTPUT
 timed = policies(run_static, run_dynamic, build_median, dynamic_build_s)
-print(dynamic.replay_table(timed, times=True))
+print(dynamic_shapes.replay_table(timed, times=True))
 print(f"memory for the models held, at {mib_per_session:.0f} MiB per session: "
       + ", ".join(f"{r.label}: {r.peak_cached * mib_per_session:.0f} MiB" for r in timed))
 
@@ -487,15 +515,15 @@ fig
 # %%
 # NBVAL_IGNORE_OUTPUT
 prefix = stream[:150]
-real = dynamic.ShapeCache(lambda key: dynamic.static_session(fused_model, {"batch": 1, "sequence": key[1]}),
-                          capacity=2)
+real = dynamic_shapes.ShapeCache(
+    lambda key: dynamic_shapes.static_session(fused_model, {"batch": 1, "sequence": key[1]}), capacity=2)
 prefix_feeds = [make_feeds(model, dims={"batch": 1, "sequence": int(n)}, seed=i) for i, n in enumerate(prefix)]
 t0 = time.perf_counter()
 for n, feeds in zip(prefix, prefix_feeds):
-    g = dynamic.gear_for(int(n), GEARS)
-    real.get((1, g)).run(names, dynamic.pad_feeds(feeds, g))
+    g = dynamic_shapes.gear_for(int(n), GEARS)
+    real.get((1, g)).run(names, dynamic_shapes.pad_feeds(feeds, g))
 measured = time.perf_counter() - t0
-predicted = dynamic.replay(prefix, "gears", gears=GEARS, capacity=2, run_seconds=run_static, build_seconds=build_median)
+predicted = dynamic_shapes.replay(prefix, "gears", gears=GEARS, capacity=2, run_seconds=run_static, build_seconds=build_median)
 print(f"first 150 requests, gears with LRU 2: {real.misses} compilations; "
       f"measured {measured:.2f} s, replay predicts {predicted.total_seconds:.2f} s "
       f"({measured / predicted.total_seconds:.2f}x)")
@@ -508,6 +536,10 @@ print(f"first 150 requests, gears with LRU 2: {real.misses} compilations; "
 #
 # ## 6. The seed's "×2.1"
 #
+# %%
+print(seed_claims.claim("s51-bert-2.1x").summary())
+
+# %% [markdown]
 # The seed says the technique raised BERT's long-sequence throughput 2.1 times. It names no baseline, no
 # sequence lengths, no model size, batch size or device, so the number cannot be reproduced as stated. What we
 # can do is ask what each possible source of such a gain gives here.
@@ -530,10 +562,10 @@ for name, s in (("our stream (median 96)", stream), ("long sequences (257-512)",
 # %%
 # NBVAL_IGNORE_OUTPUT
 for name, s in (("our stream (median 96)", stream), ("long sequences (257-512)", long_stream)):
-    base = dynamic.replay(s, "gears", gears=(512,), capacity=1, run_seconds=run_static).run_seconds
-    exact_s = dynamic.replay(s, "exact", run_seconds=run_static).run_seconds
-    gears_s = dynamic.replay(s, "gears", gears=GEARS, capacity=4, run_seconds=run_static).run_seconds
-    dynamic_s = dynamic.replay(s, "dynamic", run_seconds=run_dynamic).run_seconds
+    base = dynamic_shapes.replay(s, "gears", gears=(512,), capacity=1, run_seconds=run_static).run_seconds
+    exact_s = dynamic_shapes.replay(s, "exact", run_seconds=run_static).run_seconds
+    gears_s = dynamic_shapes.replay(s, "gears", gears=GEARS, capacity=4, run_seconds=run_static).run_seconds
+    dynamic_s = dynamic_shapes.replay(s, "dynamic", run_seconds=run_dynamic).run_seconds
     print(f"{name}: exact shapes {base / exact_s:.2f}x, gears 64/128/256/512 {base / gears_s:.2f}x "
           f"(removing {(base - gears_s) / (base - exact_s):.0%} of the time padding to 512 wastes), "
           f"one dynamic session {base / dynamic_s:.2f}x")
@@ -558,9 +590,12 @@ for name, s in (("our stream (median 96)", stream), ("long sequences (257-512)",
 # - A static-shape compiler compiles per input shape. ATC's `--dynamic_dims` compiles a few gears (2 to 100, 3
 #   to 4 recommended) into one model; requests are padded up to the nearest gear, chosen at run time with
 #   `aclmdlSetInputDynamicDims`. Each gear lists one value per `-1` of `--input_shape`.
+# - ATC's dynamic-shape mode (a range such as `1~512` in `--input_shape`, formerly `--input_shape_range`)
+#   compiles one model for the whole range; its operators compute their tiling at run time for the actual shape,
+#   set with `aclmdlSetDatasetTensorDesc`.
 # - The seed's `DynamicFusionOp` compiles per distinct shape and never evicts: on a realistic stream it holds
 #   hundreds of compiled models. Its key, `hash(str(shapes))`, spells one shape several ways and trusts a hash
-#   to be unique; key by the shape tuple itself (`dynamic.shape_key`, `dynamic.ShapeCache`).
+#   to be unique; key by the shape tuple itself (`dynamic_shapes.shape_key`, `dynamic_shapes.ShapeCache`).
 # - Bound the number of shapes with gears, then size the LRU cache to hold them: a cache smaller than the
 #   working set recompiles all the time.
 # - Padding with attention mask 0 is exact, because `exp(-10000)` is exactly 0 in fp32; without the mask it is

@@ -23,7 +23,7 @@ Measured against float64 references on 1e7-point grids (this machine, with FMA; 
 max |erf error| 3.8e-7 over [-6, 6] (4.7e-7 where no FMA contraction happens; the approximation
 itself, evaluated in float64, is within 6.9e-8: the rest is float32 rounding); max |tanh error|
 3.3e-7 over [-10, 10]; max exp relative error 8.5e-8 (at most 3 ulp from numpy's float32 exp) over
-[-87, 88.7]; max |sigmoid error| 8.9e-8 over [-30, 30]. tests/test_elementwise.py asserts 5e-7, 5e-7,
+[-87, 88.7]; max |sigmoid error| 8.9e-8 over [-30, 30]. tests/test_codegen.py asserts 5e-7, 5e-7,
 2e-7 and 2e-7. Special values follow libm: erf(+-inf) = +-1, tanh(+-inf) = +-1, exp(inf) = inf,
 exp(-inf) = 0, sigmoid(+-inf) = 1 or 0, and NaN propagates. Float64 kernels call libm (exact, scalar).
 """
@@ -38,11 +38,11 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
-from .build import make_model, tensor, value_info
-from .graph import Graph, load
+from ..build import make_model, tensor, value_info
+from ..graph import Graph, load
 
 __all__ = ["SUPPORTED", "FusedKernel", "BytesMoved", "compile_chain", "fuse_elementwise", "chain_model",
-           "unfused", "bytes_moved"]
+           "unfused", "bytes_moved", "LoopComparison", "loop_vs_loop"]
 
 #: op type -> number of tensor operands it takes (Clip bounds and Pow exponents must be constants)
 SUPPORTED = {"Add": 2, "Sub": 2, "Mul": 2, "Div": 2, "Relu": 1, "Sigmoid": 1, "Tanh": 1, "Exp": 1, "Erf": 1,
@@ -60,7 +60,7 @@ _FASTMATH = {"contract"}
 # A libm call (math.erf, math.exp, math.tanh) inside the loop keeps LLVM from vectorising it: with no
 # vector math library in numba's LLVM, each element pays one scalar call, fastmath or not. These are
 # branch-free (clamps are selects) polynomial forms of the kind Eigen, XLA and onnxruntime's MLAS use;
-# their measured errors are in the module docstring and asserted in tests/test_elementwise.py.
+# their measured errors are in the module docstring and asserted in tests/test_codegen.py.
 _HELPERS = {
     "erf": '''
 # erf(x): the float32 rational approximation of Eigen and XLA, x * P(x^2) / Q(x^2),
@@ -614,3 +614,93 @@ def bytes_moved(kernel: FusedKernel, shapes: dict[str, tuple] | None = None) -> 
     after = sum(size[n] for n in kernel.inputs) + sum(size[c] for c in kernel.constants)
     after += sum(int(np.prod(shape_of[o], dtype=np.int64)) * item for o in kernel.outputs)
     return BytesMoved(before=before, after=after)
+
+
+# --------------------------------------------------------------------------------------------------
+# the intuition: the same loops, once per op and once fused
+# --------------------------------------------------------------------------------------------------
+
+#: the chain loop_vs_loop shows by default: scale, shift, Relu, scale (cheap ops: memory-bound)
+DEFAULT_LOOP_CHAIN = (("Mul", 2.0), ("Add", 1.0), ("Relu",), ("Mul", 0.5))
+
+
+@dataclass
+class LoopComparison:
+    """An elementwise chain run as one compiled loop per op and as one fused loop: bytes, sources, times."""
+
+    spec: tuple
+    n: int
+    unfused_bytes: int
+    fused_bytes: int
+    unfused_source: str
+    fused_source: str
+    max_abs_diff: float
+    comparison: object = None  # fusionlab.timing.Comparison when measured
+
+    @property
+    def ratio(self) -> float:
+        """unfused bytes / fused bytes: the speed-up a purely memory-bound chain can expect."""
+        return self.unfused_bytes / self.fused_bytes
+
+    def bytes_table(self) -> str:
+        """Bytes each variant moves, counted (no timing)."""
+        mib = 2**20
+        return (f"{len(self.spec)} ops on {self.n:,} float32 values ({self.n * 4 / mib:.0f} MiB per tensor)\n"
+                f"  one loop per op: {self.unfused_bytes / mib:8.0f} MiB moved (each op reads its input, writes its output)\n"
+                f"  one fused loop:  {self.fused_bytes / mib:8.0f} MiB moved (read the input once, write the output once)\n"
+                f"  ratio {self.ratio:.2f}x; the two give the same values: max |difference| {self.max_abs_diff:.1e}")
+
+    def gbs(self, bandwidth_gbs: float | None = None) -> str:
+        """Effective GB/s of each variant (its bytes / its median time), optionally against a bandwidth."""
+        if self.comparison is None:
+            raise ValueError("not measured: call loop_vs_loop(..., measure=True)")
+        c = self.comparison
+        parts = [f"one loop per op {self.unfused_bytes / c.a.median / 1e9:.1f} GB/s",
+                 f"fused {self.fused_bytes / c.b.median / 1e9:.1f} GB/s"]
+        if bandwidth_gbs:
+            parts.append(f"DRAM streaming bandwidth {bandwidth_gbs:.1f} GB/s")
+        return "; ".join(parts) + f"; speed-up {c.speedup:.2f}x against a bytes ratio of {self.ratio:.2f}x"
+
+
+def loop_vs_loop(spec=DEFAULT_LOOP_CHAIN, n: int | None = None, *, measure: bool = True, min_time: float = 1.0,
+                 seed: int = 0) -> LoopComparison:
+    """Run `spec` as one generated loop per op (intermediates in memory) and as one fused loop; count and time both.
+
+    Both variants are numba loops from the same generator, so they do the same arithmetic with the same
+    compiler: the only difference is how many passes they make over memory. `spec` steps take scalar or
+    constant operands only (no second runtime input). `n` defaults to `fusionlab.calibrate.stream_elements()`,
+    tensors of at least four times the last-level cache, so every pass really goes to DRAM.
+    """
+    from .. import calibrate
+
+    spec = tuple(tuple(step) if isinstance(step, (tuple, list)) else (step,) for step in spec)
+    for step in spec:
+        if any(isinstance(o, str) for o in step[1:]):
+            raise ValueError(f"step {step!r}: loop_vs_loop takes scalar or constant operands only")
+    n = calibrate.stream_elements() if n is None else int(n)
+    steps = [fuse_elementwise([step], shape=(n,), name=f"op{k}_{step[0].lower()}") for k, step in enumerate(spec)]
+    fused = fuse_elementwise(list(spec), shape=(n,), name="fused_chain")
+    x = np.random.default_rng(seed).standard_normal(n, dtype=np.float32)
+    bufs = [np.empty(n, dtype=np.float32) for _ in range(2)]
+    out = np.empty(n, dtype=np.float32)
+
+    def run_unfused():
+        cur = x
+        for k, kernel in enumerate(steps):
+            cur = kernel(cur, out=bufs[k % 2])  # every intermediate is written to memory and read back
+        return cur
+
+    def run_fused():
+        return fused(x, out=out)
+
+    diff = float(np.max(np.abs(run_unfused() - run_fused())))
+    result = LoopComparison(spec=spec, n=n, unfused_bytes=sum(k.bytes_moved().after for k in steps),
+                            fused_bytes=fused.bytes_moved().after,
+                            unfused_source="\n".join(k.source for k in steps), fused_source=fused.source,
+                            max_abs_diff=diff)
+    if measure:
+        from ..timing import compare
+
+        result.comparison = compare(run_unfused, run_fused, min_time=min_time, label_a="one loop per op",
+                                    label_b="one fused loop")
+    return result

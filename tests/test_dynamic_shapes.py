@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 
-from fusionlab import dynamic as D
+from fusionlab.lessons import dynamic_shapes as D
 from fusionlab import runtime, zoo
 from fusionlab.passes import fuse
 

@@ -4,7 +4,8 @@ An Ascend C vector kernel processes its data in tiles through three hardware que
 concurrently: copy-in from global memory to the Unified Buffer (MTE2), compute (Vector), copy-out
 back to global memory (MTE3). Tiles pass between them through `TQue`s of depth ``BUFFER_NUM``.
 With one buffer per queue, copy-in of tile i+1 must wait until compute has released tile i's input
-buffer; with two, MTE2 fills one buffer while the Vector unit works on the other.
+buffer; with two, MTE2 fills one buffer while the Vector unit works on the other. (TBE's forms of the
+same thing: ``sch[tensor].double_buffer()`` in a DSL schedule, ``tik.for_range(..., thread_num=2)`` in TIK.)
 
 `simulate` is a pure, deterministic, event-based model of exactly those dependencies:
 
@@ -13,13 +14,19 @@ buffer; with two, MTE2 fills one buffer while the Vector unit works on the other
   has been released by CopyOut(i - BUFFER_NUM);
 - CopyOut(i) starts when Compute(i) is done and MTE3 is free.
 
+MTE2 and MTE3 are separate queues but move their bytes over one memory path: the per-core bandwidth
+(device bandwidth / AI cores) is shared, so while both copy each runs at half speed
+(``shared_bandwidth=True``, the default). No schedule can then beat ``lower_bound``: max(all bytes /
+bandwidth, all compute). ``shared_bandwidth=False`` gives each queue a path of its own, the picture of
+three independent engines, which a core does not have.
+
 With ``inplace=True`` a tile's single buffer is both read and written (one ``VECCALC`` buffer), so it
 is released only after CopyOut: with one buffer that is the fully serial picture of the CANN docs
 (each stage busy one third of the time when all three take equally long).
 
-`overlap_tiles` is the CPU analogue: a loader thread fills tile buffers (a queue of depth
-``buffer_num``) while the main thread computes on the previous tile; numpy and file reads release
-the GIL, so the two overlap on two cores.
+`run_tiles` is the CPU analogue: a loader thread fills tile buffers (a queue of depth ``len(buffers)``)
+while the main thread computes on the previous tile; numpy and file reads release the GIL, so the two
+overlap on two cores.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 __all__ = [
-    "STAGES", "StageTimes", "Schedule", "simulate", "serial_time", "steady_state_period", "VectorCore",
+    "STAGES", "StageTimes", "Schedule", "simulate", "lower_bound", "serial_time", "steady_state_period", "VectorCore",
     "core_from_device", "max_tile_elems", "stage_times", "double_buffer_gain", "ratio_for_gain",
     "draw_pipeline", "run_tiles",
 ]
@@ -90,6 +97,13 @@ class Schedule:
         t = self.total or 1.0
         return {unit: float((self.ends[:, k] - self.starts[:, k]).sum()) / t for k, (_, unit) in enumerate(STAGES)}
 
+    @property
+    def path_busy(self) -> float:
+        """Fraction of the makespan the memory path must be moving data: all copy work / makespan (<= 1 when shared)."""
+        if not self.total:
+            return 0.0
+        return self.n_tiles * (self.times.copy_in + self.times.copy_out) / self.total
+
     def throughput(self, bytes_per_tile: float | None = None) -> float:
         """Tiles per µs, or bytes per µs (= MB/s) when `bytes_per_tile` is given."""
         if not self.total:
@@ -105,32 +119,61 @@ def _check(n_tiles: int, buffer_num: int) -> None:
         raise ValueError(f"buffer_num must be an int >= 1, got {buffer_num!r}")
 
 
+def _ready(k: int, i: int, ends: list, buffer_num: int, inplace: bool) -> bool:
+    """Whether stage k of tile i may start, given the stage ends recorded so far (None = not yet)."""
+    old = i - buffer_num  # the tile whose buffer tile i reuses
+    if k == 0:  # CopyIn: its input buffer released (by Compute, or by CopyOut if in place)
+        return old < 0 or ends[old][2 if inplace else 1] is not None
+    if k == 1:  # Compute: data in, output buffer released by CopyOut(old)
+        return ends[i][0] is not None and (inplace or old < 0 or ends[old][2] is not None)
+    return ends[i][1] is not None  # CopyOut: result ready
+
+
 def simulate(n_tiles: int, times: StageTimes | Sequence[float], buffer_num: int = 2, *, inplace: bool = False,
-             tile_bytes: int = 0) -> Schedule:
-    """Event schedule of `n_tiles` tiles through CopyIn -> Compute -> CopyOut with `buffer_num` buffers per queue."""
+             shared_bandwidth: bool = True, tile_bytes: int = 0) -> Schedule:
+    """Event schedule of `n_tiles` tiles through CopyIn -> Compute -> CopyOut with `buffer_num` buffers per queue.
+
+    `times` are each stage's time for one tile when it runs alone. With `shared_bandwidth` (the default,
+    and what an AI Core has) MTE2 and MTE3 move their bytes over one memory path: while both copy, each
+    runs at half speed, so no schedule moves its bytes faster than bytes / bandwidth (`lower_bound`).
+    With ``shared_bandwidth=False`` each queue has a path of its own (three independent engines).
+    """
     if not isinstance(times, StageTimes):
         times = StageTimes(*times)
     _check(n_tiles, buffer_num)
-    a, b, c = times.as_tuple()
-    starts = np.zeros((n_tiles, 3))
-    ends = np.zeros((n_tiles, 3))
-    for i in range(n_tiles):
-        prev = i - 1
-        old = i - buffer_num  # the tile whose buffer tile i reuses
-        # CopyIn: MTE2 free, and the input buffer released (by Compute, or by CopyOut if in place)
-        s = ends[prev, 0] if prev >= 0 else 0.0
-        if old >= 0:
-            s = max(s, ends[old, 2] if inplace else ends[old, 1])
-        starts[i, 0], ends[i, 0] = s, s + a
-        # Compute: data in, Vector free, output buffer released by CopyOut(old)
-        s = max(ends[i, 0], ends[prev, 1] if prev >= 0 else 0.0)
-        if old >= 0 and not inplace:
-            s = max(s, ends[old, 2])
-        starts[i, 1], ends[i, 1] = s, s + b
-        # CopyOut: result ready, MTE3 free
-        s = max(ends[i, 1], ends[prev, 2] if prev >= 0 else 0.0)
-        starts[i, 2], ends[i, 2] = s, s + c
-    return Schedule(starts, ends, times, buffer_num, inplace, tile_bytes)
+    work = times.as_tuple()
+    starts = [[None] * 3 for _ in range(n_tiles)]
+    ends = [[None] * 3 for _ in range(n_tiles)]
+    nxt = [0, 0, 0]  # next tile each queue starts; queues take tiles in order, one at a time
+    left: list = [None, None, None]  # work left (us at full speed) of the tile running on each queue
+    t, finished, tol = 0.0, 0, 1e-12 * max(max(work), 1e-300)
+    while finished < 3 * n_tiles:
+        for k in range(3):
+            if left[k] is None and nxt[k] < n_tiles and _ready(k, nxt[k], ends, buffer_num, inplace):
+                starts[nxt[k]][k], left[k] = t, work[k]
+                nxt[k] += 1
+        active = [k for k in range(3) if left[k] is not None]
+        if not active:  # pragma: no cover - the dependencies form no cycle
+            raise RuntimeError("simulator deadlock")
+        half = shared_bandwidth and left[0] is not None and left[2] is not None  # MTE2 and MTE3 share the path
+        rate = [0.5 if half and k != 1 else 1.0 for k in range(3)]
+        dt = min(left[k] / rate[k] for k in active)
+        t += dt
+        for k in active:
+            if left[k] / rate[k] - dt <= tol:
+                ends[nxt[k] - 1][k], left[k] = t, None
+                finished += 1
+            else:
+                left[k] -= dt * rate[k]
+    return Schedule(np.array(starts, dtype=float).reshape(n_tiles, 3), np.array(ends, dtype=float).reshape(n_tiles, 3),
+                    times, buffer_num, inplace, tile_bytes, meta={"shared_bandwidth": shared_bandwidth})
+
+
+def lower_bound(n_tiles: int, times: StageTimes | Sequence[float], *, shared_bandwidth: bool = True) -> float:
+    """No schedule is faster: max(all copy work over the memory path(s), all compute), in us."""
+    t = times if isinstance(times, StageTimes) else StageTimes(*times)
+    copy = n_tiles * (t.copy_in + t.copy_out) if shared_bandwidth else n_tiles * max(t.copy_in, t.copy_out)
+    return max(copy, n_tiles * t.compute)
 
 
 def serial_time(n_tiles: int, times: StageTimes | Sequence[float]) -> float:
@@ -139,16 +182,24 @@ def serial_time(n_tiles: int, times: StageTimes | Sequence[float]) -> float:
     return n_tiles * sum(t.as_tuple())
 
 
-def steady_state_period(times: StageTimes | Sequence[float], buffer_num: int, *, inplace: bool = False) -> float:
-    """Time between successive tiles once the pipeline is full (analytic, µs)."""
+def steady_state_period(times: StageTimes | Sequence[float], buffer_num: int, *, inplace: bool = False,
+                        shared_bandwidth: bool = True) -> float:
+    """Time between successive tiles once the pipeline is full (analytic, us).
+
+    Exact with separate memory paths, and with a shared path for one buffer or a compute-bound kernel.
+    With a shared path and the copies dominating, it is the bound the path allows: splitting the path
+    equally between MTE2 and MTE3 is not always the best order, and the simulator can be a few % slower.
+    """
     t = times if isinstance(times, StageTimes) else StageTimes(*times)
     a, b, c = t.as_tuple()
+    copies = a + c if shared_bandwidth else max(a, c)  # what the memory path(s) must move per tile
     if buffer_num >= 2 and not inplace:
         # each buffer cycle: in-buffer busy a+b, out-buffer busy b+c, shared by buffer_num tiles
-        return max(a, b, c, (a + b) / buffer_num, (b + c) / buffer_num)
+        return max(copies, b, (a + b) / buffer_num, (b + c) / buffer_num)
     if inplace:
-        return max(a, b, c, (a + b + c) / buffer_num)
-    return b + max(a, c)  # one buffer per queue: MTE2 of the next tile overlaps MTE3 of this one
+        return max(copies, b, (a + b + c) / buffer_num)
+    # one buffer per queue: the next CopyIn overlaps this CopyOut, which only helps with a path each
+    return b + copies
 
 
 # --------------------------------------------------------------------------------------------------
@@ -212,27 +263,36 @@ def stage_times(core: VectorCore, tile_elems: int, *, in_bytes: int = 2, out_byt
 # the seed's "+18%"
 # --------------------------------------------------------------------------------------------------
 
-def double_buffer_gain(times: StageTimes | Sequence[float], n_tiles: int = 64, *, inplace: bool = False) -> float:
+def double_buffer_gain(times: StageTimes | Sequence[float], n_tiles: int = 64, *, inplace: bool = False,
+                       shared_bandwidth: bool = True) -> float:
     """Speed-up of BUFFER_NUM=2 over BUFFER_NUM=1 for the same tiles: T(1) / T(2) - 1 (0.18 = +18%)."""
-    one = simulate(n_tiles, times, 1, inplace=inplace).total
-    two = simulate(n_tiles, times, 2, inplace=inplace).total
+    one = simulate(n_tiles, times, 1, inplace=inplace, shared_bandwidth=shared_bandwidth).total
+    two = simulate(n_tiles, times, 2, inplace=inplace, shared_bandwidth=shared_bandwidth).total
     return one / two - 1.0 if two else 0.0
 
 
-def ratio_for_gain(gain: float, *, inplace: bool = False, copy_split: float = 0.5) -> float:
-    """Copy-time / compute-time ratio at which double buffering gains exactly `gain` (steady state, copy-bound side).
+def ratio_for_gain(gain: float, *, inplace: bool = False, copy_split: float = 0.5, shared_bandwidth: bool = True,
+                   side: str = "compute") -> float:
+    """Total copy time / compute time per tile at which BUFFER_NUM=2 gains exactly `gain` over BUFFER_NUM=1.
 
-    The copy time is split between copy-in and copy-out by `copy_split` (0.5 = equal). Returns the
-    ratio r <= 1 (compute-bound side): copy = r x compute.
+    Steady state; the copy time is split between copy-in and copy-out by `copy_split` (0.5 = equal).
+    ``side="compute"`` gives the ratio r < 1 (compute-bound kernels), ``side="copy"`` the ratio r > 1.
     """
+    if side not in ("compute", "copy"):
+        raise ValueError("side must be 'compute' or 'copy'")
     if gain <= 0:
-        return 0.0
-    lo, hi = 0.0, 1.0
+        return 0.0 if side == "compute" else math.inf
+
+    def g(r: float) -> float:
+        t = StageTimes(r * copy_split, 1.0, r * (1 - copy_split))
+        kw = {"inplace": inplace, "shared_bandwidth": shared_bandwidth}
+        return steady_state_period(t, 1, **kw) / steady_state_period(t, 2, **kw) - 1
+
+    lo, hi = (0.0, 1.0) if side == "compute" else (1.0, 1e6)
     for _ in range(200):
         mid = (lo + hi) / 2
-        t = StageTimes(mid * copy_split, 1.0, mid * (1 - copy_split))
-        g = steady_state_period(t, 1, inplace=inplace) / steady_state_period(t, 2, inplace=inplace) - 1
-        if g < gain:
+        rising = side == "compute"  # the gain grows with r below the balance point and falls above it
+        if (g(mid) < gain) == rising:
             lo = mid
         else:
             hi = mid

@@ -1,0 +1,220 @@
+"""The seed's claims in one ledger: `data/seed_claims.json`, read by the notebooks, rendered as `docs/seed_claims.md`.
+
+Every quantitative or factual claim of the seed (`../shared/seed/`) has one entry: what the seed says and
+where, our verdict, the evidence, and the notebook sections that show it. The evidence is never a number
+typed twice:
+
+- ``notebook``: a figure a notebook prints deterministically; tests/test_seed_claims.py checks that the
+  stored, executed notebook really prints it (so a changed notebook output fails until the ledger agrees);
+- ``benchmark``: a cell of a table in ``benchmarks/results/*.md``, read from that file when the ledger is
+  rendered or a notebook asks (so the ledger always quotes the last benchmark run);
+- ``source``: a documentation or source reference for a factual claim (``../shared/reference/`` notes);
+- ``pending``: evidence that work in progress will supply, with what it is.
+
+Notebooks print `claim(id).summary()` next to their own measurement. `tools/seed_ledger.py` rewrites the
+document; a test fails when the stored document is stale.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["LEDGER", "DOC", "VERDICTS", "Evidence", "Claim", "load", "claim", "benchmark_cell", "notebook_sections",
+           "render", "write_doc"]
+
+ROOT = Path(__file__).resolve().parent.parent
+LEDGER = ROOT / "data" / "seed_claims.json"
+DOC = ROOT / "docs" / "seed_claims.md"
+
+#: verdict -> what it means (the ledger uses exactly these)
+VERDICTS = {
+    "reproduced": "measured here, with the effect the seed describes (on this CPU, with onnxruntime)",
+    "modelled": "predicted for the Ascend device from published specifications or a simulator; not measured",
+    "confirmed": "a factual statement checked against CANN documentation or source",
+    "not reproducible": "needs Ascend hardware or counters we do not have; the ledger says what we show instead",
+    "partly wrong": "right in part; the ledger says which part is not",
+    "wrong": "contradicted by documentation, code or measurement",
+}
+_KINDS = ("notebook", "benchmark", "source", "pending")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One piece of evidence: a figure or statement, and where it was measured, modelled or read."""
+
+    kind: str
+    text: str
+    where: str = ""
+    row: dict = field(default_factory=dict)  # benchmark: {column: value} picking the table row
+    column: str = ""  # benchmark: the column holding the figure
+
+    def figure(self, root: Path = ROOT) -> str:
+        """The figure: for a benchmark, the current content of its results-table cell; else the text."""
+        if self.kind == "benchmark":
+            return benchmark_cell(root / self.where, self.row, self.column)
+        return self.text
+
+    def describe(self, root: Path = ROOT) -> str:
+        """One line: the figure and where it comes from."""
+        if self.kind == "benchmark":
+            row = ", ".join(f"{v}" for v in self.row.values())
+            return f"{self.text} {self.figure(root)} (measured: `{self.where}`, {row}; {self.column})"
+        if self.kind == "notebook":
+            return f"{self.text} (printed by notebook `{self.where}`)"
+        if self.kind == "source":
+            return f"{self.text} (source: {self.where})" if self.where else self.text
+        return f"pending: {self.text}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the seed, judged."""
+
+    id: str
+    section: str
+    seed: str
+    says: str
+    verdict: str
+    why: str
+    evidence: tuple[Evidence, ...]
+    shown_in: tuple[tuple[str, str, str], ...]  # (notebook stem, section number, heading text after the number)
+
+    @property
+    def pending(self) -> list[Evidence]:
+        return [e for e in self.evidence if e.kind == "pending"]
+
+    def where_shown(self) -> str:
+        """'notebook 11 §3, notebook 10 §5' style references."""
+        return ", ".join(f"notebook {nb[:2]} §{sec}" for nb, sec, _ in self.shown_in) or "-"
+
+    def summary(self) -> str:
+        """What a notebook prints next to its own measurement: the seed's claim and the ledger's verdict."""
+        return (f"The seed (§{self.section}): {self.says}\n"
+                f"Ledger verdict [{self.id}]: {self.verdict}. {self.why}\n"
+                f"(all the seed's claims: docs/seed_claims.md)")
+
+
+def _evidence(raw: dict, where: str) -> Evidence:
+    kind = raw.get("kind")
+    if kind not in _KINDS:
+        raise ValueError(f"{where}: evidence kind {kind!r} is not one of {_KINDS}")
+    ev = Evidence(kind=kind, text=str(raw.get("text", "")), where=str(raw.get("where", "")),
+                  row=dict(raw.get("row", {})), column=str(raw.get("column", "")))
+    if not ev.text:
+        raise ValueError(f"{where}: evidence without text")
+    if kind in ("notebook", "benchmark") and not ev.where:
+        raise ValueError(f"{where}: {kind} evidence must say where (notebook stem or results file)")
+    if kind == "benchmark" and not (ev.row and ev.column):
+        raise ValueError(f"{where}: benchmark evidence needs a row and a column")
+    return ev
+
+
+def load(path: str | Path | None = None) -> dict[str, Claim]:
+    """{id: Claim} from the ledger file, validated (unique ids, known verdicts, evidence and sections given)."""
+    path = Path(path) if path is not None else LEDGER
+    data = json.loads(path.read_text(encoding="utf-8"))
+    out: dict[str, Claim] = {}
+    for raw in data["claims"]:
+        cid = raw["id"]
+        if cid in out:
+            raise ValueError(f"{path.name}: duplicate claim id {cid!r}")
+        if raw["verdict"] not in VERDICTS:
+            raise ValueError(f"{path.name}: {cid}: verdict {raw['verdict']!r} is not one of {list(VERDICTS)}")
+        evidence = tuple(_evidence(e, f"{path.name}: {cid}") for e in raw["evidence"])
+        if not evidence:
+            raise ValueError(f"{path.name}: {cid}: no evidence")
+        shown = tuple((s["notebook"], str(s["section"]), s["title"]) for s in raw.get("shown_in", []))
+        out[cid] = Claim(cid, raw["section"], raw["seed"], raw["says"], raw["verdict"], raw["why"], evidence, shown)
+    return out
+
+
+def claim(cid: str) -> Claim:
+    """One claim by id (a KeyError names the ids there are)."""
+    claims = load()
+    if cid not in claims:
+        raise KeyError(f"no claim {cid!r} in {LEDGER.name}; ids: {', '.join(claims)}")
+    return claims[cid]
+
+
+def benchmark_cell(path: str | Path, row: dict, column: str) -> str:
+    """The cell of `column` in the markdown-table row whose cells match `row` ({column: value})."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if not (line.startswith("|") and re.match(r"^\|[-| ]+\|$", lines[i + 1].strip())):
+            continue
+        header = [c.strip() for c in line.strip().strip("|").split("|")]
+        if column not in header or not set(row) <= set(header):
+            continue
+        for body in lines[i + 2:]:
+            if not body.startswith("|"):
+                break
+            cells = dict(zip(header, (c.strip() for c in body.strip().strip("|").split("|"))))
+            if all(cells.get(k) == v for k, v in row.items()):
+                return cells[column]
+    raise ValueError(f"{path.name}: no table row {row} with a column {column!r}")
+
+
+def notebook_sections(stem: str, root: Path = ROOT) -> dict[str, str]:
+    """{section number: heading text} of a notebook's '## N. Title' headings, read from its source."""
+    src = (root / "notebooks" / "src" / f"{stem}.py").read_text(encoding="utf-8")
+    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^# ##+ (\d+(?:\.\d+)?)\.? (.+)$", src, re.M)}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render(claims: dict[str, Claim] | None = None, root: Path = ROOT) -> str:
+    """The ledger as markdown: a table of every claim, then each claim in full."""
+    claims = load() if claims is None else claims
+    counts = {v: sum(c.verdict == v for c in claims.values()) for v in VERDICTS}
+    pending = [c for c in claims.values() if c.pending]
+    out = [
+        "# The seed's claims, checked one by one",
+        "",
+        "<!-- generated by tools/seed_ledger.py from data/seed_claims.json: edit the data, not this file -->",
+        "",
+        "The seed is a practitioner's write-up on operator fusion in Huawei's CANN/Ascend stack "
+        "(`../shared/seed/000_*.txt`, Chinese; English summary in `../shared/seed/SUMMARY.md`). "
+        "Each of its quantitative or factual claims is listed here with our verdict, the evidence, and the "
+        "notebook sections that show it. The notebooks read the same file (`fusionlab.seed_claims`), so a "
+        "figure cannot differ between them and this page.",
+        "",
+        f"{len(claims)} claims: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".",
+        "",
+        "| verdict | meaning |",
+        "|---|---|",
+        *[f"| {v} | {m} |" for v, m in VERDICTS.items()],
+        "",
+        "Evidence marked *measured* is read from `benchmarks/results/` (the last benchmark run, a shared 2-core "
+        "CPU: read ratios, not absolute times); *printed by notebook* is a deterministic output of a stored, "
+        "executed notebook, checked by `tests/test_seed_claims.py`; *pending* evidence is work in progress.",
+        "",
+        "| id | § | the seed says | verdict | shown in |",
+        "|---|---|---|---|---|",
+    ]
+    for c in claims.values():
+        out.append(f"| [{c.id}](#{c.id}) | {c.section} | {_cell(c.says)} | {c.verdict} | {c.where_shown()} |")
+    for c in claims.values():
+        out += ["", f"## {c.id}", "", f"**§{c.section}** · seed: 「{_cell(c.seed)}」", "",
+                f"**The seed says:** {c.says}", "", f"**Verdict: {c.verdict}.** {c.why}", "", "**Evidence:**", ""]
+        out += [f"- {e.describe(root)}" for e in c.evidence]
+        if c.shown_in:
+            out += ["", "**Shown in:** " + "; ".join(f"`{nb}` §{sec} ({title})" for nb, sec, title in c.shown_in)]
+    if pending:
+        out += ["", "## Pending evidence", ""]
+        out += [f"- [{c.id}](#{c.id}): " + "; ".join(e.text for e in c.pending) for c in pending]
+    return "\n".join(out) + "\n"
+
+
+def write_doc(path: str | Path | None = None) -> Path:
+    """Write the rendered ledger atomically; returns the path."""
+    from .files import atomic_write
+
+    path = Path(path) if path is not None else DOC
+    atomic_write(path, render().encode("utf-8"))
+    return path

@@ -1,0 +1,196 @@
+# %% [markdown]
+# # 06 · Fused code generation: one loop instead of one pass per op
+#
+# **What you will learn**
+#
+# 1. the intuition behind every fusion saving: an unfused chain makes one pass over memory per op, a fused loop
+#    makes one pass in all; how many bytes each moves, and what that does to the time on this machine;
+# 2. how `fusionlab.lessons.codegen` generates such a loop from a chain of ONNX elementwise nodes (broadcasting
+#    handled at compile time), and checks it against onnxruntime;
+# 3. how to judge a fused kernel honestly: its speed-up against onnxruntime's unfused kernels compared with the
+#    bytes ratio, and its GB/s compared with the DRAM bandwidth this machine can stream, on tensors larger than
+#    the cache;
+# 4. why transcendental ops (`Erf`, `Tanh`, `Exp`) need vectorisable approximations of known error, and how a
+#    chain heavy in them stops being memory-bound.
+#
+# Notebook 05 *counts* what fusion saves in a cost model. This one makes the saving *real*: a generated kernel
+# that makes one pass over memory, measured. Everything here runs on this machine's CPU.
+
+# %%
+import numpy as np
+
+from fusionlab import calibrate, devices, runtime, seed_claims, timing
+from fusionlab.lessons import codegen
+
+print(seed_claims.claim("s1-fusion-saves-traffic-and-launches").summary())
+
+# %% [markdown]
+# ## 1. The intuition: an unfused loop against a fused loop
+#
+# Take four cheap elementwise ops, `y = relu(2x + 1) · 0.5`, on a float32 tensor of 2²⁵ values (128 MiB), far
+# larger than any cache. Unfused, each op is its own loop: it reads a full tensor and writes a full tensor, and
+# the next op reads it back. Fused, one loop reads `x`, keeps every intermediate in a register, and writes `y`.
+# `codegen.loop_vs_loop` builds both from the same generator (the same compiler, the same arithmetic), so the only
+# difference between them is the number of passes over memory.
+#
+# **Predict before you run the next cell:** how many MiB does the unfused chain move, and how many the fused loop?
+
+# %%
+N = 2**25
+demo = codegen.loop_vs_loop(n=N, measure=False)
+print(demo.bytes_table())
+
+# %% [markdown]
+# Four passes against one: 1024 MiB against 256 MiB, a ratio of 4. The two loops, side by side (the generator's
+# source; numba compiles each):
+
+# %%
+print("--- one loop per op ---")
+print(demo.unfused_source)
+print("--- one fused loop ---")
+print(demo.fused_source)
+
+# %% [markdown]
+# If the loops are memory-bound, time follows bytes: the fused loop should be about 4× faster, and each loop
+# should stream close to what this machine's memory can deliver. The DRAM streaming bandwidth comes from
+# `fusionlab.calibrate` (the better of a copy and an add over arrays at least four times the last-level cache,
+# the figure every notebook uses). The timings vary from run to run.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+me = devices.this_machine()
+cal = calibrate.calibrate(quick=True)
+print(f"{N * 4 / 2**20:.0f} MiB per tensor; last-level cache {cal.l3_kb / 1024:.0f} MiB: "
+      f"{'larger' if N * 4 > cal.l3_kb * 1024 else 'NOT larger'} than the cache")
+demo = codegen.loop_vs_loop(n=N, min_time=2.0)
+print(demo.comparison.table())
+print(demo.gbs(me.mem_bandwidth_gbs))
+
+# %% [markdown]
+# Read the last line: if the speed-up is close to the bytes ratio and both loops stream near the DRAM bandwidth,
+# the chain is memory-bound and fusion's saving *is* the bytes it does not move. Everything else in this notebook
+# (and the byte counts of notebooks 02 and 05) is this picture applied to bigger chains.
+#
+# ## 2. Generating the fused loop from ONNX nodes
+#
+# `codegen.compile_chain` turns a set of ONNX elementwise nodes into the Python source of one loop, compiled with
+# numba (single-threaded); `codegen.fuse_elementwise` does it for a chain written as a list of steps. Here is a
+# bias–scale–activation chain with a per-channel constant over an NCHW tensor of 8 × 16 × 512 × 512 values
+# (128 MiB). The generator merges the H and W dimensions, because every operand treats them alike, and indexes the
+# bias by channel only:
+
+# %%
+SHAPE = (8, 16, 512, 512)
+bias = np.linspace(-0.5, 0.5, 16, dtype=np.float32).reshape(16, 1, 1)
+spec = [("Mul", 0.5), ("Add", bias), ("Relu",), ("Sub", 0.1), ("Mul", "x"), ("Clip", -1.0, 1.0)]
+kernel = codegen.fuse_elementwise(spec, shape=SHAPE)
+print(kernel.source)
+
+# %% [markdown]
+# ## 3. Checking it
+#
+# The fused kernel must compute what the unfused chain computes. The reference is onnxruntime running the same
+# chain as an ONNX model with its graph optimisations off (every op its own kernel), within the fp32 tolerances
+# used everywhere (rtol 1e-4, atol 1e-5):
+
+# %%
+x = np.random.default_rng(0).standard_normal(SHAPE, dtype=np.float32)
+chain_sess = runtime.session(codegen.chain_model(spec, SHAPE), "disable", 1)
+ort_y = chain_sess.run(["y"], {"x": x})[0]
+fused_y = kernel(x)
+print("fused vs onnxruntime within fp32 tolerance:", np.allclose(fused_y, ort_y, rtol=1e-4, atol=1e-5))
+moved = kernel.bytes_moved()
+print(moved)
+
+# %% [markdown]
+# The unfused chain reads and writes a full tensor per op (the `Mul` by `x` reads two), 6.5× the fused kernel's
+# one read of `x`, one write of `y` and the small bias.
+#
+# ## 4. Measured against onnxruntime, on tensors larger than the cache
+#
+# The fair baseline is not per-op numpy (which also allocates a fresh array per op) but onnxruntime's own unfused
+# kernels: vectorised C++, one per op. On a memory-bound chain the speed-up should approach the bytes ratio, and
+# the fused kernel's effective bandwidth (the bytes it must move ÷ its time) should approach what the machine
+# can stream. Where it falls short, something other than memory traffic costs time. The benchmark
+# `benchmarks/bench_elementwise.py` does the same with 64 MiB tensors and writes `benchmarks/results/elementwise.md`.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+out = np.empty_like(x)
+cmp = timing.compare(lambda: chain_sess.run(["y"], {"x": x}), lambda: kernel(x, out=out), min_time=2.0,
+                     label_a="onnxruntime, unfused", label_b="fused loop")
+print(cmp.table())
+gbs = moved.after / cmp.b.median / 1e9
+print(f"fused kernel: {gbs:.1f} GB/s = {gbs / me.mem_bandwidth_gbs:.0%} of the DRAM streaming bandwidth "
+      f"({me.mem_bandwidth_gbs:.1f} GB/s); speed-up {cmp.speedup:.2f}x vs bytes ratio {moved.ratio:.2f}x")
+print("benchmark (last run):", seed_claims.benchmark_cell(
+    seed_claims.ROOT / "benchmarks/results/elementwise.md", {"chain": "cheap", "baseline": "onnxruntime (opt off)"},
+    "speedup baseline/fused (95% CI)"), "for the benchmark's chain (the same six ops, a second full-size input in "
+      "place of the bias) on 64 MiB tensors")
+
+# %% [markdown]
+# ## 5. Transcendentals: vectorisable helpers
+#
+# Fusion removes *memory* traffic, so it pays only while the loop is not busy computing. Transcendental ops
+# (`Erf`, `Tanh`, `Exp`) are where a naive generator goes wrong: a call to the scalar C library (`math.erf`) inside
+# the loop stops the compiler from vectorising it, and the fused loop then loses to numpy's and onnxruntime's SIMD
+# kernels. So for float32 the generator emits small branch-free helpers once, above the loop: the rational
+# approximations Eigen, XLA and onnxruntime use for `erf` and `tanh` (a polynomial over a polynomial, the argument
+# clamped), and an `exp` built from range reduction, a polynomial and the float's exponent bits. The loop calls
+# them and stays vectorisable. Here is a GELU-like chain:
+
+# %%
+gelu_spec = [("Mul", 0.7071), ("Erf",), ("Add", 1.0), ("Mul", "x"), ("Mul", 0.5), ("Tanh",)]
+gelu = codegen.fuse_elementwise(gelu_spec, shape=(N,))
+print(gelu.source)
+
+# %% [markdown]
+# An approximation must be checked like any other rewrite. The module docstring of `fusionlab.lessons.codegen`
+# gives each helper's maximum error measured on a dense grid, and the tests assert those bounds. The fused chain
+# also stays within the fp32 tolerances against onnxruntime, and infinities and NaN come out as the library
+# functions give them:
+
+# %%
+xg = np.random.default_rng(1).standard_normal(N, dtype=np.float32)
+gelu_ort = runtime.session(codegen.chain_model(gelu_spec, (N,)), "disable", 1)
+print("fused vs onnxruntime within fp32 tolerance:",
+      np.allclose(gelu(xg), gelu_ort.run(["y"], {"x": xg})[0], rtol=1e-4, atol=1e-5))
+print("erf at inf, -inf, nan:", codegen.fuse_elementwise([("Erf",)], shape=(3,))(np.float32([np.inf, -np.inf, np.nan])))
+print(gelu.bytes_moved())
+
+# %% [markdown]
+# Vectorised is not the same as memory-bound. Each `erf` or `tanh` costs about a dozen multiply-adds and a
+# division per element, so this chain does far more arithmetic per byte than the chains above. **Predict:** will
+# the fused GELU-like loop reach the DRAM bandwidth, as the cheap chain did? The timing shows where it lands on this
+# machine (it varies from run to run); if its GB/s stays well under the streaming bandwidth, the loop is
+# compute-bound and the bytes saved are no longer the whole story.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+gelu_out = np.empty_like(xg)
+cmp_gelu = timing.compare(lambda: gelu_ort.run(["y"], {"x": xg}), lambda: gelu(xg, out=gelu_out),
+                          label_a="onnxruntime, unfused", label_b="fused loop", min_time=2.0)
+print(cmp_gelu.table())
+gelu_gbs = gelu.bytes_moved().after / cmp_gelu.b.median / 1e9
+print(f"fused GELU-like chain: {gelu_gbs:.1f} GB/s = {gelu_gbs / me.mem_bandwidth_gbs:.0%} of the DRAM streaming "
+      f"bandwidth; speed-up over onnxruntime {cmp_gelu.speedup:.2f}x vs bytes ratio {gelu.bytes_moved().ratio:.2f}x")
+
+# %% [markdown]
+# ## Summary
+#
+# - An unfused elementwise chain makes one pass over memory per op; a fused loop makes one. On tensors larger than
+#   the cache a cheap chain is memory-bound, and the fused loop's speed-up approaches the bytes ratio.
+# - `codegen` generates the fused loop from ONNX nodes, merges dimensions that broadcast alike, and is checked
+#   against onnxruntime with optimisations off.
+# - Judge a fused kernel by two numbers: its speed-up over onnxruntime's own unfused kernels against the bytes
+#   ratio, and its GB/s against the DRAM streaming bandwidth `fusionlab.calibrate` measured.
+# - Transcendentals need vectorisable approximations of known error in place of scalar library calls; even then a
+#   chain heavy in them can be compute-bound, and the bytes ratio overstates what fusion buys.
+#
+# **What to try next**
+#
+# - `codegen.loop_vs_loop(spec, n)` with your own chain: add a `("Tanh",)` step and watch the speed-up fall below
+#   the bytes ratio.
+# - Make the tensor small enough to stay in the cache (`n=2**16`): the unfused loops get faster, and the bytes
+#   ratio stops predicting the speed-up.
+# - Notebook 05 puts these byte counts into a cost model for whole networks and devices.

@@ -1,0 +1,137 @@
+"""The ledger of the seed's claims: complete, consistent with the notebooks and benchmarks, and its document current."""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from fusionlab import seed_claims
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED = sorted((ROOT.parent / "shared" / "seed").glob("000_*.txt")) or sorted(Path("/work/shared/seed").glob("000_*.txt"))
+CLAIMS = seed_claims.load()
+
+
+def _flat(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _stored_outputs(stem: str) -> str:
+    """All text a stored notebook's cells printed, minus the ledger summaries (so a figure must be computed)."""
+    nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text())
+    parts = []
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            parts.append("".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", "")))
+    text = _flat("\n".join(parts))
+    for c in CLAIMS.values():
+        text = text.replace(_flat(c.summary()), "")
+    return text
+
+
+def test_the_ledger_covers_the_seed():
+    assert len(CLAIMS) >= 25
+    sections = {c.section.split(".")[0] for c in CLAIMS.values()}
+    assert sections >= {"1", "2", "3", "4", "5", "6"}  # every section of the seed
+    assert {c.verdict for c in CLAIMS.values()} <= set(seed_claims.VERDICTS)
+    for must in ("s1-yolov5-23pct", "s1-overfusion-memory-15-20pct", "s21-40pct-instructions", "s22-vertical-30-50pct",
+                 "s22-horizontal-15-25pct", "s22-mixed-40-60pct", "s22-matmul-act-batch-1.5x", "s33-double-buffer-18pct",
+                 "s33-ipc-1.7x", "s51-bert-2.1x", "s52-resnet-12pct", "s62-targets-300i-duo", "s62-73pct-plus-40pct",
+                 "s32-reg-op", "s31-toolchain-versions", "s61-package-layout", "s41-msprof-command",
+                 "s41-acl-report-time", "s42-split-above-5-ops", "s42-memory-leak"):
+        assert must in CLAIMS, must
+
+
+@pytest.mark.skipif(not SEED, reason="the seed (../shared/seed) is not here")
+def test_every_quote_is_in_the_seed():
+    seed = _flat(SEED[0].read_text(encoding="utf-8"))
+    for c in CLAIMS.values():
+        for fragment in re.split(r"\.\.\.|……| / ", c.seed):
+            fragment = _flat(fragment)
+            if len(fragment) > 4:
+                assert fragment in seed, (c.id, fragment)
+
+
+def test_every_notebook_section_the_ledger_points_to_exists():
+    for c in CLAIMS.values():
+        for stem, number, title in c.shown_in:
+            sections = seed_claims.notebook_sections(stem)
+            assert number in sections, (c.id, stem, number, sorted(sections))
+            assert sections[number].startswith(title), (c.id, stem, number, sections[number], title)
+
+
+def test_every_notebook_figure_is_printed_by_the_stored_notebook():
+    for c in CLAIMS.values():
+        for e in c.evidence:
+            if e.kind == "notebook":
+                assert _flat(e.text) in _stored_outputs(e.where), (c.id, e.where, e.text)
+
+
+def test_every_benchmark_figure_is_read_from_its_results_table():
+    n = 0
+    for c in CLAIMS.values():
+        for e in c.evidence:
+            if e.kind == "benchmark":
+                assert e.figure().strip(), (c.id, e.where)
+                n += 1
+    assert n >= 10
+
+
+def test_the_stored_document_is_current():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import seed_ledger
+
+    assert seed_ledger.main(["--check"]) == 0, "docs/seed_claims.md is stale: run python tools/seed_ledger.py"
+    doc = seed_claims.DOC.read_text(encoding="utf-8")
+    for c in CLAIMS.values():
+        assert f"## {c.id}" in doc and c.verdict in doc
+
+
+def test_notebooks_ask_only_for_claims_that_exist():
+    asked = set()
+    for src in (ROOT / "notebooks" / "src").glob("*.py"):
+        asked |= set(re.findall(r'seed_claims\.claim\("([^"]+)"\)', src.read_text()))
+        asked |= set(re.findall(r'for cid in \(([^)]*)\)', src.read_text()) and
+                     re.findall(r'"(s\d[\w.-]+)"', src.read_text()))
+    assert asked and asked <= set(CLAIMS), asked - set(CLAIMS)
+
+
+def test_summary_names_the_claim_its_verdict_and_the_ledger():
+    c = seed_claims.claim("s33-double-buffer-18pct")
+    text = c.summary()
+    assert "§3.3" in text and "[s33-double-buffer-18pct]" in text and c.verdict in text and "docs/seed_claims.md" in text
+    assert c.where_shown() == "notebook 11 §3, notebook 11 §5"
+    with pytest.raises(KeyError, match="no claim 'nope'"):
+        seed_claims.claim("nope")
+
+
+def _ledger(tmp_path, **change):
+    claim = {"id": "x", "section": "1", "seed": "s", "says": "s", "verdict": "wrong", "why": "w",
+             "evidence": [{"kind": "source", "text": "t"}], "shown_in": []} | change
+    path = tmp_path / "ledger.json"
+    path.write_text(json.dumps({"claims": [claim, claim] if change.get("id") == "dup" else [claim]}))
+    return path
+
+
+def test_a_bad_ledger_is_refused(tmp_path):
+    assert list(seed_claims.load(_ledger(tmp_path)))== ["x"]
+    with pytest.raises(ValueError, match="duplicate"):
+        seed_claims.load(_ledger(tmp_path, id="dup"))
+    with pytest.raises(ValueError, match="verdict 'maybe'"):
+        seed_claims.load(_ledger(tmp_path, verdict="maybe"))
+    with pytest.raises(ValueError, match="kind 'rumour'"):
+        seed_claims.load(_ledger(tmp_path, evidence=[{"kind": "rumour", "text": "t"}]))
+    with pytest.raises(ValueError, match="needs a row and a column"):
+        seed_claims.load(_ledger(tmp_path, evidence=[{"kind": "benchmark", "text": "t", "where": "f.md"}]))
+    with pytest.raises(ValueError, match="no evidence"):
+        seed_claims.load(_ledger(tmp_path, evidence=[]))
+
+
+def test_benchmark_cell_picks_the_row_and_column(tmp_path):
+    md = tmp_path / "r.md"
+    md.write_text("# t\n\n| a | b | c |\n|---|---|---|\n| 1 | x | 10 |\n| 2 | y | 20 |\n\ntext\n")
+    assert seed_claims.benchmark_cell(md, {"a": "2", "b": "y"}, "c") == "20"
+    with pytest.raises(ValueError, match="no table row"):
+        seed_claims.benchmark_cell(md, {"a": "3"}, "c")

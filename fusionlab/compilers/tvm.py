@@ -121,6 +121,11 @@ def _tag_bindings(mod, records: list) -> tuple[object, dict[str, str]]:
             for i in range(cursor + 1, max(at) + 1):
                 owner_at[i] = node
             cursor = max(at)
+    binds = _bindings(mod["main"])
+    for i in range(cursor + 1, len(binds)):  # the outputs: aliases of a node's value, owned by that node
+        value = binds[i].value
+        if isinstance(value, relax.Var) and pos.get(value) in owner_at:
+            owner_at[i] = owner_at[pos[value]]
     return _rename(mod, owner_at)
 
 

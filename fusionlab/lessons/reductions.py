@@ -285,12 +285,12 @@ EXP_HALF, EXP_ONE, EXP_BIAS, EXP_MANTISSA = np.float32(0.5), np.float32(1.0), np
 EXP_ZERO = np.float32(0.0)
 
 def exp_neg(x):
-    c = x if x > EXP_LO else EXP_LO
+    c = EXP_LO if x < EXP_LO else x  # NaN compares false and flows through as NaN
     n = np.floor(c * EXP_LOG2E + EXP_HALF)
     r = c - n * EXP_LN2_HI - n * EXP_LN2_LO
     p = (((((EXP_P5 * r + EXP_P4) * r + EXP_P3) * r + EXP_P2) * r + EXP_P1) * r + EXP_P0) * r * r + r + EXP_ONE
     y = p * np.int32((n + EXP_BIAS) * EXP_MANTISSA).view(np.float32)
-    return y if x > EXP_LO else (EXP_ZERO if x <= EXP_LO else x)  # NaN stays NaN
+    return EXP_ZERO if x < EXP_LO else y
 '''
 
 

@@ -110,7 +110,7 @@ def _flow(model, extra_flags: Sequence[str] = ()) -> str:
     return out.decode() if isinstance(out, bytes) else out
 
 
-_DISPATCH = re.compile(r"flow\.dispatch @([\w$]+)::@?([\w$]+)")
+_DISPATCH = re.compile(r'flow\.dispatch @"?([\w$./-]+)"?::@"?([\w$./-]+)"?')
 
 
 def dispatch_names(model, extra_flags: Sequence[str] = ()) -> list[str]:
@@ -199,7 +199,8 @@ def node_models(model) -> list[tuple[onnx.ModelProto, list[str], list[str]]]:
         missing = [n for n in [*ins, *node.output] if n and n not in types]
         if missing:
             raise ValueError(f"no shape known for {missing} (node {node.name!r})")
-        graph = helper.make_graph([*const_nodes, node], node.name or node.op_type, [types[n] for n in ins],
+        symbol = re.sub(r"\W", "_", node.name or node.op_type).strip("_") or "node"  # a plain MLIR symbol
+        graph = helper.make_graph([*const_nodes, node], symbol, [types[n] for n in ins],
                                   [types[n] for n in node.output if n], init_list)
         m = helper.make_model(graph, opset_imports=opset, producer_name="fusionlab")
         m.ir_version = proto.ir_version

@@ -40,7 +40,7 @@ from onnx import helper
 from ..build import make_model, tensor, value_info
 
 __all__ = [
-    "softmax_model", "layernorm_model", "attention_model", "mha_model", "traffic", "Traffic",
+    "softmax_model", "layernorm_model", "layernorm_gelu_model", "attention_model", "mha_model", "traffic", "Traffic",
     "softmax_reference", "online_softmax", "welford", "two_moment", "layernorm_reference", "layernorm_loop",
     "attention_reference", "flash_attention", "softmax_kernel", "layernorm_kernel", "RowKernel", "exp_neg",
     "attention_bytes", "AttentionBytes", "square_tile", "flash_buffers", "ascend_flash_tile", "FlashTile", "LANES",
@@ -89,6 +89,22 @@ def layernorm_model(m: int, n: int, decomposed: bool = True, eps: float = 1e-5, 
         nodes = [h("LayerNormalization", ["x", "gamma", "beta"], ["y"], name="layernorm", axis=-1, epsilon=eps)]
     return make_model(nodes, [value_info("x", np.float32, [m, n])], [value_info("y", np.float32, [m, n])], inits,
                       opset=18, name="layernorm")
+
+
+def layernorm_gelu_model(m: int = 2048, n: int = 768, eps: float = 1e-5, seed: int = 0) -> onnx.ModelProto:
+    """LayerNormalization followed by the exported erf-GELU (Div, Erf, Add, Mul, Mul): issue 13's IREE check."""
+    rng = np.random.default_rng(seed)
+    h = helper.make_node
+    nodes = [h("LayerNormalization", ["x", "gamma", "beta"], ["ln"], name="layernorm", axis=-1, epsilon=eps),
+             h("Div", ["ln", "sqrt2"], ["d"], name="div"), h("Erf", ["d"], ["e"], name="erf"),
+             h("Add", ["e", "one"], ["a"], name="add"), h("Mul", ["ln", "a"], ["p"], name="mul"),
+             h("Mul", ["p", "half"], ["y"], name="mul_half")]
+    inits = [tensor("gamma", (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)),
+             tensor("beta", (0.1 * rng.standard_normal(n)).astype(np.float32)),
+             tensor("sqrt2", np.array(math.sqrt(2.0), np.float32)), tensor("one", np.array(1.0, np.float32)),
+             tensor("half", np.array(0.5, np.float32))]
+    return make_model(nodes, [value_info("x", np.float32, [m, n])], [value_info("y", np.float32, [m, n])], inits,
+                      name="layernorm_gelu")
 
 
 def attention_model(batch: int, seq: int, heads: int, head_dim: int) -> onnx.ModelProto:

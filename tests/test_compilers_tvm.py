@@ -42,3 +42,22 @@ def test_groups_are_onnx_node_names_and_cover_every_compute_node():
 def test_round_trips_through_a_dict():
     result = tvm_groups.relax_groups(conv_bn_relu_add())
     assert tvm_groups.TvmGrouping.from_dict(result.to_dict()) == result
+
+
+def _chain(nodes, out_shape):
+    return make_model(nodes, [value_info("x", np.float32, [4, 64])], [value_info("y", np.float32, out_shape)],
+                      [tensor("axes", np.array([-1], np.int64))], opset=18)
+
+
+def test_tvm_fuses_a_reduction_with_its_consumers_not_its_producers():
+    """The rule notebook 08 explains the BERT disagreements with, checked on TVM itself."""
+    h = helper.make_node
+    epilogue = tvm_groups.relax_groups(_chain([h("Relu", ["x"], ["a"], name="relu"),
+                                               h("ReduceMean", ["a", "axes"], ["b"], name="mean", keepdims=1),
+                                               h("Exp", ["b"], ["y"], name="exp")], [4, 1]))
+    assert sorted(map(sorted, epilogue.groups)) == [["exp", "mean"], ["relu"]]
+    variance = tvm_groups.relax_groups(_chain([h("ReduceMean", ["x", "axes"], ["mu"], name="mean0", keepdims=1),
+                                               h("Sub", ["x", "mu"], ["d"], name="sub"),
+                                               h("Mul", ["d", "d"], ["d2"], name="square"),
+                                               h("ReduceMean", ["d2", "axes"], ["y"], name="mean1", keepdims=1)], [4, 1]))
+    assert sorted(map(sorted, variance.groups)) == [["mean0", "square", "sub"], ["mean1"]]

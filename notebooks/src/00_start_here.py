@@ -42,6 +42,8 @@
 # | `03_horizontal_fusion` | fuse sibling branches that read the same input (concatenated weights) |
 # | `04_mixed_fusion` | both at once, on real topologies (residual blocks, attention) |
 # | `05_fusion_thresholds` | when fusion stops paying: buffer capacity, peak memory, the "more than 5 ops" rule |
+# | `07_reductions_attention` | fusing through reductions: softmax, LayerNorm and attention (FlashAttention), measured against the bandwidth |
+# | `08_real_compilers` | IREE runs the graphs fused, TVM's FuseOps checks the mixed pass, CANN ATC's fusion report |
 # | `09_custom_op` | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
 # | `10_profiling_case` | profile a model, find the gaps, fix them, and measure again |
 # | `11_double_buffering` | overlap data movement with compute: the pipeline behind "+18%" |

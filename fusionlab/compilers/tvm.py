@@ -242,24 +242,9 @@ def _replay_one(binding, env: dict, by_key: dict):
     yield binding, key, found
 
 
-def relax_groups(model, pipeline: tuple[str, ...] = PIPELINE) -> TvmGrouping:
-    """TVM Relax's FuseOps groups of an ONNX model (ModelProto, Graph or path), as ONNX node names."""
-    import tvm
+def _fused_groups(fused, unfused, by_key: dict, owner: dict) -> tuple[list[list[str]], list[str]]:
+    """Replay the fused main against the unfused index: every kernel as (ONNX node names, TVM function name)."""
     from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
-
-    from ..graph import Graph, load
-
-    proto = model.to_proto() if isinstance(model, Graph) else load(model).to_proto()
-    records: list = []
-    with _recording_import(records):
-        mod = from_onnx(proto, keep_params_in_input=False)
-    unfused, tags = _tag_bindings(mod, records)
-    for name in (p for p in pipeline if p not in ("FuseOps", "FuseTIR")):
-        unfused, tags = _retag(getattr(relax.transform, name)()(unfused), tags)
-    fused = relax.transform.FuseOps()(unfused)
-    lowered = relax.transform.FuseTIR()(fused) if "FuseTIR" in pipeline else fused
-    by_key, owner = _unfused_index(unfused["main"], tags)
 
     main = fused["main"]
     env: dict = {p: ("var", q) for p, q in zip(main.params, unfused["main"].params)}
@@ -288,6 +273,29 @@ def relax_groups(model, pipeline: tuple[str, ...] = PIPELINE) -> TvmGrouping:
             if key[0] == "call" and key[1] == "relax.call_tir" and found in owner:
                 groups.append([owner[found]])
                 names.append(str(b.value.args[0].name_hint))
+    return groups, names
+
+
+def relax_groups(model, pipeline: tuple[str, ...] = PIPELINE) -> TvmGrouping:
+    """TVM Relax's FuseOps groups of an ONNX model (ModelProto, Graph or path), as ONNX node names."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from ..graph import Graph, load
+
+    proto = model.to_proto() if isinstance(model, Graph) else load(model).to_proto()
+    records: list = []
+    with _recording_import(records):
+        mod = from_onnx(proto, keep_params_in_input=False)
+    unfused, tags = _tag_bindings(mod, records)
+    for name in (p for p in pipeline if p not in ("FuseOps", "FuseTIR")):
+        unfused, tags = _retag(getattr(relax.transform, name)()(unfused), tags)
+    fused = relax.transform.FuseOps()(unfused)
+    lowered = relax.transform.FuseTIR()(fused) if "FuseTIR" in pipeline else fused
+    by_key, owner = _unfused_index(unfused["main"], tags)
+
+    groups, names = _fused_groups(fused, unfused, by_key, owner)
     covered = {n for g in groups for n in g}
     folded = [n.name for n in proto.graph.node if n.name not in covered]
     count = lambda m: sum(1 for _ in m.functions.items())  # noqa: E731

@@ -43,16 +43,18 @@ def row_kernels(m: int, n: int, min_time: float, bw: float) -> tuple[list, list]
         fused()
         s1, sg = runtime.session(single, "disable", 1), runtime.session(graph, "disable", 1)
         err = float(np.abs(kernel(x, *extra) - s1.run(["y"], {"x": x})[0]).max())
-        best = 0.0
         for label, sess in ((f"onnxruntime {single.graph.node[0].op_type}", s1), (f"{len(graph.graph.node)}-op graph", sg)):
             c = timing.compare(lambda: sess.run(["y"], {"x": x}), fused, label_a=label, label_b="fused", min_time=min_time)
             ga, gb = moved / c.a.median / 1e9, moved / c.b.median / 1e9
-            best = max(best, gb)
             rows.append([name, label, f"{c.a.median * 1e3:.1f} ms", f"{ga:.1f} ({ga / bw:.0%})", f"{c.b.median * 1e3:.1f} ms",
                          f"{gb:.1f} ({gb / bw:.0%})", f"{c.speedup:.2f}x ({c.ci_low:.2f}-{c.ci_high:.2f})"])
-        verdict = "meets" if best >= 0.7 * bw else "misses"
-        notes.append(f"- **{name}**: fused kernel up to {best:.1f} GB/s = {best / bw:.0%} of {bw:.1f} GB/s streaming "
-                     f"({verdict} the 70% target); max |fused - onnxruntime| = {err:.1e}")
+        fk = R.stream_fraction(fused, moved, min_time=min_time)
+        fo = R.stream_fraction(lambda: s1.run(["y"], {"x": x}), moved, min_time=min_time)
+        verdict = "meets" if fk.fraction >= 0.7 else "misses"
+        notes.append(f"- **{name}**, paired with STREAM copy/add in the same rounds: fused kernel {fk.kernel_gbs:.1f} GB/s = "
+                     f"**{fk.fraction:.0%}** of streaming ({fk.stream_gbs:.1f} GB/s in those rounds; {verdict} the 70% target); "
+                     f"onnxruntime {single.graph.node[0].op_type} {fo.kernel_gbs:.1f} GB/s = {fo.fraction:.0%}; "
+                     f"max |fused - onnxruntime| = {err:.1e}")
     return rows, notes
 
 
@@ -94,7 +96,8 @@ def main() -> int:
         f"{machine_line()}; streaming bandwidth (one thread, `fusionlab.calibrate`) {bw:.1f} GB/s. "
         f"Softmax and LayerNorm over {m} x {n} fp32 rows; GB/s = 2 x {m * n * 4 / 2**20:.0f} MiB / time; one thread, "
         "interleaved runs, medians, speedup = median of paired ratios (95% CI). The machine is shared: "
-        "absolute numbers move with its load, paired ratios much less.",
+        "absolute numbers move with its load, paired ratios much less; the percentages in the table are against the "
+        "calibration taken at the start, the bold fractions below against copy and add timed in the same rounds.",
         markdown_table(["kernel", "against", "time", "GB/s (% of streaming)", "fused time", "fused GB/s (%)",
                         "fused speedup"], rows),
         "\n".join(notes),

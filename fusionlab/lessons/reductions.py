@@ -43,7 +43,7 @@ __all__ = [
     "softmax_model", "layernorm_model", "layernorm_gelu_model", "attention_model", "mha_model", "traffic", "Traffic",
     "softmax_reference", "online_softmax", "welford", "two_moment", "layernorm_reference", "layernorm_loop",
     "attention_reference", "flash_attention", "softmax_kernel", "layernorm_kernel", "RowKernel", "exp_neg",
-    "attention_bytes", "AttentionBytes", "square_tile", "flash_buffers", "ascend_flash_tile", "FlashTile", "LANES",
+    "stream_fraction", "StreamFraction", "attention_bytes", "AttentionBytes", "square_tile", "flash_buffers", "ascend_flash_tile", "FlashTile", "LANES",
 ]
 
 #: Independent accumulators the generated kernels keep for the row max (one AVX2 register's worth).
@@ -428,6 +428,47 @@ def exp_neg(x: np.ndarray) -> np.ndarray:
     y = np.empty_like(x)
     _compile(src, "exp_array")(x, y)
     return y
+
+
+@dataclass
+class StreamFraction:
+    """A kernel's effective bandwidth as a fraction of streaming bandwidth, both timed in the same rounds."""
+
+    fraction: float
+    kernel_gbs: float
+    copy_gbs: float
+    add_gbs: float
+
+    @property
+    def stream_gbs(self) -> float:
+        """The limit, as `fusionlab.calibrate` defines it: the better of copy and add."""
+        return max(self.copy_gbs, self.add_gbs)
+
+
+def stream_fraction(fn, moved: int, *, elements: int = 16 * 2**20, min_time: float = 1.0) -> StreamFraction:
+    """`fn`'s GB/s (``moved`` bytes per call) against STREAM copy and add, interleaved with it, one thread.
+
+    The copy and add are `fusionlab.calibrate.stream_bandwidth`'s (fp32 arrays of `elements`, counted
+    STREAM-style: 2 and 3 arrays' bytes). Timing them in the same interleaved rounds as the kernel
+    makes the fraction a paired ratio, so a busy machine slows both sides alike.
+    """
+    from .. import timing
+
+    a = np.ones(elements, np.float32)
+    b = np.ones(elements, np.float32)
+    c = np.empty(elements, np.float32)
+    vs_copy = timing.compare(lambda: np.copyto(c, a), fn, min_time=min_time)  # speedup = t_copy / t_fn
+    vs_add = timing.compare(lambda: np.add(a, b, out=c), fn, min_time=min_time)
+    copy_gbs = 2 * a.nbytes / vs_copy.a.median / 1e9
+    add_gbs = 3 * a.nbytes / vs_add.a.median / 1e9
+    fraction = min(vs_copy.speedup * moved / (2 * a.nbytes), vs_add.speedup * moved / (3 * a.nbytes))
+    kernel_gbs = moved / _median([*vs_copy.b.samples, *vs_add.b.samples]) / 1e9
+    return StreamFraction(fraction, kernel_gbs, copy_gbs, add_gbs)
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2]
 
 
 # --------------------------------------------------------------------------------------------------

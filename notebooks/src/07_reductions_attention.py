@@ -117,6 +117,9 @@ print("fused vs the five-op graph:  ", np.allclose(y_fused, ort_five.run(["y"], 
 # The limit is this machine's streaming bandwidth, measured by `fusionlab.calibrate` with one thread on
 # arrays far larger than the caches (the better of a copy and an add, counted STREAM-style). A fused
 # kernel's *effective bandwidth* is the bytes it must move (2·M·N·4: read `x`, write `y`) over its time.
+# This machine is shared, so the bandwidth moves from minute to minute; `R.stream_fraction` therefore
+# times the same copy and add *interleaved with the kernel*, and reports the kernel's GB/s as a fraction
+# of the bandwidth measured in the same rounds.
 #
 # **Predict**: what fraction of the streaming bandwidth will the fused kernel reach? How much faster
 # than the five-op graph, given the 4× in bytes? And against onnxruntime's hand-written `Softmax`?
@@ -134,6 +137,10 @@ runs = {
                                           label_a="ORT Softmax", label_b="fused", min_time=1.5),
 }
 print(f"streaming bandwidth, one thread: {limit:.1f} GB/s (copy {cal.copy_gbs:.1f}, add {cal.add_gbs:.1f})")
+for name, fn in (("fused kernel", lambda: softmax(x, out=out)), ("onnxruntime Softmax", lambda: ort_softmax.run(["y"], {"x": x}))):
+    f = R.stream_fraction(fn, moved)
+    print(f"{name:<20} {f.kernel_gbs:5.1f} GB/s = {f.fraction:.0%} of streaming, timed in the same rounds "
+          f"({f.stream_gbs:.1f} GB/s then)")
 for name, c in runs.items():
     gbs_a, gbs_b = moved / c.a.median / 1e9, moved / c.b.median / 1e9
     print(f"{name:<28} {timing.format_seconds(c.a.median):>9} = {gbs_a:5.1f} GB/s ({gbs_a / limit:4.0%}) | "
@@ -225,6 +232,11 @@ ln_runs = {
     "onnxruntime LayerNormalization": timing.compare(lambda: ort_ln.run(["y"], {"x": x_ln}), lambda: layernorm(x_ln, g, b, out=ln_out),
                                                      label_a="ORT LayerNorm", label_b="fused", min_time=1.5),
 }
+for name, fn in (("fused kernel", lambda: layernorm(x_ln, g, b, out=ln_out)),
+                 ("onnxruntime LayerNorm", lambda: ort_ln.run(["y"], {"x": x_ln}))):
+    f = R.stream_fraction(fn, moved)
+    print(f"{name:<22} {f.kernel_gbs:5.1f} GB/s = {f.fraction:.0%} of streaming, timed in the same rounds "
+          f"({f.stream_gbs:.1f} GB/s then)")
 for name, c in ln_runs.items():
     gbs_a, gbs_b = moved / c.a.median / 1e9, moved / c.b.median / 1e9
     print(f"{name:<31} {timing.format_seconds(c.a.median):>9} = {gbs_a:5.1f} GB/s ({gbs_a / limit:4.0%}) | "

@@ -175,10 +175,12 @@ for name, names_ in iree_names.items():
 # * **ResNet, Conv + BN + ReLU (+ residual Add)**: every tool puts each in one kernel (IREE folds BN
 #   into the weights at compile time and keeps the ReLU and the residual Add in the conv's dispatch).
 #   Agreement, and all are right.
-# * **ResNet, the `slow_memcpy` dispatches**: IREE materialises a conv's zero padding as a copy where the
-#   padded tensor is a graph input or also feeds a residual branch (each block's input: it cannot fold
-#   the padding into the producer then). onnxruntime's and fusionlab's Conv pad inside the kernel. Here
-#   fusionlab's plan (and onnxruntime) is better: those copies are pure memory traffic.
+# * **ResNet, the `slow_memcpy` dispatches**: IREE materialises a conv's zero padding as a copy into a
+#   padded buffer. There are nine: by their count, one for the graph input and one for the input of
+#   each of the eight residual blocks, a tensor that also feeds the skip path, so the padding cannot be
+#   folded into the op that produces it. onnxruntime's and fusionlab's Conv pad inside the kernel. Here
+#   fusionlab's plan (and onnxruntime) is better: those copies are pure memory traffic. (IREE also
+#   names the MaxPool dispatch `conv`: pooling is a convolution-shaped loop nest to it.)
 # * **BERT, LayerNorm**: IREE makes two reduction dispatches per LayerNorm (statistics, then normalise
 #   with the elementwise tail). fusionlab's vertical `layernorm` rule rewrites the nine ops into one
 #   `LayerNormalization` node, one kernel. fusionlab is better by one launch and one small round trip;
@@ -187,8 +189,8 @@ for name, names_ in iree_names.items():
 #   dispatch (an epilogue). fusionlab's `bias_gelu` rule makes a `BiasGelu` node after the MatMul: two
 #   kernels and one intermediate of 32 × 512 floats. IREE is better; a GEMM epilogue is the right place.
 # * **BERT, Q/K/V projections**: IREE keeps three separate MatMul dispatches; fusionlab's horizontal
-#   pass concatenates the three weights into one GEMM. fusionlab is better for small batches (one larger
-#   GEMM uses the cores better and reads the input once; notebook 03 measures it).
+#   pass concatenates the three weights into one GEMM, which reads the input once and launches once;
+#   whether that is faster depends on the shapes (notebook 03 measures when it pays).
 #
 # ## 5. TVM Relax: the oracle for the mixed pass
 #
@@ -328,8 +330,8 @@ for stage, passes in cann.read_fusion_result(published).items():
 # * fusionlab's mixed pass agrees with TVM's FuseOps on almost every edge of ResNet, MobileNetV2 and
 #   YOLOv5n; on BERT the reductions are handled as mirror images (TVM: reduction + consumers; fusionlab:
 #   producers + reduction), and a fused LayerNorm kernel beats both.
-# * Installing the compilers: IREE adds about 390 MB to `.venv` (two wheels, ~20 s with a warm pip
-#   cache on this machine); TVM about 320 MB (~10 s), kept in the `oracle` extra.
+# * Installing the compilers: IREE adds about 390 MB to `.venv` (two wheels, about 20 s to install on
+#   this machine); TVM about 320 MB (about 10 s), kept in the `oracle` extra.
 #
 # **What to try next**
 #

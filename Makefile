@@ -38,7 +38,7 @@ notebooks: $(STAMP)
 	$(PY) tools/nbbuild.py notebooks/src/*.py
 
 bench: $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,bench,oracle]'
 	$(PY) benchmarks/run_all.py
 	$(PY) benchmarks/update_readme.py
 

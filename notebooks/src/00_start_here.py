@@ -48,6 +48,8 @@
 # | `04_mixed_fusion` | both at once, on real topologies (residual blocks, attention) |
 # | `05_fusion_thresholds` | when fusion stops paying: a cost model, buffer capacity, peak memory, the "more than 5 ops" rule |
 # | `06_fused_codegen` | fusion made real: one generated loop against one pass per op, bytes and GB/s measured |
+# | `07_reductions_attention` | fusing through reductions: softmax, LayerNorm and attention (FlashAttention), measured against the bandwidth |
+# | `08_real_compilers` | IREE runs the graphs fused, TVM's FuseOps checks the mixed pass, CANN ATC's fusion report |
 # | `09_custom_op` | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
 # | `10_profiling_case` | profile a model, find the gaps, fix them, and measure again |
 # | `11_double_buffering` | overlap data movement with compute: the pipeline behind "+18%" |

@@ -1,0 +1,30 @@
+"""What onnxruntime itself runs: the node count of its optimised graph at a given level."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import onnx
+
+__all__ = ["optimized_ops", "kernel_count"]
+
+
+def optimized_ops(model, level: str = "extended") -> dict[str, int]:
+    """{op type (domain:op for contrib ops): count} of the graph onnxruntime runs after its own fusions."""
+    from .. import runtime
+
+    with tempfile.TemporaryDirectory(prefix="fusionlab-ort-") as tmp:
+        path = Path(tmp) / "optimized.onnx"
+        runtime.session(model, level, 1, optimized_path=path)
+        proto = onnx.load(str(path))
+    counts: dict[str, int] = {}
+    for n in proto.graph.node:
+        key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}:{n.op_type}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def kernel_count(model, level: str = "extended") -> int:
+    """Kernels onnxruntime launches per run at `level`: the nodes of its optimised graph (Constants excluded)."""
+    return sum(n for op, n in optimized_ops(model, level).items() if op != "Constant")

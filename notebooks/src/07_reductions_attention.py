@@ -1,0 +1,415 @@
+# %% [markdown]
+# # 07 · Reductions and attention: the fusion that made transformers fast
+#
+# **What you will learn**
+#
+# 1. what an unfused Softmax and an unfused LayerNorm read and write, counted node by node (the
+#    argument of Triton's fused-softmax tutorial), and what one fused kernel moves instead;
+# 2. the **one-pass** forms that make the fusion possible, written as plain numpy loops and checked:
+#    the *online softmax* (a running max and a rescaled running sum) and *Welford's* mean and variance
+#    (and why the textbook E[x²] − E[x]² form is not good enough);
+# 3. a generated fused kernel for each (numba, one thread), checked against onnxruntime, then timed
+#    against the limit: its GB/s beside this machine's measured streaming bandwidth, and beside
+#    onnxruntime's own `Softmax` and `LayerNormalization` kernels;
+# 4. why attention's score matrix is O(N²), how FlashAttention's tiling with an online softmax avoids
+#    ever writing it, and what onnxruntime's fused `MultiHeadAttention` gains on this CPU;
+# 5. how the same kernel maps onto an Ascend AI core (CANN's `FlashAttentionScore`), with a tile chosen
+#    from the core's on-chip buffers, **modelled**, not measured.
+#
+# Notebook 04 left LayerNorm as four groups and Softmax as one opaque op: TVM's rule lets a reduction
+# only *end* a group. Here we fuse through the reductions, the way XLA, Inductor, Triton and CANN do.
+# Every section follows the same order: bytes first, the unfused loop, the fused loop checked, then
+# timed against the limit. Before each measurement you are asked to predict it.
+
+# %%
+import inspect
+import os
+
+import matplotlib.pyplot as plt
+import numpy as np
+from onnx import numpy_helper
+
+from fusionlab import calibrate, devices, runtime, timing
+from fusionlab.lessons import reductions as R
+
+rng = np.random.default_rng(0)
+
+# %% [markdown]
+# ## 1. Softmax: count the bytes first
+#
+# An exporter writes a numerically safe softmax over the last axis as five ops: subtract the row max
+# (so `exp` cannot overflow), exponentiate, divide by the row sum. We take an input of 8192 rows of
+# 2048 float32 values, 64 MiB, twice the size of this machine's last-level cache (32 MiB), so every
+# pass really goes to memory.
+#
+# **Predict** before running the next cell: each of the five ops reads its inputs from memory and
+# writes its output. How many times the input's size does the whole graph move? And one fused kernel
+# that reads each row once and writes each result once?
+
+# %%
+M, N = 8192, 2048
+sm_traffic = R.traffic(R.softmax_model(M, N))
+print(sm_traffic.table())
+
+# %% [markdown]
+# Reads of 5·M·N + 2·M elements and writes of 3·M·N + 2·M, against 2·M·N for a kernel that reads `x`
+# once and writes `y` once: the same count as Triton's tutorial, so a memory-bound softmax has up
+# to **4×** to gain from fusion. (The two reductions also read the tiny `axes` tensor.)
+#
+# ## 2. The unfused loop, and one pass instead of three
+#
+# Unfused, the row max must be known before anything is exponentiated, and the sum before anything is
+# divided: three passes over each row. The **online softmax** (Milakov & Gimelshein, 2018) finds the
+# max and the sum in *one* pass: it keeps a running max `m` and a running sum of `exp(x − m)`; when a
+# new block raises the max, the sum so far is rescaled by `exp(m_old − m_new)`. Here it is over blocks
+# of columns, with numpy doing the same work for every row at once:
+
+# %%
+print(inspect.getsource(R.online_softmax))
+
+# %% [markdown]
+# It must give the same answer as the three-pass softmax, for any block size, and survive logits large
+# enough that a naive `exp(x)` would overflow float32:
+
+# %%
+x_small = (rng.standard_normal((64, 1000)) * 3).astype(np.float32)
+reference = R.softmax_reference(x_small)
+for block in (1, 16, 64, 1000):
+    err = np.abs(R.online_softmax(x_small, block) - reference).max()
+    print(f"block {block:>4}: max |online - three-pass| below 1e-6: {err < 1e-6}")
+big = x_small + np.float32(100.0)  # exp(100) = inf in float32
+with np.errstate(over="ignore"):  # the overflow is the point of the naive line: silence only its warning
+    naive_finite = np.isfinite(np.exp(big)).all()
+print("logits around 100: finite:", np.isfinite(R.online_softmax(big, 16)).all(), "| naive exp finite:", naive_finite)
+
+# %% [markdown]
+# ## 3. A generated fused kernel
+#
+# On a CPU the row (2048 floats, 8 KiB) fits the 32 KiB L1 cache. So a fused kernel can afford three
+# passes over a row as long as only the *first* goes to memory: find the max while the row streams in,
+# then exponentiate, sum and scale it in the cache, and write each result once. (The online form
+# matters where a row does *not* fit on chip: attention, in section 6.) `R.softmax_kernel()` writes
+# the source of that loop, as `fusionlab.elementwise` does for elementwise chains, and numba compiles
+# it for one thread. Two details decide its speed: the row max is split over 8 independent
+# accumulators (one AVX2 register) so that it vectorises, and `exp` is a branch-free polynomial inlined
+# into the loop (its error is measured in the module docstring and bounded by the tests).
+
+# %%
+softmax = R.softmax_kernel()
+print(softmax.source)
+
+# %% [markdown]
+# Checked against onnxruntime's `Softmax` (optimisations off) at the workbook's fp32 tolerances, and
+# against the five-op graph:
+
+# %%
+x = rng.standard_normal((M, N)).astype(np.float32)
+y_fused = softmax(x)
+ort_softmax = runtime.session(R.softmax_model(M, N, decomposed=False), "disable", 1)
+ort_five = runtime.session(R.softmax_model(M, N), "disable", 1)
+y_ort = ort_softmax.run(["y"], {"x": x})[0]
+print("fused vs onnxruntime Softmax:", np.allclose(y_fused, y_ort, rtol=1e-4, atol=1e-5))
+print("fused vs the five-op graph:  ", np.allclose(y_fused, ort_five.run(["y"], {"x": x})[0], rtol=1e-4, atol=1e-5))
+
+# %% [markdown]
+# ## 4. Timed against the limit
+#
+# The limit is this machine's streaming bandwidth, measured by `fusionlab.calibrate` with one thread on
+# arrays far larger than the caches (the better of a copy and an add, counted STREAM-style). A fused
+# kernel's *effective bandwidth* is the bytes it must move (2·M·N·4: read `x`, write `y`) over its time.
+# This machine is shared, so the bandwidth moves from minute to minute; `R.stream_fraction` therefore
+# times the same copy and add *interleaved with the kernel*, and reports the kernel's GB/s as a fraction
+# of the bandwidth measured in the same rounds.
+#
+# **Predict**: what fraction of the streaming bandwidth will the fused kernel reach? How much faster
+# than the five-op graph, given the 4× in bytes? And against onnxruntime's hand-written `Softmax`?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+cal = calibrate.calibrate()
+limit = cal.stream_gbs
+moved = 2 * x.nbytes
+out = np.empty_like(x)
+runs = {
+    "five-op graph (onnxruntime)": timing.compare(lambda: ort_five.run(["y"], {"x": x}), lambda: softmax(x, out=out),
+                                                  label_a="five ops", label_b="fused", min_time=1.5),
+    "onnxruntime Softmax": timing.compare(lambda: ort_softmax.run(["y"], {"x": x}), lambda: softmax(x, out=out),
+                                          label_a="ORT Softmax", label_b="fused", min_time=1.5),
+}
+print(f"streaming bandwidth, one thread: {limit:.1f} GB/s (copy {cal.copy_gbs:.1f}, add {cal.add_gbs:.1f})")
+for name, fn in (("fused kernel", lambda: softmax(x, out=out)), ("onnxruntime Softmax", lambda: ort_softmax.run(["y"], {"x": x}))):
+    f = R.stream_fraction(fn, moved)
+    print(f"{name:<20} {f.kernel_gbs:5.1f} GB/s = {f.fraction:.0%} of streaming, timed in the same rounds "
+          f"({f.stream_gbs:.1f} GB/s then)")
+for name, c in runs.items():
+    gbs_a, gbs_b = moved / c.a.median / 1e9, moved / c.b.median / 1e9
+    print(f"{name:<28} {timing.format_seconds(c.a.median):>9} = {gbs_a:5.1f} GB/s ({gbs_a / limit:4.0%}) | "
+          f"fused {timing.format_seconds(c.b.median):>9} = {gbs_b:5.1f} GB/s ({gbs_b / limit:4.0%}) | "
+          f"fused {c.speedup:.2f}x (95% CI {c.ci_low:.2f}-{c.ci_high:.2f})")
+
+# %%
+fig, ax = plt.subplots(figsize=(6.5, 3.2))
+names = ["five-op graph", "ORT Softmax", "fused kernel"]
+vals = [moved / runs["five-op graph (onnxruntime)"].a.median / 1e9, moved / runs["onnxruntime Softmax"].a.median / 1e9,
+        moved / runs["onnxruntime Softmax"].b.median / 1e9]
+ax.barh(names, vals, color=["#bbb", "#8ab", "#2a7"])
+ax.axvline(limit, color="k", ls="--", label=f"streaming bandwidth {limit:.0f} GB/s")
+ax.axvline(0.7 * limit, color="k", ls=":", label="70% of it")
+ax.set_xlabel("effective GB/s (2·M·N·4 bytes / time)")
+ax.set_title(f"Softmax {M}x{N} fp32, one thread")
+ax.legend(loc="lower right", fontsize=8)
+fig.tight_layout()
+
+# %% [markdown]
+# How to read it. The five-op graph pays for its extra traffic, and for allocating four 64 MiB
+# intermediates, so the fused kernel beats it clearly; by the full 4× of the bytes ratio only if the
+# kernel itself runs at the bandwidth limit. Against onnxruntime's `Softmax`, which is already one
+# kernel, the comparison is kernel against kernel: both move the same bytes, so what separates them
+# is how close each gets to the limit. Our kernel's three passes over a cached row cost arithmetic
+# (the exp polynomial is about 20 operations per element), and on one shared core that can make it
+# **compute-bound** below the bandwidth line; where onnxruntime's kernel is faster, it is because MLAS
+# computes the exponential with fewer instructions per element (hand-written AVX2), not because it
+# moves fewer bytes. `benchmarks/bench_reductions.py` records the fraction of the bandwidth reached
+# (`benchmarks/results/reductions.md`) against the 70% target, and says so when it misses.
+#
+# ## 5. LayerNorm: the same story with two reductions
+#
+# The exported LayerNorm is nine ops: mean, subtract, square, mean again, add ε, square root, divide,
+# scale, shift. **Predict** its traffic against one fused kernel before running the cell.
+
+# %%
+ln_traffic = R.traffic(R.layernorm_model(M, N))
+print(ln_traffic.table())
+
+# %% [markdown]
+# Six full passes against one: a 6× gap. To fuse it, mean and variance should come from one pass over
+# the row. There are two one-pass forms. **Two-moment** keeps Σx and Σx² and takes E[x²] − E[x]²;
+# **Welford** (here Chan's blockwise form) keeps the mean and the sum of squared deviations and updates
+# both per block. They agree on centred data, and part ways when the mean is large against the spread:
+# E[x²] and E[x]² are then two huge, nearly equal numbers and their difference loses most of its digits.
+
+# %%
+print(inspect.getsource(R.welford))
+gamma = np.ones(1000, np.float32)
+beta = np.zeros(1000, np.float32)
+for offset in (0.0, 1000.0):
+    xo = x_small + np.float32(offset)
+    exact = R.layernorm_reference(xo, gamma, beta)
+    err_w = np.abs(R.layernorm_loop(xo, gamma, beta, moments=R.welford) - exact).max()
+    err_t = np.abs(R.layernorm_loop(xo, gamma, beta, moments=R.two_moment) - exact).max()
+    print(f"rows offset by {offset:>6}: Welford within 1e-4: {err_w < 1e-4}; two-moment within 1e-4: {err_t < 1e-4}"
+          f" (two-moment error {'>' if err_t > 100 * err_w else '<='} 100x Welford's)")
+
+# %% [markdown]
+# On this CPU, as for softmax, the row sits in L1 after its first pass, so the fused kernel can compute
+# the variance *exactly* around the mean (a second, cached pass) instead of relying on either formula;
+# one read of the row from memory, one write. Welford's merge is what a kernel uses when the row is
+# split across tiles that never coexist on chip (a long row on an Ascend core's 192 KiB UB, say).
+
+# %%
+layernorm = R.layernorm_kernel()
+print(layernorm.source)
+ln_model = R.layernorm_model(M, N, decomposed=False)
+ln_params = {t.name: numpy_helper.to_array(t) for t in ln_model.graph.initializer}
+ort_ln = runtime.session(ln_model, "disable", 1)
+ort_nine = runtime.session(R.layernorm_model(M, N), "disable", 1)
+x_ln = (rng.standard_normal((M, N)) + 3.0).astype(np.float32)
+y_ln = layernorm(x_ln, ln_params["gamma"], ln_params["beta"])
+print("fused vs onnxruntime LayerNormalization:", np.allclose(y_ln, ort_ln.run(["y"], {"x": x_ln})[0], rtol=1e-4, atol=1e-5))
+print("fused vs the nine-op graph:             ", np.allclose(y_ln, ort_nine.run(["y"], {"x": x_ln})[0], rtol=1e-4, atol=1e-5))
+
+# %% [markdown]
+# **Predict**: LayerNorm does no transcendental per element, only adds and multiplies. Closer to the
+# bandwidth line than the softmax, or not?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ln_out = np.empty_like(x_ln)
+g, b = ln_params["gamma"], ln_params["beta"]
+ln_runs = {
+    "nine-op graph (onnxruntime)": timing.compare(lambda: ort_nine.run(["y"], {"x": x_ln}), lambda: layernorm(x_ln, g, b, out=ln_out),
+                                                  label_a="nine ops", label_b="fused", min_time=1.5),
+    "onnxruntime LayerNormalization": timing.compare(lambda: ort_ln.run(["y"], {"x": x_ln}), lambda: layernorm(x_ln, g, b, out=ln_out),
+                                                     label_a="ORT LayerNorm", label_b="fused", min_time=1.5),
+}
+for name, fn in (("fused kernel", lambda: layernorm(x_ln, g, b, out=ln_out)),
+                 ("onnxruntime LayerNorm", lambda: ort_ln.run(["y"], {"x": x_ln}))):
+    f = R.stream_fraction(fn, moved)
+    print(f"{name:<22} {f.kernel_gbs:5.1f} GB/s = {f.fraction:.0%} of streaming, timed in the same rounds "
+          f"({f.stream_gbs:.1f} GB/s then)")
+for name, c in ln_runs.items():
+    gbs_a, gbs_b = moved / c.a.median / 1e9, moved / c.b.median / 1e9
+    print(f"{name:<31} {timing.format_seconds(c.a.median):>9} = {gbs_a:5.1f} GB/s ({gbs_a / limit:4.0%}) | "
+          f"fused {timing.format_seconds(c.b.median):>9} = {gbs_b:5.1f} GB/s ({gbs_b / limit:4.0%}) | "
+          f"fused {c.speedup:.2f}x (95% CI {c.ci_low:.2f}-{c.ci_high:.2f})")
+
+# %% [markdown]
+# ## 6. Attention: an O(N²) intermediate
+#
+# Scaled dot-product attention for one head is `softmax(Q Kᵀ / √d) V`, with Q, K, V of N × d. The
+# product `Q Kᵀ` is N × N: it grows with the *square* of the sequence length while the inputs and the
+# output grow linearly. Exported, attention is MatMul, Mul (the scale), Softmax, MatMul, and the N × N
+# scores are written and read back three times. For 12 heads of a 4096-token sequence that is
+# 12 × 4096² × 4 bytes = 768 MiB per intermediate:
+
+# %%
+print(f"{'seq':>6} {'Q, K, V, O (one head, d=64)':>28} {'scores (one head)':>18} {'scores, 12 heads':>17}")
+for seq in (128, 512, 2048, 8192):
+    qkvo = 4 * seq * 64 * 4
+    print(f"{seq:>6} {qkvo / 2**20:>24.2f} MiB {seq * seq * 4 / 2**20:>14.1f} MiB {12 * seq * seq * 4 / 2**20:>13.0f} MiB")
+
+# %% [markdown]
+# **FlashAttention** (Dao et al., 2022) never builds the scores. It takes a tile of queries, streams the
+# keys and values past it in tiles, and for each tile of scores does an online-softmax step: raise the
+# running max, rescale the running sum *and the output accumulator* by `exp(m_old − m_new)`, add the new
+# tile's contribution. Only a (block_q × block_k) tile of scores exists at any time:
+
+# %%
+print(inspect.getsource(R.flash_attention))
+
+# %% [markdown]
+# Verified against the unfused computation (which builds the full N × N matrix), for tiles that do
+# and do not divide the sequence length:
+
+# %%
+q, k, v = (rng.standard_normal((300, 64)).astype(np.float32) for _ in range(3))
+exact = R.attention_reference(q, k, v)
+for bq, bk in ((64, 64), (32, 100), (300, 16)):
+    err = np.abs(R.flash_attention(q, k, v, bq, bk) - exact).max()
+    print(f"tiles {bq:>3} x {bk:>3}: max |flash - unfused| below 1e-5: {err < 1e-5}")
+
+# %% [markdown]
+# **Bytes against sequence length.** Unfused, one head moves the inputs, plus the scores six times
+# (written by the MatMul, read and written by the scale and by the softmax, read by the second MatMul).
+# Tiled, Q is read and O written once, and K and V once per query tile; the tile is as large as the
+# fast memory allows (here 1 MiB: one core's L2 on this machine). Both still grow as N² (K and V are
+# re-read N / block times), but the tiled kernel's constant is far smaller, and it never *holds* an
+# N × N tensor: its memory footprint stays linear in N. (A model of traffic to memory: on a CPU, small
+# score matrices stay in the cache, so the unfused graph's real traffic is lower at short lengths.)
+
+# %%
+seqs = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+ab = [R.attention_bytes(s, 64) for s in seqs]
+print(f"{'seq':>6} {'unfused MiB':>12} {'tiled MiB':>10} {'ratio':>6} {'tile':>5}")
+for a in ab:
+    print(f"{a.seq:>6} {a.unfused / 2**20:>12.1f} {a.flash / 2**20:>10.1f} {a.unfused / a.flash:>6.1f} {a.block_q:>5}")
+fig, ax = plt.subplots(figsize=(6.5, 3.4))
+ax.loglog(seqs, [a.unfused / 2**20 for a in ab], "o-", label="unfused: MatMul, Mul, Softmax, MatMul")
+ax.loglog(seqs, [a.flash / 2**20 for a in ab], "s-", label="tiled (FlashAttention), 1 MiB on chip")
+ax.loglog(seqs, [4 * s * 64 * 4 / 2**20 for s in seqs], ":", color="gray", label="Q, K, V read + O written once")
+ax.set_xlabel("sequence length N")
+ax.set_ylabel("MiB moved, one head, d = 64")
+ax.legend(fontsize=8)
+ax.set_title("Attention traffic (modelled)")
+fig.tight_layout()
+
+# %% [markdown]
+# **onnxruntime's fused attention on this CPU.** onnxruntime has a `com.microsoft.MultiHeadAttention`
+# kernel (and `Attention`, which also takes the Q/K/V projection weights; its graph optimiser fuses
+# exported BERT attention into it). Its CPU implementation includes MLAS's flash-attention kernel, which
+# sizes its tiles by the L2 cache; setting `ORT_DISABLE_FLASH_ATTENTION=1` before the session is
+# created turns that path off. We build the decomposed graph with `fusionlab.build` (reshape and
+# transpose to heads, MatMul, Mul, Softmax, MatMul, back) and the one-node MHA graph, check they agree,
+# and time them interleaved, one thread, 4 heads of 64.
+#
+# **Predict**: the bytes model says a 4-16× traffic reduction. Will the fused kernel be that much
+# faster? Where might it lose?
+
+# %%
+B, H, D = 1, 4, 64
+feeds_small = {n: rng.standard_normal((B, 32, H * D)).astype(np.float32) for n in "qkv"}
+y_dec = runtime.run(R.attention_model(B, 32, H, D), feeds_small)["y"]
+y_mha = runtime.session(R.mha_model(B, 32, H, D), "all", 1).run(None, feeds_small)[0]
+print("MultiHeadAttention vs decomposed graph within fp32 tolerance:", np.allclose(y_mha, y_dec, rtol=1e-4, atol=1e-5))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"{'seq':>5} {'decomposed':>11} {'MHA':>9} {'MHA, no flash':>14} {'MHA speedup (95% CI)':>22}")
+for seq in (16, 128, 512, 1024, 2048):
+    feeds = {n: rng.standard_normal((B, seq, H * D)).astype(np.float32) for n in "qkv"}
+    dec = runtime.session(R.attention_model(B, seq, H, D), "all", 1)
+    mha = runtime.session(R.mha_model(B, seq, H, D), "all", 1)
+    os.environ["ORT_DISABLE_FLASH_ATTENTION"] = "1"
+    mha_plain = runtime.session(R.mha_model(B, seq, H, D), "all", 1)
+    del os.environ["ORT_DISABLE_FLASH_ATTENTION"]
+    budget = 0.4 if seq <= 512 else 1.0
+    c = timing.compare(lambda: dec.run(None, feeds), lambda: mha.run(None, feeds), label_a="decomposed",
+                       label_b="MHA", min_time=budget)
+    plain = timing.bench(lambda: mha_plain.run(None, feeds), min_time=budget / 2)
+    print(f"{seq:>5} {timing.format_seconds(c.a.median):>11} {timing.format_seconds(c.b.median):>9} "
+          f"{timing.format_seconds(plain.median):>14} {c.speedup:>10.2f}x ({c.ci_low:.2f}-{c.ci_high:.2f})  {c.verdict()}")
+
+# %% [markdown]
+# Read the table with the bytes model in mind, and you see why the gain on this CPU is a fraction of
+# the traffic ratio. For one head of d = 64 the two MatMuls do 4·N²·d FLOPs while the softmax and scale
+# move 4 bytes per score several times: at N = 1024 the score matrix of one head is 4 MiB and stays in
+# this machine's 32 MiB L3, so the "memory traffic" the fused kernel saves is mostly cache traffic,
+# and the MatMuls (the same in both) dominate. In the benchmark (`benchmarks/bench_reductions.py`,
+# longer runs, `benchmarks/results/reductions.md`) the pattern is: at N = 16 the fused kernel wins by
+# about 1.2× because the decomposed graph is a dozen tiny kernels and their launches dominate; at
+# 128-512 the gain shrinks to a few percent, within the noise at 512, because the MatMuls dominate and
+# the scores fit in cache; from 1024 up it grows again (1.2-1.3×) as the scores spill out of the caches.
+# It never loses clearly on this CPU, but it never comes near the 4-16× the traffic model promises:
+# that promise assumes every intermediate goes to DRAM. Switching the flash path off shows how much
+# of the gain at long lengths comes from tiling rather than from doing all heads in one kernel.
+#
+# ## 7. The same kernel on an Ascend AI core (modelled)
+#
+# CANN ships attention as a fused operator: `FlashAttentionScore` (aclnn `aclnnFlashAttentionScore`,
+# for the Atlas A2 *training* series, query/key/value fp16/bf16/fp32, layouts such as BSH and BNSD, with
+# `headNum` and `scaleValue`; it also returns the softmax max and sum for the backward pass), and
+# for inference `PromptFlashAttention` / `FusedInferAttentionScore` (Atlas A2/A3; the
+# `PromptFlashAttention` README lists the Atlas inference cards, fp16 only). The published aclnn
+# documentation and the `cann/ops-transformer` repository describe them; the seed does not.
+#
+# On an AI core the tile is decided by the on-chip buffers. Q·Kᵀ runs on the cube unit, whose operands
+# come from L1; the softmax runs on the vector unit, in the Unified Buffer. A square tile of b queries
+# by b keys (multiples of 16, the cube's fractal size) needs in L1 the fp16 Q tile and double-buffered
+# K and V tiles, and in UB the fp32 scores, the fp16 probabilities, the fp32 output accumulator and
+# the running max and sum. `R.ascend_flash_tile` takes the largest b that fits the L1 and UB sizes of
+# `data/devices.json`, then predicts one head's traffic and time with the roofline
+# (bytes / bandwidth against FLOPs / fp16 peak) for the whole chip. **These are predictions of a model
+# from published specifications, not measurements**; a real kernel also splits heads over cores and
+# pipelines the cube and vector units.
+
+# %%
+seq_a, d_a = 4096, 128
+print(f"one head, N = {seq_a}, d = {d_a}, fp16 (modelled)")
+print(f"{'device':<28} {'UB KiB':>6} {'L1 KiB':>6} {'tile':>5} {'L1 used':>8} {'UB used':>8} "
+      f"{'HBM MiB tiled':>13} {'unfused':>8} {'time tiled':>11} {'unfused':>9}")
+for name in devices.load_devices():
+    dev = devices.get(name)
+    t = R.ascend_flash_tile(name, seq_a, d_a)
+    print(f"{t.device:<28} {dev.ub_kb:>6g} {dev.l1_kb:>6g} {t.block_q:>5} {t.l1_bytes / 1024:>6.0f} K {t.ub_bytes / 1024:>6.0f} K "
+          f"{t.hbm_bytes / 2**20:>13.1f} {t.unfused_bytes / 2**20:>8.1f} {t.time_us:>8.0f} µs {t.unfused_time_us:>6.0f} µs")
+
+# %% [markdown]
+# The 910B core's smaller UB (192 KiB against 256 KiB on the 310P3) forces a smaller tile, so K and V
+# are re-read more often; its higher HBM bandwidth more than makes up for it. At this length the
+# model finds every preset memory-bound both ways (the cube would finish the 8.6 GFLOP of one head far
+# sooner than the bytes arrive), so the predicted gain is the bytes ratio, 3-4×: traffic, not the
+# launches saved, is what FlashAttention buys.
+#
+# ## Summary
+#
+# * Count bytes first. An exported softmax moves 4× what one kernel must, an exported LayerNorm 6×.
+# * Reductions fuse when their result can be used without a second trip to memory: on a CPU because a
+#   row fits in L1; in general through a one-pass form, the online softmax (running max, rescaled sum)
+#   and Welford's update, which, unlike E[x²] − E[x]², stays exact when the mean is large.
+# * A generated fused kernel is checked against onnxruntime, then judged by its GB/s against the
+#   measured bandwidth and against the runtime's own hand-written kernel: the bytes ratio is the
+#   ceiling, compute (here the exp) decides how close it gets.
+# * Attention's N × N scores are the largest intermediate in a transformer. FlashAttention tiles the
+#   keys, keeps a running max, sum and output per query tile, and never writes the scores; its memory
+#   footprint is linear in N. On this CPU onnxruntime's fused kernel gains far less than the bytes
+#   ratio, because the scores of a short sequence stay in cache and the MatMuls dominate.
+# * On Ascend the same algorithm is `FlashAttentionScore` / `PromptFlashAttention`; the tile follows
+#   from the L1 and UB sizes, and the gain is predicted here by a model, not measured.
+#
+# **What to try next**
+#
+# * Change `N` (the row length) in section 1 to 256 or 16384: when does the row stop fitting in L1, and
+#   what happens to the fused kernel's GB/s?
+# * Set `LANES = 1` (`R.softmax_kernel(lanes=1)`) and time it: the row max no longer vectorises.
+# * In section 7, try `d = 64` and `N = 16384`, or `R.ascend_flash_tile("Atlas 800I A2", 4096, 256)`.
+# * Notebook 08 shows what a real compiler (IREE) does with LayerNorm and GELU on the same CPU.

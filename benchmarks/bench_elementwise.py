@@ -17,7 +17,8 @@ import numpy as np
 
 from common import machine_line, markdown_table, parser, write_result
 
-from fusionlab import calibrate, runtime, timing
+from fusionlab import runtime, timing
+from fusionlab.cost import calibrate
 from fusionlab.lessons import codegen as elementwise
 
 CHAINS = {

@@ -21,7 +21,8 @@ import tempfile
 import numpy as np
 from common import machine_line, markdown_table, parser, write_result
 
-from fusionlab import cost, devices, metrics, profile, zoo
+from fusionlab import cost, profile, zoo
+from fusionlab.cost import devices, metrics
 from fusionlab.lessons import double_buffer as pipeline
 from fusionlab.passes import fuse
 from fusionlab.runtime import verify

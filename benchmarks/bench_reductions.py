@@ -22,7 +22,8 @@ from onnx import numpy_helper
 
 from common import machine_line, markdown_table, parser, write_result
 
-from fusionlab import calibrate, runtime, timing
+from fusionlab import runtime, timing
+from fusionlab.cost import calibrate
 from fusionlab.lessons import reductions as R
 
 

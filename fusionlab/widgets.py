@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import cost
-from .devices import Device, get as get_device, load_devices
+from .cost.devices import Device, get as get_device, load_devices
 from .graph import as_graph
 from .passes import options_for, plan as plan_passes
 from .plan import FusionPlan
@@ -69,9 +69,9 @@ def explore_state(model, max_group_ops: int | None = 5, buffer_kb: float | None 
     graph = as_graph(model)
     dev = get_device(device)
     plan = make_plan(graph, kinds, max_group_ops, buffer_kb, dims)
-    a = cost._Analysis(graph, dims, dev.precision)
-    base = cost.plan_cost(graph, None, dev, _analysis=a)
-    fused = cost.plan_cost(graph, plan, dev, _analysis=a)
+    a = cost.Analysis(graph, dims, dev.precision)
+    base = cost.plan_cost(graph, None, dev, analysis=a)
+    fused = cost.plan_cost(graph, plan, dev, analysis=a)
     others = devices if devices is not None else list(load_devices().values())
     table = cost.compare(graph, {"unfused": None, "plan": plan}, others, dims=dims)
     fig = None
@@ -93,12 +93,12 @@ def sweep_group_size(model, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16), device: str | D
     """
     graph = as_graph(model)
     dev = get_device(device)
-    a = cost._Analysis(graph, dims, dev.precision)
-    base = cost.plan_cost(graph, None, dev, _analysis=a, buffer_kb=chip_buffer_kb)
+    a = cost.Analysis(graph, dims, dev.precision)
+    base = cost.plan_cost(graph, None, dev, analysis=a, buffer_kb=chip_buffer_kb)
     rows = []
     for size in sizes:
         plan = make_plan(graph, kinds, size, buffer_kb, dims)
-        c = cost.plan_cost(graph, plan, dev, _analysis=a, buffer_kb=chip_buffer_kb)
+        c = cost.plan_cost(graph, plan, dev, analysis=a, buffer_kb=chip_buffer_kb)
         rows.append({
             "max_group_ops": size, "groups": len(plan), "largest": max((g.size for g in plan), default=1),
             "kernels": c.kernels, "latency_us": round(c.latency_s * 1e6, 2),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fusionlab import calibrate, devices
+from fusionlab.cost import calibrate, devices
 
 
 def test_stream_arrays_are_at_least_four_times_the_last_level_cache():

@@ -206,7 +206,7 @@ def test_loop_vs_loop_counts_exactly_reads_plus_writes():
 
 
 def test_loop_vs_loop_constant_operands_count_once_and_default_size_leaves_the_cache():
-    from fusionlab import calibrate
+    from fusionlab.cost import calibrate
 
     bias = np.linspace(-1, 1, 8, dtype=np.float32)
     r = ew.loop_vs_loop((("Add", bias), ("Relu",)), n=8, measure=False)

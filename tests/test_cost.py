@@ -6,7 +6,7 @@ from onnx import helper
 
 from fusionlab import cost
 from fusionlab.build import make_model, tensor, value_info
-from fusionlab.devices import Device
+from fusionlab.cost.devices import Device
 from fusionlab.graph import load
 from fusionlab.plan import FusionGroup, FusionPlan
 

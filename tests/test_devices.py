@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fusionlab import calibrate, devices
+from fusionlab.cost import calibrate, devices
 
 ASCEND = ["Atlas 300I Pro", "Atlas 300I Duo", "Atlas 800T (Ascend 910)", "Atlas 800I A2 (Ascend 910B)"]
 

@@ -48,7 +48,7 @@ def test_balanced_double_buffering_approaches_n_times_one_stage():
 
 def test_the_issue_12_case_moves_its_bytes_no_faster_than_the_bandwidth():
     """Sinh-like fp16 kernel on the 300I Pro: 4 Mi elements in and out per core at 25.6 GB/s is >= 655 us."""
-    from fusionlab import devices
+    from fusionlab.cost import devices
 
     core = P.core_from_device(devices.load_devices()["Atlas 300I Pro"])
     elems, moved = 4 * 2**20, 4 * 2**20 * (2 + 2)
@@ -88,7 +88,7 @@ def test_no_schedule_beats_the_bandwidth_and_compute_bound(buffers, inplace, sha
 @pytest.mark.parametrize("ops, inputs", [(1, 2), (20, 1), (100, 1)])
 @pytest.mark.parametrize("buffers", [1, 2])
 def test_device_kernels_respect_bytes_over_bandwidth(device, ops, inputs, buffers):
-    from fusionlab import devices
+    from fusionlab.cost import devices
 
     core = P.core_from_device(devices.load_devices()[device])
     elems = 2**20
@@ -178,7 +178,7 @@ def test_ub_capacity_limits_the_tile():
 
 
 def test_stage_times_from_a_device_preset():
-    from fusionlab import devices
+    from fusionlab.cost import devices
 
     dev = devices.load_devices()["Atlas 300I Pro"]
     core = P.core_from_device(dev)

@@ -119,7 +119,7 @@ def test_attention_bytes_unfused_grows_with_the_square_and_flash_reads_qkv_at_le
 
 
 def test_ascend_tile_fits_the_buffers_of_each_device():
-    from fusionlab import devices
+    from fusionlab.cost import devices
 
     for name, dev in devices.load_devices().items():
         t = R.ascend_flash_tile(name, 4096, 128)

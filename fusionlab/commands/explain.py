@@ -28,7 +28,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import cost, devices
+    from .. import cost
+    from ..cost import devices
     from ..cli import UsageError
     from ..passes import options_for, plan
 

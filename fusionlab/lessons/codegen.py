@@ -668,10 +668,10 @@ def loop_vs_loop(spec=DEFAULT_LOOP_CHAIN, n: int | None = None, *, measure: bool
 
     Both variants are numba loops from the same generator, so they do the same arithmetic with the same
     compiler: the only difference is how many passes they make over memory. `spec` steps take scalar or
-    constant operands only (no second runtime input). `n` defaults to `fusionlab.calibrate.stream_elements()`,
+    constant operands only (no second runtime input). `n` defaults to `fusionlab.cost.calibrate.stream_elements()`,
     tensors of at least four times the last-level cache, so every pass really goes to DRAM.
     """
-    from .. import calibrate
+    from ..cost import calibrate
 
     spec = tuple(tuple(step) if isinstance(step, (tuple, list)) else (step,) for step in spec)
     for step in spec:

@@ -225,7 +225,7 @@ VECTOR_CLOCK_GHZ = 1.8
 
 def core_from_device(device, *, ub_bytes: int | None = None, latency_us: float = 0.0, dtype_bytes: int = 2,
                      usable_ub: float = 1.0) -> VectorCore:
-    """A `VectorCore` modelled from a `fusionlab.devices.Device` preset (bandwidth shared by all AI cores)."""
+    """A `VectorCore` modelled from a `fusionlab.cost.devices.Device` preset (bandwidth shared by all AI cores)."""
     cores = max(1, int(getattr(device, "ai_cores", 1) or 1))
     ub = ub_bytes if ub_bytes is not None else int(float(getattr(device, "ub_kb", 192) or 192) * 1024 * usable_ub)
     bw = float(device.mem_bandwidth_gbs) / cores

@@ -441,14 +441,14 @@ class StreamFraction:
 
     @property
     def stream_gbs(self) -> float:
-        """The limit, as `fusionlab.calibrate` defines it: the better of copy and add."""
+        """The limit, as `fusionlab.cost.calibrate` defines it: the better of copy and add."""
         return max(self.copy_gbs, self.add_gbs)
 
 
 def stream_fraction(fn, moved: int, *, elements: int = 16 * 2**20, min_time: float = 1.0) -> StreamFraction:
     """`fn`'s GB/s (``moved`` bytes per call) against STREAM copy and add, interleaved with it, one thread.
 
-    The copy and add are `fusionlab.calibrate.stream_bandwidth`'s (fp32 arrays of `elements`, counted
+    The copy and add are `fusionlab.cost.calibrate.stream_bandwidth`'s (fp32 arrays of `elements`, counted
     STREAM-style: 2 and 3 arrays' bytes). Timing them in the same interleaved rounds as the kernel
     makes the fraction a paired ratio, so a busy machine slows both sides alike.
     """
@@ -541,7 +541,7 @@ def ascend_flash_tile(device, seq: int, head_dim: int = 128, *, step: int = 16) 
     accumulator and the row max/sum in the Unified Buffer. Sizes from data/devices.json (ub_kb,
     l1_kb); time = max(bytes / bandwidth, FLOPs / fp16 peak) for one head on the whole chip.
     """
-    from ..devices import get
+    from ..cost.devices import get
 
     dev = get(device)
     d, half = head_dim, 2

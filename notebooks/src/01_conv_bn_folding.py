@@ -27,7 +27,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 import fusionlab
-from fusionlab import cost, derive, devices, seed_claims, timing, viz, zoo
+from fusionlab import cost, derive, seed_claims, timing, viz, zoo
+from fusionlab.cost import devices
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.legality import conv_bn_legal
 

@@ -24,7 +24,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import fusionlab
-from fusionlab import calibrate, cost, devices, runtime, seed_claims, timing, widgets, zoo
+from fusionlab import cost, runtime, seed_claims, timing, widgets, zoo
+from fusionlab.cost import calibrate, devices
 from fusionlab.passes import fuse, options_for
 
 print(seed_claims.claim("s42-split-above-5-ops").summary())
@@ -46,7 +47,7 @@ print(seed_claims.claim("s42-split-above-5-ops").summary())
 print(devices.devices_table())
 
 # %% [markdown]
-# "This machine" is not a preset: `devices.this_machine()` measures it with `fusionlab.calibrate`, which
+# "This machine" is not a preset: `devices.this_machine()` measures it with `fusionlab.cost.calibrate`, which
 # defines each quantity once for every notebook:
 #
 # * **bandwidth**: DRAM streaming bandwidth, the better of a copy and an add over fp32 arrays of at least four

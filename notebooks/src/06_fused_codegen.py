@@ -19,7 +19,8 @@
 # %%
 import numpy as np
 
-from fusionlab import calibrate, devices, runtime, seed_claims, timing
+from fusionlab import runtime, seed_claims, timing
+from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import codegen
 
 print(seed_claims.claim("s1-fusion-saves-traffic-and-launches").summary())
@@ -53,7 +54,7 @@ print(demo.fused_source)
 # %% [markdown]
 # If the loops are memory-bound, time follows bytes: the fused loop should be about 4× faster, and each loop
 # should stream close to what this machine's memory can deliver. The DRAM streaming bandwidth comes from
-# `fusionlab.calibrate` (the better of a copy and an add over arrays at least four times the last-level cache,
+# `fusionlab.cost.calibrate` (the better of a copy and an add over arrays at least four times the last-level cache,
 # the figure every notebook uses). The timings vary from run to run.
 
 # %%
@@ -183,7 +184,7 @@ print(f"fused GELU-like chain: {gelu_gbs:.1f} GB/s = {gelu_gbs / me.mem_bandwidt
 # - `codegen` generates the fused loop from ONNX nodes, merges dimensions that broadcast alike, and is checked
 #   against onnxruntime with optimisations off.
 # - Judge a fused kernel by two numbers: its speed-up over onnxruntime's own unfused kernels against the bytes
-#   ratio, and its GB/s against the DRAM streaming bandwidth `fusionlab.calibrate` measured.
+#   ratio, and its GB/s against the DRAM streaming bandwidth `fusionlab.cost.calibrate` measured.
 # - Transcendentals need vectorisable approximations of known error in place of scalar library calls; even then a
 #   chain heavy in them can be compute-bound, and the bytes ratio overstates what fusion buys.
 #

@@ -29,7 +29,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from onnx import numpy_helper
 
-from fusionlab import calibrate, devices, runtime, timing
+from fusionlab import runtime, timing
+from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import reductions as R
 
 rng = np.random.default_rng(0)
@@ -114,7 +115,7 @@ print("fused vs the five-op graph:  ", np.allclose(y_fused, ort_five.run(["y"], 
 # %% [markdown]
 # ## 4. Timed against the limit
 #
-# The limit is this machine's streaming bandwidth, measured by `fusionlab.calibrate` with one thread on
+# The limit is this machine's streaming bandwidth, measured by `fusionlab.cost.calibrate` with one thread on
 # arrays far larger than the caches (the better of a copy and an add, counted STREAM-style). A fused
 # kernel's *effective bandwidth* is the bytes it must move (2·M·N·4: read `x`, write `y`) over its time.
 # This machine is shared, so the bandwidth moves from minute to minute; `R.stream_fraction` therefore

@@ -29,7 +29,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 import fusionlab
-from fusionlab import calibrate, cost, devices, metrics, profile, seed_claims, zoo
+from fusionlab import cost, profile, seed_claims, zoo
+from fusionlab.cost import calibrate, devices, metrics
 from fusionlab.passes import fuse
 from fusionlab.runtime import verify
 from fusionlab.timing import bench, compare, compare_models
@@ -154,7 +155,7 @@ cal = calibrate.calibrate(quick=True)
 print("\n" + cal.summary())
 
 # %% [markdown]
-# The last block is `fusionlab.calibrate`, measured on a chain of tiny ops: what one more kernel costs onnxruntime
+# The last block is `fusionlab.cost.calibrate`, measured on a chain of tiny ops: what one more kernel costs onnxruntime
 # with the profiler off (the *launch overhead*, the figure the cost model of notebook 05 charges this machine for
 # each kernel), and with it on. Their difference is the profiler's bookkeeping per kernel, measured a second way.
 # Part of that bookkeeping lands between kernels and part inside them, so the profile both lengthens the run and
@@ -347,7 +348,7 @@ print(threads.table(), "\n")
 print(metrics.table([util_1, util_2]))
 print(f"\nroof (onnxruntime MatMul): {cpu_1.peak_flops('float32') / 1e9:.1f} GFLOP/s with 1 thread, "
       f"{cpu_2.peak_flops('float32') / 1e9:.1f} GFLOP/s with 2; DRAM streaming bandwidth "
-      f"{calibrated.mem_bandwidth_gbs:.1f} GB/s (fusionlab.calibrate, the figure every notebook uses)")
+      f"{calibrated.mem_bandwidth_gbs:.1f} GB/s (fusionlab.cost.calibrate, the figure every notebook uses)")
 
 # %% [markdown]
 # When the cores are shared with other work, a second thread can only help as much as another core is idle.

@@ -35,7 +35,8 @@ import tempfile
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fusionlab import devices, seed_claims
+from fusionlab import seed_claims
+from fusionlab.cost import devices
 from fusionlab.lessons import double_buffer
 from fusionlab.timing import bench, compare
 

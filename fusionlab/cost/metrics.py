@@ -148,9 +148,9 @@ def ort_matmul_gflops(n: int = 1024, threads: int = 1, min_time: float = 0.5) ->
     import numpy as np
     from onnx import helper
 
-    from .build import make_model, tensor, value_info
-    from .runtime import session
-    from .timing import bench
+    from ..build import make_model, tensor, value_info
+    from ..runtime import session
+    from ..timing import bench
 
     rng = np.random.default_rng(0)
     model = make_model([helper.make_node("MatMul", ["a", "b"], ["c"], name="mm")],
@@ -207,7 +207,7 @@ def modelled(graph, device, plan=None, *, dims: dict | None = None) -> Utilisati
     Each kernel takes max(FLOPs / peak, bytes / bandwidth) + the device's launch overhead; float models
     run at the device's precision (fp16 on the Ascend presets).
     """
-    from . import cost, devices
+    from . import devices, model as cost
 
     device = devices.get(device)
     pc = cost.plan_cost(graph, plan, device, dims)

@@ -1,7 +1,7 @@
 """Measure this machine for the cost model: matmul GFLOP/s, streaming bandwidth, per-kernel launch cost.
 
 Each quantity is defined here once, and every notebook reads it from here (through `calibrate()` or
-`fusionlab.devices.this_machine()`), so the workbook quotes one bandwidth and one launch cost:
+`fusionlab.cost.devices.this_machine()`), so the workbook quotes one bandwidth and one launch cost:
 
 - **streaming bandwidth** (`Calibration.stream_gbs`): the better of a copy and an add over fp32 arrays of
   at least four times the last-level cache each (STREAM's rule), bytes counted as STREAM counts them
@@ -158,8 +158,8 @@ def launch_overhead_us(n_ops: int = 64, repeats: int = 30, *, profiled: bool = F
 
     from onnx import helper
 
-    from .build import make_model, value_info
-    from .runtime import session
+    from ..build import make_model, value_info
+    from ..runtime import session
 
     def chain(n: int):
         nodes = [helper.make_node("Neg", ["x" if i == 0 else f"t{i}"], [f"t{i + 1}" if i < n - 1 else "y"],

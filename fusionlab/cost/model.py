@@ -27,14 +27,14 @@ import numpy as np
 import onnx_ir as ir
 
 from .devices import Device, get as get_device, load_devices
-from .graph import Graph, as_graph
-from .plan import FusionPlan
-from .passes.fold import is_host_side
-from .shapes import ShapeInfo
-from .text import text_table
+from ..graph import Graph, as_graph
+from ..plan import FusionPlan
+from ..passes.fold import is_host_side
+from ..shapes import ShapeInfo
+from ..text import text_table
 
 __all__ = ["NodeCost", "KernelCost", "PlanCost", "CostTable", "node_costs", "plan_cost", "compare",
-           "predicted_speedup", "VIEW_OPS", "ELEMENTWISE_COST"]
+           "predicted_speedup", "VIEW_OPS", "ELEMENTWISE_COST", "Analysis"]
 
 #: ops that only relabel a tensor (no data moved by the kernel)
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size", "Dropout"})
@@ -99,7 +99,7 @@ def _is_const(v: ir.Value) -> bool:
     return False
 
 
-class _Analysis:
+class Analysis:
     """Shapes, dtypes, sizes and node costs of one graph at fixed dims and precision."""
 
     def __init__(self, graph: Graph, dims: dict | None, precision: str | None):
@@ -139,8 +139,8 @@ class _Analysis:
         """Fill shapes onnx inference could not (e.g. Slice ends computed from Shape) by running the model once."""
         import onnx
 
-        from .runtime import run
-        from .shapes import DEFAULT_DIMS
+        from ..runtime import run
+        from ..shapes import DEFAULT_DIMS
 
         proto = self.graph.to_proto()
         have = {o.name for o in proto.graph.output}
@@ -240,7 +240,7 @@ class _Analysis:
 
 def node_costs(graph, dims: dict | None = None, precision: str | None = None) -> list[NodeCost]:
     """FLOPs and bytes of every node (Constant nodes excluded: they are weights), in topological order."""
-    a = _Analysis(as_graph(graph), dims, precision)
+    a = Analysis(as_graph(graph), dims, precision)
     return list(a.costs.values())
 
 
@@ -360,7 +360,7 @@ class PlanCost:
         return self.table()
 
 
-def _kernel_order(a: _Analysis, members: dict[str, list[ir.Node]]) -> list[str]:
+def _kernel_order(a: Analysis, members: dict[str, list[ir.Node]]) -> list[str]:
     """Kernel ids in a topological order of the contracted graph (ties broken by first member)."""
     import heapq
 
@@ -395,7 +395,7 @@ def _kernel_order(a: _Analysis, members: dict[str, list[ir.Node]]) -> list[str]:
     return order
 
 
-def _emitted_bytes(a: "_Analysis", group, ns, produced: dict, outs: dict) -> int:
+def _emitted_bytes(a: "Analysis", group, ns, produced: dict, outs: dict) -> int:
     """Intermediates the group's emitted lowering still writes (and reads back): what it does *not* save.
 
     A vertical group lowered to two kernels (Conv + QuickGelu) writes one output-sized intermediate; a
@@ -412,11 +412,11 @@ def _emitted_bytes(a: "_Analysis", group, ns, produced: dict, outs: dict) -> int
 
 def plan_cost(graph, plan: FusionPlan | None, device: Device | str, dims: dict | None = None, *,
               buffer_kb: float | None = None, precision: str | None = None,
-              _analysis: _Analysis | None = None) -> PlanCost:
+              analysis: Analysis | None = None) -> PlanCost:
     """Predicted latency, traffic and peak memory of `graph` run under `plan` on `device`."""
     device = get_device(device)
     graph = as_graph(graph)
-    a = _analysis or _Analysis(graph, dims, precision or device.precision)
+    a = analysis or Analysis(graph, dims, precision or device.precision)
     plan = plan or FusionPlan()
     buffer = int(buffer_kb * 1024) if buffer_kb is not None else device.buffer_bytes
     by_name = {n.name: n for n in a.order}
@@ -529,9 +529,9 @@ def predicted_speedup(graph, plan: FusionPlan, device: Device | str, dims: dict 
     """Predicted latency without fusion divided by latency with `plan`."""
     device = get_device(device)
     graph = as_graph(graph)
-    a = _Analysis(graph, dims, kw.pop("precision", None) or device.precision)
-    base = plan_cost(graph, None, device, _analysis=a, **kw)
-    return base.latency_s / plan_cost(graph, plan, device, _analysis=a, **kw).latency_s
+    a = Analysis(graph, dims, kw.pop("precision", None) or device.precision)
+    base = plan_cost(graph, None, device, analysis=a, **kw)
+    return base.latency_s / plan_cost(graph, plan, device, analysis=a, **kw).latency_s
 
 
 @dataclass
@@ -560,10 +560,10 @@ def compare(graph, plans: dict[str, FusionPlan | None], devices: list | None = N
     devices = [get_device(d) for d in (devices if devices is not None else list(load_devices().values()))]
     rows = []
     for dev in devices:
-        a = _Analysis(graph, dims, kw.get("precision") or dev.precision)
+        a = Analysis(graph, dims, kw.get("precision") or dev.precision)
         base = None
         for name, plan in plans.items():
-            c = plan_cost(graph, plan, dev, _analysis=a, buffer_kb=kw.get("buffer_kb"))
+            c = plan_cost(graph, plan, dev, analysis=a, buffer_kb=kw.get("buffer_kb"))
             base = base if base is not None else c.latency_s
             rows.append({"plan": name, "device": dev.name, "kernels": c.kernels, "latency_s": c.latency_s,
                          "speedup": base / c.latency_s, "MiB_moved": round(c.bytes_moved / 2**20, 3),

@@ -3,7 +3,7 @@
 The Ascend figures live in `data/devices.json` with a source note each; figures that are derived,
 disputed or assumed are listed in the preset's `uncertain` field (see the reference notes,
 cann_facts.md sections 3.3 and 4). "this machine" is not a preset: `this_machine()` builds it from
-`fusionlab.calibrate` (single-thread matmul GFLOP/s, DRAM streaming bandwidth on arrays >= 4 x the
+`fusionlab.cost.calibrate` (single-thread matmul GFLOP/s, DRAM streaming bandwidth on arrays >= 4 x the
 last-level cache, onnxruntime's per-kernel cost with the profiler off). Every notebook takes this
 machine's bandwidth and launch cost from here, so they quote the same quantities.
 """
@@ -14,11 +14,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .text import text_table
+from ..text import text_table
 
 __all__ = ["Device", "DEVICES_JSON", "THIS_MACHINE", "load_devices", "get", "names", "this_machine", "devices_table"]
 
-DEVICES_JSON = Path(__file__).resolve().parent.parent / "data" / "devices.json"
+DEVICES_JSON = Path(__file__).resolve().parents[2] / "data" / "devices.json"
 THIS_MACHINE = "this machine"
 
 _FIELDS = ("name", "chip", "peak_fp16_tflops", "peak_int8_tops", "peak_fp32_tflops", "mem_bandwidth_gbs", "ub_kb",
@@ -111,7 +111,7 @@ def names() -> list[str]:
 def this_machine(calibrate: bool = False) -> Device:
     """This CPU as a Device, single-threaded; calibrate=True re-measures, False reuses the process's calibration."""
     from . import calibrate as cal
-    from .timing import machine_info
+    from ..timing import machine_info
 
     c = cal.calibrate(quick=False, refresh=True) if calibrate else cal.calibrate(quick=True)
     gflops = c.matmul_gflops
@@ -119,7 +119,7 @@ def this_machine(calibrate: bool = False) -> Device:
         name=THIS_MACHINE, chip=machine_info().get("cpu", "cpu"), peak_fp16_tflops=gflops / 1e3, peak_int8_tops=None,
         peak_fp32_tflops=gflops / 1e3, mem_bandwidth_gbs=c.stream_gbs, ub_kb=c.l2_kb, l1_kb=c.l1d_kb, ai_cores=1,
         power_w=None, launch_overhead_us=c.launch_overhead_us,
-        source=("measured by fusionlab.calibrate, one thread: numpy fp32 matmul, DRAM streaming copy/add bandwidth "
+        source=("measured by fusionlab.cost.calibrate, one thread: numpy fp32 matmul, DRAM streaming copy/add bandwidth "
                 "(arrays >= 4 x L3), onnxruntime per-kernel cost with the profiler off; buffer = L2 + L1d of one core"),
         uncertain=[], precision="fp32",
     )

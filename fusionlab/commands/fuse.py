@@ -36,6 +36,11 @@ def register(sub) -> None:
     p.add_argument("--plan", default=None, metavar="PLAN.json",
                    help="apply this plan (from --report, possibly edited) instead of planning; "
                         "passes and options come from the plan")
+    p.add_argument("--select", choices=["measured"], default=None,
+                   help="measured: keep only the groups that time faster than the ops they replace, on this "
+                        "model's shapes (each rule's measured ratio goes in the report)")
+    p.add_argument("--select-level", choices=["disable", "basic", "extended", "all"], default="disable",
+                   help="onnxruntime level the selection times at (default disable)")
     p.add_argument("--report", default=None, help="also write the plan and op counts as JSON here")
     p.add_argument("--no-verify", action="store_true", help="skip checking the fused model against the original")
     add_dim_option(p)
@@ -93,7 +98,8 @@ def run(args) -> int:
     options = _options(args, names) if plan_in is None else {}
     graph = load_input(args.input)
     try:
-        result = apply(graph, plan_in) if plan_in is not None else fuse(graph, names, **options)
+        result = apply(graph, plan_in) if plan_in is not None else \
+            fuse(graph, names, select=args.select, select_level=args.select_level, **options)
     except StaleGroup as exc:
         raise UsageError(f"{args.plan}: {exc}; the plan does not fit {args.input}") from None
     except ValueError as exc:
@@ -116,6 +122,9 @@ def run(args) -> int:
             "plan": result.plan.to_dict(),
         })
     print(result.summary())
+    for note in result.plan.notes:
+        if note.startswith("select: "):
+            print(note)
     print(verdict)
     print(f"wrote {target.name}")
     return 0

@@ -95,12 +95,17 @@ def _merge(combined: FusionPlan, part: FusionPlan, name: str) -> None:
     combined.options.update(part.options)
 
 
-def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = True, **options) -> FusionResult:
+def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = True, select: str | None = None,
+         select_level: str = "disable", **options) -> FusionResult:
     """Run the named passes in order on a copy of `model`; returns the fused graph and the combined plan.
 
     The copy is first prepared (`fusionlab.passes.prepare`: clean-up and constant folding) unless
     `prepare=False`; the result is checked (`validate`) and a broken rewrite raises `FusionError`.
+    `select="measured"` keeps only the groups that measure faster than the ops they replace, timed on the
+    model's own shapes at onnxruntime level `select_level` (`fusionlab.passes.select`).
     """
+    if select not in (None, "measured"):
+        raise ValueError(f"unknown selection {select!r}; choose None or 'measured'")
     passes = list(passes)
     original = as_graph(model)
     per_pass = split_options([(p, get_pass(p).OPTIONS) for p in passes], options)
@@ -111,8 +116,14 @@ def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = 
     for name in passes:
         module = get_pass(name)
         part = module.plan(graph, **per_pass[name])
+        if select == "measured" and len(part):
+            from .select import select as by_measurement
+
+            part, _ = by_measurement(graph, part, level=select_level)
         _apply_part(graph, module, part, name)
         _merge(combined, part, name)
+    if select:
+        combined.options["select"] = {"by": select, "level": select_level}
     result = FusionResult(graph, combined, original.op_counts(), graph.op_counts())
     if validate:
         try:
@@ -121,7 +132,8 @@ def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = 
             if prepare != "no-fold" and any(n.startswith("prepare:") and "fold" in n for n in combined.notes):
                 # A fold can make shape inference see through a model whose own declared shapes are wrong
                 # (a value_info that contradicts what the graph computes); keep that model as it was.
-                retry = fuse(model, passes, prepare="no-fold", validate=True, **options)
+                retry = fuse(model, passes, prepare="no-fold", validate=True, select=select,
+                             select_level=select_level, **options)
                 retry.plan.notes.append("prepare: constant folding skipped: the folded model contradicts "
                                         "the model's own declared shapes")
                 return retry

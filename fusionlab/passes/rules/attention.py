@@ -27,7 +27,7 @@ from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, other_
 from ..lowering import attention_target
 from ..shape_values import ShapeValues
 from .common import F32
-from .layout import Atom, trace_back, trace_forward
+from .layout import Atom, names, trace_back, trace_forward
 
 __all__ = ["Attention"]
 
@@ -51,13 +51,21 @@ def _scaled(cx, v: ir.Value):
 _ATOMS = {"b": "x0", "s": "x1", "n": "x2.0", "d": "x2.1"}
 
 
-def _heads(layout, want: str) -> tuple[int, int] | None:
-    """(N, D) when `layout` is the base [B, S, H] with H split into N x D, arranged as `want` (e.g. "bnsd")."""
-    if layout is None or len(layout) != 4 or any(len(ax) != 1 for ax in layout):
+def _heads(layout, want: str, base: tuple | None) -> tuple[int, int] | None:
+    """(N, D) when `layout` is the base [B, S, H] with H split into N x D, arranged as `want` (e.g. "bnsd").
+
+    Unit atoms are left out of the comparison (a batch of 1 holds no order), so a model bound to batch 1
+    proves the same as one with a symbolic batch.
+    """
+    if layout is None or base is None or len(layout) != 4 or len(base) != 3:
         return None
-    if [ax[0].name for ax in layout] != [_ATOMS[w] for w in want]:
+    split = [ax for ax in layout if any(a.name.startswith("x2.") for a in ax)]
+    sizes = {a.name: a.size for ax in layout for a in ax}
+    expect = [(_ATOMS[w],) if not (w in "bs" and base["bs".index(w)] == 1) and sizes.get(_ATOMS[w], 0) != 1 else ()
+              for w in want]
+    if names(layout) != expect or len(split) != 2:
         return None
-    n, d = (layout[want.index(w)][0].size for w in "nd")
+    n, d = sizes.get("x2.0"), sizes.get("x2.1")
     return (n, d) if isinstance(n, int) and isinstance(d, int) else None
 
 
@@ -173,17 +181,18 @@ class Attention(Rule):
         (q_in, s1, q_scale), (k_in, s2, k_scale) = _scaled(cx, mm.inputs[0]), _scaled(cx, mm.inputs[1])
         q, lq, q_views = trace_back(cx, values, q_in)
         k, lk, k_views = trace_back(cx, values, k_in)
-        nd = _heads(lq, "bnsd")
-        if nd is None or _heads(lk, "bnds") != nd:
+        nd = _heads(lq, "bnsd", cx.shape(q))
+        if nd is None or _heads(lk, "bnds", cx.shape(k)) != nd:
             return None
         guarded = _guard(cx, sm.outputs[0])
         ctx_mm = sole_consumer(guarded[0]) if guarded is not None else None
         if guarded is None or not is_op(ctx_mm, "MatMul") or ctx_mm.inputs[0] is not guarded[0] or not cx.free(ctx_mm):
             return None
         v, lv, v_views = trace_back(cx, values, ctx_mm.inputs[1])
-        if _heads(lv, "bnsd") is None or _heads(lv, "bnsd")[0] != nd[0]:
+        vd = _heads(lv, "bnsd", cx.shape(v))
+        if vd is None or vd[0] != nd[0]:
             return None
-        out = self._output(cx, values, ctx_mm, q, v, nd[0], _heads(lv, "bnsd")[1])
+        out = self._output(cx, values, ctx_mm, q, v, nd[0], vd[1])
         if out is None:
             raise Refused("the context does not return to [B, S, N*D] through views")
         self._legal(cx, q, k, v, mask, nd[0])
@@ -200,18 +209,21 @@ class Attention(Rule):
                      f"mask {'none' if mask is None else 'as attention_bias'}; guard {'kept' if keep_guard else 'none'}",
                      target.op, target.kernels + (2 if keep_guard else 0) + (1 if out[2] else 0), outputs=[out[0]],
                      data={"q": q, "k": k, "v": v, "mask": mask, "heads": nd[0], "scale": s1 * s2 * s3,
-                           "guard": keep_guard, "flatten": out[2] and nd[0] * _heads(lv, "bnsd")[1]})
+                           "guard": keep_guard, "flatten": out[2] and nd[0] * vd[1]})
 
     @staticmethod
     def _output(cx, values, ctx_mm: ir.Node, q: ir.Value, v: ir.Value, heads: int, dv: int):
         qs = cx.shape(q)
         start = [(Atom("c0", qs[0]),), (Atom("c1", heads),), (Atom("c2", qs[1]),), (Atom("c3", dv),)]
         found = None
+        unit = {a.name for ax in start for a in ax if a.size == 1}
+        want3 = [tuple(n for n in ax if n not in unit) for ax in (("c0",), ("c2",), ("c1", "c3"))]
+        want2 = [tuple(n for n in ax if n not in unit) for ax in (("c0", "c2"), ("c1", "c3"))]
         for value, layout, chain in trace_forward(cx, values, ctx_mm.outputs[0], start):
-            names = [tuple(a.name for a in ax) for ax in layout]
-            if names == [("c0",), ("c2",), ("c1", "c3")]:
+            got = names(layout)
+            if got == want3 and len(layout) == 3:
                 found = (value, chain, False)
-            elif names == [("c0", "c2"), ("c1", "c3")]:  # flattened to [B*S, N*D] for a Gemm (GPT-2's Conv1D)
+            elif got == want2 and len(layout) == 2:  # flattened to [B*S, N*D] for a Gemm (GPT-2's Conv1D)
                 found = (value, chain, True)
         return found
 

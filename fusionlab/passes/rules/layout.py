@@ -16,7 +16,7 @@ import onnx_ir as ir
 from ..engine import attr, is_op, sole_consumer
 from ..shape_values import ShapeValues
 
-__all__ = ["Atom", "Layout", "trace_back", "trace_forward", "base_layout", "size_of"]
+__all__ = ["Atom", "Layout", "trace_back", "trace_forward", "base_layout", "size_of", "names"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,11 @@ def size_of(atoms) -> tuple[int, tuple]:
         else:
             names.append(a.size)
     return k, tuple(sorted(names))
+
+
+def names(layout: Layout) -> list[tuple[str, ...]]:
+    """Per axis, the names of the atoms it holds, unit atoms left out (a size-1 axis holds none)."""
+    return [tuple(a.name for a in axis if a.size != 1) for axis in layout]
 
 
 def base_layout(shape: tuple, tag: str) -> Layout | None:
@@ -87,7 +92,7 @@ def reshape(layout: Layout, target: list, allowzero: bool = False) -> Layout | N
     sizes = _target_sizes(layout, target, allowzero)
     if sizes is None:
         return None
-    atoms = [a for axis in layout for a in axis]
+    atoms = [a for axis in layout for a in axis if a.size != 1]  # unit atoms hold no data: dropped
     out, i = [], 0
     for want in sizes:
         group: list[Atom] = []

@@ -1,0 +1,141 @@
+"""Selection by measurement: a fused op is kept only where it is faster than the ops it replaces, here.
+
+A kernel is not faster for being fused (onnxruntime's SkipLayerNormalization measured slower than Add +
+LayerNormalization on this CPU). `select(graph, plan)` cuts each candidate group out of the graph as a small
+model of its own (its external inputs with the model's own shapes, its constants, the values it hands on),
+rewrites a copy with the group's own rule, and times the two interleaved with onnxruntime at the chosen level
+(one thread). A group is kept only if the fused copy is faster (median of paired ratios > 1); groups with the
+same rule, ops and shapes share one measurement. Dropped groups become refusals with the measured ratio, so
+`explain --why-not` shows them; kept ones carry `extra["measured"]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from ..graph import Graph
+from ..plan import FusionGroup, FusionPlan, Refusal
+from ..shapes import ShapeInfo
+
+__all__ = ["Trial", "select", "extract"]
+
+
+@dataclass
+class Trial:
+    """One measurement: a group's subgraph before and after its rewrite."""
+
+    rule: str
+    groups: list[str]
+    speedup: float
+    ci_low: float
+    ci_high: float
+    kept: bool
+
+    def __str__(self) -> str:
+        verdict = "kept" if self.kept else "dropped"
+        return (f"{self.rule}: {self.speedup:.2f}x (95% CI {self.ci_low:.2f}-{self.ci_high:.2f}) over "
+                f"{len(self.groups)} group(s): {verdict}")
+
+
+def _members(graph: Graph, group: FusionGroup) -> list[ir.Node]:
+    index = {n.name: n for n in graph.graph}
+    return [index[n] for n in group.nodes]
+
+
+def extract(graph: Graph, group: FusionGroup, info: ShapeInfo) -> Graph | None:
+    """The group's nodes as a model of their own: external inputs with concrete shapes, constants kept."""
+    members = _members(graph, group)
+    inside = {id(n) for n in members}
+    values: dict[int, ir.Value] = {}
+    inputs: list[ir.Value] = []
+    inits: list[ir.Value] = []
+
+    def outer(v: ir.Value) -> ir.Value | None:
+        if id(v) in values:
+            return values[id(v)]
+        c = graph.constant(v)
+        if c is not None:
+            new = ir.Value(name=v.name, type=ir.TensorType(ir.DataType.from_numpy(c.dtype)), shape=ir.Shape(c.shape),
+                           const_value=ir.tensor(c, name=v.name))
+            inits.append(new)
+        else:
+            shape, dt = info.concrete(v), info.dtype(v)
+            if shape is None or dt is None:
+                return None
+            new = ir.Value(name=v.name, type=ir.TensorType(ir.DataType.from_numpy(dt)), shape=ir.Shape(shape))
+            inputs.append(new)
+        values[id(v)] = new
+        return new
+
+    nodes = []
+    for n in members:
+        ins = []
+        for v in n.inputs:
+            if v is None:
+                ins.append(None)
+            elif v.producer() is not None and id(v.producer()) in inside:
+                ins.append(values[id(v)])
+            else:
+                got = outer(v)
+                if got is None:
+                    return None
+                ins.append(got)
+        copy = ir.Node(n.domain, n.op_type, ins, list(n.attributes.values()), num_outputs=len(n.outputs),
+                       name=n.name, version=n.version)
+        for old, new in zip(n.outputs, copy.outputs):
+            new.name, new.type, new.shape = old.name, old.type, old.shape
+            values[id(old)] = new
+        nodes.append(copy)
+    outs = [values[id(o)] for n in members for o in n.outputs
+            if o.name and (o.is_graph_output() or any(id(u.node) not in inside for u in o.uses()))]
+    if not outs:
+        return None
+    sub = ir.Graph(inputs, outs, nodes=nodes, initializers=inits, opset_imports=dict(graph.graph.opset_imports),
+                   name=f"{group.id}_subgraph")
+    return Graph(ir.Model(sub, ir_version=graph.model.ir_version), name=f"{graph.name}:{group.id}")
+
+
+def _signature(sub: Graph, group: FusionGroup) -> tuple:
+    shapes = tuple((str(v.dtype), tuple(v.shape)) for v in sub.graph.inputs)
+    consts = tuple((str(v.dtype), tuple(v.shape)) for v in sub.graph.initializers.values())
+    return group.rule, tuple(group.op_types), shapes, consts
+
+
+def _measure(sub: Graph, group: FusionGroup, options: dict, level: str, min_time: float):
+    from ..timing import compare_models
+    from . import apply
+
+    one = FusionPlan([FusionGroup.from_dict(group.to_dict())], options=dict(options))
+    fused = apply(sub, one, validate=False).graph
+    return compare_models(sub, fused, level_a=level, level_b=level, threads=1, min_time=min_time, min_rounds=10)
+
+
+def select(graph: Graph, part: FusionPlan, *, level: str = "disable", min_time: float = 0.3) -> tuple[FusionPlan, list[Trial]]:
+    """`part` with only the groups that measured faster than what they replace; and the trials."""
+    info = ShapeInfo(graph)
+    trials: dict[tuple, Trial] = {}
+    keep: list[FusionGroup] = []
+    for group in part:
+        sub = extract(graph, group, info)
+        if sub is None:
+            keep.append(group)  # nothing to time it on (unknown shapes): the rule's own default decides
+            continue
+        key = _signature(sub, group)
+        if key not in trials:
+            c = _measure(sub, group, part.options, level, min_time)
+            trials[key] = Trial(group.rule, [], c.speedup, c.ci_low, c.ci_high, c.speedup > 1.0)
+        t = trials[key]
+        t.groups.append(group.id)
+        group.extra["measured"] = {"speedup": round(t.speedup, 3), "ci": [round(t.ci_low, 3), round(t.ci_high, 3)],
+                                   "level": level}
+        if t.kept:
+            keep.append(group)
+        else:
+            part.refusals.append(Refusal(group.rule, group.anchor, f"measured slower here: {t.speedup:.2f}x "
+                                         f"(95% CI {t.ci_low:.2f}-{t.ci_high:.2f}) at onnxruntime level {level}"))
+    chosen = FusionPlan(keep, model=part.model, notes=list(part.notes), options={**part.options},
+                        refusals=list(part.refusals))
+    chosen.notes.extend(f"select: {t}" for t in trials.values())
+    return chosen, list(trials.values())

@@ -1,0 +1,64 @@
+"""Selection by measurement: a group is kept only where its rewrite times faster than the ops it replaces."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper as h
+
+from fusionlab import load, verify
+from fusionlab.build import make_model, tensor, value_info
+from fusionlab.passes import fuse, plan
+from fusionlab.passes.prepare import prepare
+from fusionlab.passes.select import extract, select
+from fusionlab.shapes import ShapeInfo
+
+RNG = np.random.default_rng(2)
+
+
+def _two_gelus():
+    """Two identical MatMul + bias + Gelu blocks: one measurement serves both groups."""
+    nodes, inits = [], []
+    src = "x"
+    for i in range(2):
+        nodes += [h.make_node("MatMul", [src, f"W{i}"], [f"m{i}"], name=f"mm{i}"),
+                  h.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"add{i}"),
+                  h.make_node("Gelu", [f"a{i}"], [f"g{i}"], name=f"gelu{i}")]
+        inits += [tensor(f"W{i}", RNG.standard_normal((64, 64)).astype(np.float32) * 0.1),
+                  tensor(f"b{i}", RNG.standard_normal(64).astype(np.float32))]
+        src = f"g{i}"
+    return make_model(nodes, [value_info("x", shape=["batch", 32, 64])], [value_info("g1", shape=["batch", 32, 64])],
+                      inits, opset=20)
+
+
+def test_extracted_group_is_a_model_of_its_own():
+    g = load(_two_gelus())
+    prepare(g)
+    p = plan(g, ("vertical",), prepare=False)
+    group = p[0]
+    sub = extract(g, group, ShapeInfo(g, {"batch": 2}))
+    assert [n.name for n in sub] == group.nodes
+    assert [tuple(v.shape) for v in sub.graph.inputs] == [(2, 32, 64)]
+    assert set(sub.graph.initializers) == {"b0"}
+
+
+def test_select_measures_once_per_signature_and_records_the_ratio():
+    g = load(_two_gelus())
+    prepare(g)
+    part = plan(g, ("vertical",), prepare=False)
+    chosen, trials = select(g, part, min_time=0.05)
+    assert len(trials) == 1 and trials[0].groups == [x.id for x in part]
+    for grp in part:
+        m = grp.extra["measured"]
+        assert m["speedup"] == round(trials[0].speedup, 3) and m["level"] == "disable"
+    kept = {x.id for x in chosen}
+    assert kept == ({x.id for x in part} if trials[0].kept else set())
+    if not trials[0].kept:
+        assert all("measured slower" in r.reason for r in chosen.refusals if r.rule == "bias_gelu")
+
+
+def test_fuse_select_measured_result_still_verifies():
+    m = _two_gelus()
+    res = fuse(m, ("vertical",), select="measured")
+    assert res.plan.options["select"] == {"by": "measured", "level": "disable"}
+    assert any(n.startswith("select: bias_gelu") for n in res.plan.notes)
+    assert verify(m, res.graph, dims={"batch": 2}).ok

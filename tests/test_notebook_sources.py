@@ -1,4 +1,4 @@
-"""Every notebook is stored executed and matches its reviewable source in notebooks/src/."""
+"""Every notebook is stored executed and matches its reviewable source in notebooks_src/."""
 
 import json
 import sys
@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import nbbuild  # noqa: E402
 
-SOURCES = sorted((ROOT / "notebooks" / "src").glob("*.py"))
+SOURCES = sorted((ROOT / "notebooks_src").glob("*.py"))
 
 
 def test_there_are_notebooks():

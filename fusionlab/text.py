@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["text_table", "MAX_WIDTH", "clip"]
+__all__ = ["text_table", "MAX_WIDTH", "clip", "wrap"]
 
 #: Widest line a table may print: JupyterLab's notebook column shows about 110 monospace characters
 #: at its default width before it wraps lines (and a wrapped table is unreadable).
@@ -15,6 +15,20 @@ _MIN_COLUMN = 8
 def clip(text: str, width: int) -> str:
     """`text` cut to `width` characters, ending in '…' when cut."""
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def wrap(text: object, width: int = MAX_WIDTH, indent: str = "    ") -> str:
+    """`str(text)` with every line longer than `width` broken at spaces, continuations indented."""
+    import textwrap
+
+    out = []
+    for line in str(text).split("\n"):
+        if len(line) <= width:
+            out.append(line)
+        else:
+            out.append(textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False,
+                                     drop_whitespace=True))
+    return "\n".join(out)
 
 
 def _split_header(h: str, cells_width: int) -> tuple[str, str]:

@@ -15,7 +15,7 @@ from .devices import Device, get as get_device, load_devices
 from .graph import Graph, load
 from .passes import get_pass
 from .plan import FusionPlan
-from .text import text_table
+from .text import text_table, wrap
 
 __all__ = ["ExplorerResult", "make_plan", "explore_state", "sweep_group_size", "sweep_table", "plot_sweep",
            "measure", "explore"]
@@ -172,7 +172,7 @@ PICTURE_MAX_PX = 480
 
 def _result_text(res: ExplorerResult) -> str:
     """What the explorer prints for one setting: summary, plan table, the plan on every device."""
-    return "\n".join([res.summary(), res.plan.table(max_rows=12), res.devices.table()])
+    return wrap("\n".join([res.summary(), res.plan.table(max_rows=12), res.devices.table()]))
 
 
 class ExplorerBox:

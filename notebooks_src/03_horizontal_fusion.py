@@ -178,7 +178,7 @@ for dims in ({"batch": 1}, {"batch": 8}):
 
 # %%
 group = inc_fused.plan[1]
-viz.draw(inc, inc_fused.plan, nodes=viz.neighbourhood(inc, group.nodes, hops=1),
+viz.draw(inc, inc_fused.plan, nodes=group.nodes,
          title=f"{group.id}: {len(group.extra['branches'])} sibling branches on {group.extra['input']}")
 
 # %% [markdown]

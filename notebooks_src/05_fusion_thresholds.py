@@ -29,6 +29,7 @@ import numpy as np
 import fusionlab
 from fusionlab import cost, devices, elementwise, runtime, timing, widgets, zoo
 from fusionlab.passes import fuse
+from fusionlab.text import wrap
 
 # %% [markdown]
 # ## 1. The devices
@@ -203,7 +204,7 @@ cmp_gelu = timing.compare(lambda: gelu_ort.run(["y"], {"x": xg}), lambda: gelu(x
 print(cmp_gelu.table())
 gelu_gbs = gelu.bytes_moved().after / cmp_gelu.b.median / 1e9
 print(f"fused GELU-like chain: {gelu_gbs:.1f} GB/s = {gelu_gbs / me.mem_bandwidth_gbs:.0%} of measured streaming "
-      f"bandwidth; speedup over onnxruntime {cmp_gelu.speedup:.2f}x vs bytes ratio {gelu.bytes_moved().ratio:.2f}x")
+      f"bandwidth;\nspeedup over onnxruntime {cmp_gelu.speedup:.2f}x vs bytes ratio {gelu.bytes_moved().ratio:.2f}x")
 
 # %% [markdown]
 # ## 4. A plan's cost on every device
@@ -227,7 +228,7 @@ print(cost.compare(yolo, plans).table())
 # much.
 
 # %%
-print(cost.plan_cost(yolo, plans["vertical"], "Atlas 300I Pro").table(max_rows=8))
+print(wrap(cost.plan_cost(yolo, plans["vertical"], "Atlas 300I Pro").table(max_rows=8)))
 
 # %% [markdown]
 # ## 5. Predicted against measured, on this CPU
@@ -331,7 +332,7 @@ box = widgets.explore(resnet)
 
 # %%
 state = widgets.explore_state(resnet, max_group_ops=3, kinds=("vertical", "mixed"), device="Atlas 800I A2")
-print(state.summary())
+print(wrap(state.summary()))
 print(state.plan.table(max_rows=5))
 
 # %% [markdown]

@@ -31,6 +31,7 @@ from fusionlab import cost, devices, metrics, profile, zoo
 from fusionlab.passes import fuse
 from fusionlab.runtime import verify
 from fusionlab.timing import compare, compare_models
+from fusionlab.text import wrap
 
 plt.rcParams["figure.dpi"] = 80
 
@@ -74,8 +75,8 @@ print(before.op_table(top=12, sort="duration"))
 print(f"kernels per run: original {before.ops_per_run}, fused {after.ops_per_run}")
 counts_before = {t: r["count"] for t, r in sorted(before.by_op_type().items())}
 counts_after = {t: r["count"] for t, r in sorted(after.by_op_type().items())}
-print("original:", counts_before)
-print("fused:   ", counts_after)
+print(wrap(f"original: {counts_before}", indent=" " * 10))
+print(wrap(f"fused:    {counts_after}", indent=" " * 10))
 
 # %% [markdown]
 # ## 3. The timeline, and a trace for Perfetto

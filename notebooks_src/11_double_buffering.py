@@ -29,6 +29,7 @@ import numpy as np
 
 from fusionlab import devices, pipeline
 from fusionlab.timing import bench, compare
+from fusionlab.text import wrap
 
 plt.rcParams["figure.dpi"] = 80
 
@@ -184,8 +185,8 @@ for dev in presets.values():
         rows = modelled_gain(dev, ops, inputs)
         (tile1, t1, total1), (tile2, t2, total2) = rows[1], rows[2]
         bound = "copy" if t2.copy_in + t2.copy_out > t2.compute else "compute"
-        print(f"  {label:<13} tile {tile1:>6} -> {tile2:>6} elems; copy/compute {(t2.copy_in + t2.copy_out) / t2.compute:6.2f} "
-              f"({bound}-bound); {total1:8.1f} -> {total2:8.1f} us: {total1 / total2 - 1:+6.1%}")
+        print(f"  {label:<12} tile {tile1:>6} -> {tile2:>6}; copy/compute {(t2.copy_in + t2.copy_out) / t2.compute:5.2f} "
+              f"({bound}-bound); {total1:7.1f} -> {total2:7.1f} us: {total1 / total2 - 1:+6.1%}")
 
 # %% [markdown]
 # The model says: a single elementwise op is so copy-bound on these devices that double buffering cannot help
@@ -283,8 +284,8 @@ for name, (predicted, c) in (("page-cache loader", memcpy_result), ("emulated de
                    "the loading it hid")
     else:
         outcome = "no clear difference"
-    print(f"{name}: simulator predicted {predicted:.2f}x, measured {c.speedup:.2f}x "
-          f"(95% CI {c.ci_low:.2f}-{c.ci_high:.2f}x): {outcome}")
+    print(wrap(f"{name}: simulator predicted {predicted:.2f}x, measured {c.speedup:.2f}x "
+               f"(95% CI {c.ci_low:.2f}-{c.ci_high:.2f}x): {outcome}"))
 
 # %% [markdown]
 # When the measured ratio falls short of the prediction, the simulator's assumption is what broke: it gives each

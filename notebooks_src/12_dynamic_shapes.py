@@ -36,6 +36,7 @@ from onnx import numpy_helper
 import fusionlab
 from fusionlab import dynamic, zoo
 from fusionlab.passes import fuse
+from fusionlab.text import wrap
 from fusionlab.runtime import make_feeds, session
 from fusionlab.text import text_table
 from fusionlab.timing import compare
@@ -147,7 +148,7 @@ print(f"{len(op.fusion_cache)} specialised copies hold at least {len(op.fusion_c
 
 # %%
 spellings = {"tuple of ints": [(1, 128)], "list of ints": [[1, 128]], "NumPy ints": [(1, np.int64(128))]}
-print("the seed's strings:", {name: str(s) for name, s in spellings.items()})
+print(wrap(f"the seed's strings: {({name: str(s) for name, s in spellings.items()})}"))
 print("distinct seed keys for one shape:", len({hash(str(s)) for s in spellings.values()}))
 print("hash((1, -1)) == hash((1, -2)):", hash((1, -1)) == hash((1, -2)))
 
@@ -412,8 +413,8 @@ for n in (64, 512):
     feeds = make_feeds(model, dims={"batch": 1, "sequence": n}, seed=n)
     c = compare(lambda: dynamic_sess.run(names, feeds), lambda: no_skip.run(names, feeds), min_time=0.3,
                 label_a="dynamic", label_b="static, no SkipLayerNormFusion")
-    print(f"length {n}: with SkipLayerNormFusion {cmp[n].speedup:.2f}x, without it {c.speedup:.2f}x "
-          f"(95% CI {c.ci_low:.2f}-{c.ci_high:.2f}) -> {c.verdict()}")
+    print(wrap(f"length {n}: with SkipLayerNormFusion {cmp[n].speedup:.2f}x, without it {c.speedup:.2f}x "
+               f"(95% CI {c.ci_low:.2f}-{c.ci_high:.2f}) -> {c.verdict()}"))
 
 # %% [markdown]
 # On the machine this notebook was written on, the static session without that one fusion runs within a few
@@ -464,8 +465,8 @@ print(dynamic.replay_table(policies()))
 # NBVAL_IGNORE_OUTPUT
 timed = policies(run_static, run_dynamic, build_median, dynamic_build_s)
 print(dynamic.replay_table(timed, times=True))
-print(f"memory for the models held, at {mib_per_session:.0f} MiB per session: "
-      + ", ".join(f"{r.label}: {r.peak_cached * mib_per_session:.0f} MiB" for r in timed))
+print(wrap(f"memory for the models held, at {mib_per_session:.0f} MiB per session: "
+           + ", ".join(f"{r.label}: {r.peak_cached * mib_per_session:.0f} MiB" for r in timed)))
 
 fig, ax = plt.subplots(figsize=(8, 3.6))
 labels = [r.label.replace(", ", "\n") for r in timed]
@@ -534,9 +535,9 @@ for name, s in (("our stream (median 96)", stream), ("long sequences (257-512)",
     exact_s = dynamic.replay(s, "exact", run_seconds=run_static).run_seconds
     gears_s = dynamic.replay(s, "gears", gears=GEARS, capacity=4, run_seconds=run_static).run_seconds
     dynamic_s = dynamic.replay(s, "dynamic", run_seconds=run_dynamic).run_seconds
-    print(f"{name}: exact shapes {base / exact_s:.2f}x, gears 64/128/256/512 {base / gears_s:.2f}x "
-          f"(removing {(base - gears_s) / (base - exact_s):.0%} of the time padding to 512 wastes), "
-          f"one dynamic session {base / dynamic_s:.2f}x")
+    print(wrap(f"{name}: exact shapes {base / exact_s:.2f}x, gears 64/128/256/512 {base / gears_s:.2f}x "
+               f"(removing {(base - gears_s) / (base - exact_s):.0%} of the time padding to 512 wastes), "
+               f"one dynamic session {base / dynamic_s:.2f}x"))
 
 # %% [markdown]
 # - On short-request traffic, not padding everything to 512 is worth several times the throughput: that is

@@ -36,3 +36,12 @@ def test_long_headers_go_over_two_lines_before_cells_are_clipped():
     lines = text_table(header, [["Conv+BatchNormalization+Relu" * 3, "2", "4.0"]], max_width=102)
     assert lines[0].split() == ["pattern", "launches", "saved"] and lines[1].split() == ["saved", "KiB"]
     assert "Conv+BatchNormalization+Relu" * 3 in lines[3]  # it fits once the headers are narrower
+
+
+def test_wrap_breaks_only_long_lines():
+    from fusionlab.text import wrap
+
+    text = "short line\n" + " ".join(["word"] * 40)
+    lines = wrap(text, 50).split("\n")
+    assert lines[0] == "short line" and all(len(l) <= 50 for l in lines)
+    assert all(l.startswith("    word") for l in lines[2:]) and " ".join(lines[1:]).split() == ["word"] * 40

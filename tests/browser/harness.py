@@ -37,11 +37,12 @@ class Lab:
     """A JupyterLab server on a free 127.0.0.1 port, serving a copy of the notebooks, with a token."""
 
     def __init__(self, notebooks: list[Path], workdir: Path, *, expose_app: bool = True):
+        """Serve copies of `notebooks` (files or folders) from `workdir`; trust them as `make lab` does."""
         self.workdir = workdir
-        self.root = workdir / "notebooks"
+        self.root = workdir / "notebooks"  # a copy: saving and autosave never touch the working tree
         self.root.mkdir(parents=True)
-        for nb in notebooks:
-            shutil.copy2(nb, self.root / nb.name)
+        for path in notebooks:
+            (shutil.copytree if path.is_dir() else shutil.copy2)(path, self.root / path.name)
         self.home = workdir / "home"  # HOME for the server: the test checks nothing lands there
         self.home.mkdir()
         base = dict(os.environ, HOME=str(self.home))
@@ -136,8 +137,18 @@ return !!(s && s.session && s.session.kernel && s.session.kernel.status === 'idl
 class Page:
     """One browser tab on a lab: open notebooks, press keys, wait for JupyterLab's state."""
 
-    def __init__(self, driver, lab: Lab):
-        self.d, self.lab = driver, lab
+    def __init__(self, driver, lab: Lab, shots: Path | None = None):
+        self.d, self.lab, self.shots = driver, lab, shots
+        self.ran: dict[str, float] = {}  # notebook -> seconds its (last) Run All took
+        self.live: set[str] = set()  # notebooks run in the kernel that is open now
+
+    def screenshot(self, name: str, element=None) -> Path | None:
+        """A PNG of the window (or of one element) under `shots`, to look at; never compared."""
+        if self.shots is None:
+            return None
+        path = self.shots / f"{name}.png"
+        (element.screenshot if element is not None else self.d.save_screenshot)(str(path))
+        return path
 
     def wait(self, predicate, timeout: float, what: str):
         from selenium.webdriver.support.ui import WebDriverWait
@@ -147,9 +158,27 @@ class Page:
     def js(self, script: str, *args):
         return self.d.execute_script(script, *args)
 
+    def start(self, timeout: float = 180) -> None:
+        """Load the lab at its root URL, as `make lab` prints it: it lands on the start notebook."""
+        self.d.get(f"{self.lab.url}/?token={self.lab.token}")
+        self.wait(lambda: self.js(_JS_CURRENT) is not None, timeout, "the lab opened no notebook")
+        self.wait(lambda: self.js(_JS_IDLE), timeout, "kernel not idle")
+
     def open(self, name: str, timeout: float = 180) -> None:
-        """Open a notebook by URL and wait until its kernel is idle."""
-        self.d.get(f"{self.lab.url}/lab/tree/{name}?token={self.lab.token}")
+        """Open a notebook (File > Open's command), closing the others and shutting their kernels down."""
+        if self.js(_JS_CURRENT) is None:
+            self.start(timeout)
+        if self.js(_JS_CURRENT) == name:
+            return
+        self.d.execute_async_script(_JS_PANEL + """const done = arguments[arguments.length - 1];
+            const app = window.jupyterapp;
+            (async () => {
+              for (const w of Array.from(app.shell.widgets('main'))) {
+                if (w.context) { await w.sessionContext.shutdown(); w.dispose(); }
+              }
+              await app.commands.execute('docmanager:open', {path: arguments[0]});
+            })().then(() => done(null), e => done(String(e)));""", name)
+        self.live.clear()  # their kernels are gone
         self.wait(lambda: self.js(_JS_CURRENT) == name, timeout, f"{name} not opened")
         self.wait(lambda: self.js(_JS_IDLE), timeout, f"{name}: kernel not idle")
 
@@ -209,6 +238,7 @@ class Page:
         self.wait(lambda: self.js(_JS_IDLE), 60, "kernel not idle after Run All")
         if state[0] != "ok":
             raise AssertionError(f"{self.js(_JS_CURRENT)}: Run All reported {state[0]}: {self.problems()}")
+        self.live.add(self.js(_JS_CURRENT))
         return time.monotonic() - t0
 
     def outputs(self) -> list[list[dict]]:
@@ -229,3 +259,27 @@ class Page:
             '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')].map(e => e.textContent);""")
         found += [f"displayed stderr: {t[:300]}" for t in shown]
         return found
+
+    def cell_index(self, needle: str) -> int:
+        """Index of the first cell whose source contains `needle`."""
+        i = self.js(_JS_PANEL + "return flPanel().content.widgets.findIndex("
+                    "w => w.model.sharedModel.getSource().includes(arguments[0]));", needle)
+        assert i >= 0, f"no cell contains {needle!r}"
+        return i
+
+    def cell(self, i: int):
+        """The cell's DOM node, scrolled into view."""
+        return self.js(_JS_PANEL + """const w = flPanel().content.widgets[arguments[0]];
+            w.node.scrollIntoView({block: 'start'}); return w.node;""", i)
+
+    def run_cell(self, i: int, timeout: float = 120) -> None:
+        """Select cell `i` and press Shift+Enter, as a learner runs one cell; wait until it has run."""
+        from selenium.webdriver.common.keys import Keys
+
+        before = self.js(_JS_PANEL + "return flPanel().content.widgets[arguments[0]].model.executionCount;", i)
+        self.js(_JS_PANEL + """const nb = flPanel().content; nb.activeCellIndex = arguments[0];
+            nb.mode = 'command'; nb.node.focus();""", i)
+        self.press(Keys.SHIFT, Keys.ENTER)
+        self.wait(lambda: self.js(_JS_PANEL + """const m = flPanel().content.widgets[arguments[0]].model;
+            return m.executionState === 'idle' && m.executionCount !== arguments[1];""", i, before),
+            timeout, f"cell {i} did not run")

@@ -203,7 +203,8 @@ def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: 
     buf = w.IntSlider(value=0, min=0, max=512, step=16, description="UB KiB", continuous_update=False,
                       tooltip="buffer budget the mixed pass may fill per group (0 = no limit)")
     kinds = w.SelectMultiple(options=KINDS, value=KINDS, description="kinds", rows=3)
-    dev = w.Dropdown(options=list(load_devices()) + ["this machine"], value=device, description="device")
+    dev = w.Dropdown(options=list(load_devices()) + ["this machine"], value=device, description="device",
+                     layout=w.Layout(width="max-content"))
     button = w.Button(description="measure on this CPU", icon="stopwatch", layout=w.Layout(width="auto"),
                       tooltip="fuse with these settings, verify, and time both models here (a few seconds)")
     measured = w.Output()

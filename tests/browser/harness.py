@@ -151,9 +151,13 @@ class Page:
         return path
 
     def wait(self, predicate, timeout: float, what: str):
+        from selenium.common.exceptions import StaleElementReferenceException
         from selenium.webdriver.support.ui import WebDriverWait
 
-        return WebDriverWait(self.d, timeout, poll_frequency=0.2).until(lambda d: predicate(), message=what)
+        # JupyterLab re-renders outputs: an element found a moment ago may be gone; look again
+        return WebDriverWait(self.d, timeout, poll_frequency=0.2,
+                             ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda d: predicate(), message=what)
 
     def js(self, script: str, *args):
         return self.d.execute_script(script, *args)
@@ -267,10 +271,10 @@ class Page:
         assert i >= 0, f"no cell contains {needle!r}"
         return i
 
-    def cell(self, i: int):
-        """The cell's DOM node, scrolled into view."""
+    def cell(self, i: int, scroll: bool = True):
+        """The cell's DOM node (scrolled to the top of the view unless `scroll` is False)."""
         return self.js(_JS_PANEL + """const w = flPanel().content.widgets[arguments[0]];
-            w.node.scrollIntoView({block: 'start'}); return w.node;""", i)
+            if (arguments[1]) w.node.scrollIntoView({block: 'start'}); return w.node;""", i, scroll)
 
     def run_cell(self, i: int, timeout: float = 120) -> None:
         """Select cell `i` and press Shift+Enter, as a learner runs one cell; wait until it has run."""

@@ -41,20 +41,21 @@ def test_lab_lands_on_start_here_with_only_notebooks_and_no_news(page, lab):
         '.jp-DirListing-content .jp-DirListing-itemText')].map(e => e.textContent.trim());""") or None,
         60, "file browser empty")
     assert sorted(listed) == NOTEBOOKS  # no src/, no sanitize.cfg: only what a learner opens
-    news = lab.api("/lab/api/settings/@jupyterlab/apputils-extension:notification")["settings"]
-    assert news["fetchNews"] == "false" and news["checkForUpdates"] is False
+    schema = lab.api("/lab/api/settings/@jupyterlab/apputils-extension:notification")["schema"]["properties"]
+    assert schema["fetchNews"]["default"] == "false" and schema["checkForUpdates"]["default"] is False
     assert "news" not in page.js("return document.body.innerText").lower()
     page.screenshot("00_landing")
 
 
 def test_start_here_links_open_the_notebooks(page):
     page.open("00_start_here.ipynb")
+    # the lab rewrites a relative link to its /files/ address and opens it in the lab when clicked
     links = page.js("""return [...flPanel().node.querySelectorAll('.jp-RenderedMarkdown a')]
-        .map(a => a.getAttribute('href')).filter(h => h && h.endsWith('.ipynb'));""")
+        .map(a => new URL(a.href).pathname).filter(p => p.endsWith('.ipynb')).map(p => p.split('/').pop());""")
     assert sorted(set(links)) == NOTEBOOKS
     link = page.js("""const a = [...flPanel().node.querySelectorAll('.jp-RenderedMarkdown a')]
-        .find(a => a.getAttribute('href') === arguments[0]); a.scrollIntoView({block: 'center'}); return a;""",
-                   "03_horizontal_fusion.ipynb")
+        .find(a => new URL(a.href).pathname.endsWith('/' + arguments[0]));
+        a.scrollIntoView({block: 'center'}); return a;""", "03_horizontal_fusion.ipynb")
     link.click()  # a real click on the rendered link
     page.wait(lambda: "03_horizontal_fusion.ipynb" in page.js(
         "return Array.from(window.jupyterapp.shell.widgets('main')).map(w => w.context && w.context.path)"),
@@ -65,9 +66,10 @@ def test_start_here_links_open_the_notebooks(page):
 
 def test_stored_explorer_renders_its_widgets_not_their_repr(page):
     page.open(EXPLORER)
-    cell = page.cell(page.cell_index("widgets.explore("))
-    page.wait(lambda: cell.find_elements(By.CSS_SELECTOR, ".fl-explorer .widget-slider"), 60,
+    i = page.cell_index("widgets.explore(")
+    page.wait(lambda: page.cell(i).find_elements(By.CSS_SELECTOR, ".fl-explorer .widget-slider"), 60,
               "stored explorer shows no slider (untrusted notebook, or no saved widget state)")
+    cell = page.cell(i)
     text = cell.text
     assert "VBox(children" not in text and "Explorer(children" not in text
     assert "groups:" in text and "kinds=" in text  # the saved result, shown without a kernel doing anything
@@ -100,13 +102,19 @@ def _explorer(page):
     page.open(EXPLORER)
     if EXPLORER not in page.live:
         page.ran[EXPLORER] = page.run_all(cell_timeout=CELL_TIMEOUT)
-    cell = page.cell(page.cell_index("widgets.explore("))
-    page.wait(lambda: cell.find_elements(By.CSS_SELECTOR, ".fl-explorer-result pre"), 60, "no live result")
+    i = page.cell_index("widgets.explore(")
+
+    page.cell(i)  # scroll to it once
+
+    def cell():  # found afresh each time: JupyterLab may re-render the cell's DOM
+        return page.cell(i, scroll=False)
+
+    page.wait(lambda: cell().find_elements(By.CSS_SELECTOR, ".fl-explorer-result pre"), 60, "no live result")
     return cell
 
 
 def _result(cell) -> str:
-    return cell.find_element(By.CSS_SELECTOR, ".fl-explorer-result").text
+    return cell().find_element(By.CSS_SELECTOR, ".fl-explorer-result").text
 
 
 def _changed(page, cell, before: str, needle: str, timeout: float = 60) -> tuple[str, float]:
@@ -124,33 +132,34 @@ def test_device_dropdown_changes_the_prediction(page):
     cell = _explorer(page)
     before = _result(cell)
     assert "Atlas 300I Pro: predicted" in before
-    select = cell.find_element(By.CSS_SELECTOR, ".fl-explorer-device select")
+    select = cell().find_element(By.CSS_SELECTOR, ".fl-explorer-device select")
     select.location_once_scrolled_into_view
     Select(select).select_by_visible_text("Atlas 800I A2 (Ascend 910B)")  # clicks the option
     after, took = _changed(page, cell, before, "Atlas 800I A2 (Ascend 910B): predicted")
     print(f"device dropdown -> new result in {took:.2f} s")
     assert _line(after, "Atlas 800I A2 (Ascend 910B): predicted") != _line(before, "Atlas 300I Pro: predicted")
-    page.screenshot("05_explorer_device", cell)
+    page.screenshot("05_explorer_device", cell())
 
 
 @pytest.mark.after_run(EXPLORER)
 def test_kinds_change_the_plan_and_the_picture(page):
     cell = _explorer(page)
     before = _result(cell)
-    picture = cell.find_element(By.CSS_SELECTOR, ".fl-explorer-picture img").get_attribute("src")
-    option = cell.find_element(By.XPATH, ".//*[contains(@class, 'fl-explorer-kinds')]//option[text()='mixed']")
-    option.location_once_scrolled_into_view
-    option.click()  # a plain click selects only "mixed"
+    picture = cell().find_element(By.CSS_SELECTOR, ".fl-explorer-picture img").get_attribute("src")
+    kinds = Select(cell().find_element(By.CSS_SELECTOR, ".fl-explorer-kinds select"))
+    kinds._el.location_once_scrolled_into_view
+    for text in ("vertical", "horizontal"):  # chromedriver clicks each option: a click toggles it here
+        kinds.deselect_by_visible_text(text)
     after, took = _changed(page, cell, before, "kinds=mixed,")
     print(f"kinds -> new result in {took:.2f} s")
     assert _line(after, "groups:") != _line(before, "groups:")
-    page.wait(lambda: cell.find_element(By.CSS_SELECTOR, ".fl-explorer-picture img").get_attribute("src") != picture,
+    page.wait(lambda: cell().find_element(By.CSS_SELECTOR, ".fl-explorer-picture img").get_attribute("src") != picture,
               30, "the picture did not change")
-    page.screenshot("05_explorer_kinds", cell)
+    page.screenshot("05_explorer_kinds", cell())
 
 
 def _move_slider(page, cell, name: str, presses: int, key=Keys.ARROW_LEFT) -> None:
-    handle = cell.find_element(By.CSS_SELECTOR, f".fl-explorer-{name} .noUi-handle")
+    handle = cell().find_element(By.CSS_SELECTOR, f".fl-explorer-{name} .noUi-handle")
     handle.location_once_scrolled_into_view
     handle.click()  # focus the slider's handle with the mouse, then step it with the keyboard
     for _ in range(presses):
@@ -159,24 +168,21 @@ def _move_slider(page, cell, name: str, presses: int, key=Keys.ARROW_LEFT) -> No
 
 @pytest.fixture(scope="module")
 def slider_moved(page):
-    """Back to all kinds (click, then Ctrl+click), then max ops 5 -> 3 with the keyboard: (before, after, readout)."""
-    from selenium.webdriver.common.action_chains import ActionChains
-
+    """Back to all kinds, then max ops 5 -> 3 with the keyboard on the slider: (before, after, readout)."""
     cell = _explorer(page)
+    kinds = Select(cell().find_element(By.CSS_SELECTOR, ".fl-explorer-kinds select"))
+    kinds._el.location_once_scrolled_into_view
+    chosen = {o.text for o in kinds.all_selected_options}
     for text in ("vertical", "horizontal", "mixed"):
-        opt = cell.find_element(By.XPATH, f".//*[contains(@class, 'fl-explorer-kinds')]//option[text()='{text}']")
-        opt.location_once_scrolled_into_view
-        if text == "vertical":
-            opt.click()
-        else:
-            ActionChains(page.d).key_down(Keys.CONTROL).click(opt).key_up(Keys.CONTROL).perform()
+        if text not in chosen:
+            kinds.select_by_visible_text(text)
     page.wait(lambda: "kinds=vertical+horizontal+mixed," in _result(cell), 60, "kinds not reset")
     before = _result(cell)
     _move_slider(page, cell, "ops", 2)
     after, took = _changed(page, cell, before, "max_group_ops=3,")
     print(f"max ops slider -> new result in {took:.2f} s")
-    readout = cell.find_element(By.CSS_SELECTOR, ".fl-explorer-ops .widget-readout").text
-    page.screenshot("05_explorer_slider", cell)
+    readout = cell().find_element(By.CSS_SELECTOR, ".fl-explorer-ops .widget-readout").text
+    page.screenshot("05_explorer_slider", cell())
     return before, after, readout
 
 
@@ -198,20 +204,21 @@ def test_max_ops_slider_changes_the_plan(slider_moved):
 @pytest.mark.after_run(EXPLORER)
 def test_explorer_layout_keeps_everything_in_view(page):
     cell = _explorer(page)
-    button = cell.find_element(By.CSS_SELECTOR, ".fl-explorer-measure")
+    button = cell().find_element(By.CSS_SELECTOR, ".fl-explorer-measure")
     assert page.js("return arguments[0].scrollWidth <= arguments[0].clientWidth", button), "button label cut off"
-    picture = cell.find_element(By.CSS_SELECTOR, ".fl-explorer-picture")
+    picture = cell().find_element(By.CSS_SELECTOR, ".fl-explorer-picture")
     assert picture.size["height"] <= 500, f"picture box {picture.size['height']} px tall"
     button.location_once_scrolled_into_view
     button.click()
-    measured = cell.find_element(By.CSS_SELECTOR, ".fl-explorer-measured")
+    measured = cell().find_element(By.CSS_SELECTOR, ".fl-explorer-measured")
     page.wait(lambda: "speedup" in measured.text.lower() or "median" in measured.text.lower(), 180,
               "no measurement shown")
-    gap = measured.location["y"] - (button.location["y"] + button.size["height"])
+    gap = page.js("return arguments[1].getBoundingClientRect().top - arguments[0].getBoundingClientRect().bottom",
+                  button, measured)
     assert 0 <= gap <= 150, f"the measurement appears {gap} px below the button"
-    page.screenshot("05_explorer_measured", cell)
+    page.screenshot("05_explorer_measured", cell())
     print(f"explorer: picture box {picture.size['width']}x{picture.size['height']} px, measurement {gap} px "
-          f"below the button, cell {cell.size['height']} px tall")
+          f"below the button, cell {cell().size['height']} px tall")
 
 
 # -- netron in notebook 02 ------------------------------------------------------------------------------

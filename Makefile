@@ -19,7 +19,7 @@ export JUPYTER_CONFIG_PATH := $(CURDIR)/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900
 
-.PHONY: env lab test test-unit test-notebooks test-browser browser-deps notebooks bench clean
+.PHONY: env lab test test-unit test-notebooks test-browser browser-deps notebooks notebook bench clean
 
 env: $(STAMP)
 
@@ -55,6 +55,10 @@ browser-deps:
 ## make notebooks: rebuild notebooks/*.ipynb from notebooks_src/*.py and execute them.
 notebooks: $(STAMP)
 	$(PY) tools/nbbuild.py notebooks_src/*.py
+
+## make notebook NB=05_fusion_thresholds: rebuild and execute one notebook.
+notebook: $(STAMP)
+	$(PY) tools/nbbuild.py $(addprefix notebooks_src/,$(addsuffix .py,$(NB)))
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'

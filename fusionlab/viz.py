@@ -810,7 +810,7 @@ _LIVE_LOCK = threading.Lock()
 #: What netron shows on its first visit, and what to do about it (its page has no switch to skip it).
 NETRON_NOTICE = ("The first time, netron's page asks you to accept its cookie notice ('This app uses cookies "
                  "to report errors and anonymous usage information'): click Accept once; netron remembers it "
-                 "for 30 days. The static picture beside it needs nothing.")
+                 "for 30 days. The static pictures (viz.draw) need no server.")
 
 
 def jupyter_base_url() -> str | None:

@@ -36,7 +36,7 @@ def free_port() -> int:
 class Lab:
     """A JupyterLab server on a free 127.0.0.1 port, serving a copy of the notebooks, with a token."""
 
-    def __init__(self, notebooks: list[Path], workdir: Path, *, expose_app: bool = True):
+    def __init__(self, notebooks: list[Path], workdir: Path, *, expose_app: bool = True, trust: bool = True):
         """Serve copies of `notebooks` (files or folders) from `workdir`; trust them as `make lab` does."""
         self.workdir = workdir
         self.root = workdir / "notebooks"  # a copy: saving and autosave never touch the working tree
@@ -47,7 +47,8 @@ class Lab:
         self.home.mkdir()
         base = dict(os.environ, HOME=str(self.home))
         self.env = labtool.jupyter_env(workdir / "state", base)
-        labtool.trust(sorted(self.root.glob("*.ipynb")), self.env)
+        if trust:
+            labtool.trust(sorted(self.root.glob("*.ipynb")), self.env)
         self.port = free_port()
         self.token = secrets.token_hex(16)
         cmd = labtool.command(self.root, self.port, token=self.token)
@@ -162,16 +163,17 @@ class Page:
     def js(self, script: str, *args):
         return self.d.execute_script(script, *args)
 
-    def start(self, timeout: float = 180) -> None:
-        """Load the lab at its root URL, as `make lab` prints it: it lands on the start notebook."""
-        self.d.get(f"{self.lab.url}/?token={self.lab.token}")
+    def start(self, timeout: float = 180, name: str | None = None) -> None:
+        """Load the lab at its root URL, as `make lab` prints it (it lands on the start notebook), or on `name`."""
+        self.d.get(f"{self.lab.url}/{'lab/tree/' + name if name else ''}?token={self.lab.token}")
+        self.live.clear()
         self.wait(lambda: self.js(_JS_CURRENT) is not None, timeout, "the lab opened no notebook")
         self.wait(lambda: self.js(_JS_IDLE), timeout, "kernel not idle")
 
     def open(self, name: str, timeout: float = 180) -> None:
         """Open a notebook (File > Open's command), closing the others and shutting their kernels down."""
         if self.js(_JS_CURRENT) is None:
-            self.start(timeout)
+            self.start(timeout, name)
         if self.js(_JS_CURRENT) == name:
             return
         self.d.execute_async_script(_JS_PANEL + """const done = arguments[arguments.length - 1];
@@ -271,18 +273,25 @@ class Page:
         assert i >= 0, f"no cell contains {needle!r}"
         return i
 
-    def cell(self, i: int, scroll: bool = True):
-        """The cell's DOM node (scrolled to the top of the view unless `scroll` is False)."""
-        return self.js(_JS_PANEL + """const w = flPanel().content.widgets[arguments[0]];
-            if (arguments[1]) w.node.scrollIntoView({block: 'start'}); return w.node;""", i, scroll)
+    def cell(self, i: int, scroll: bool = True, timeout: float = 30):
+        """The cell's DOM node (scrolled to the top of the view unless `scroll` is False).
+
+        JupyterLab renders a long notebook lazily: a cell's node joins the page only once it is scrolled to."""
+        if scroll:
+            self.js(_JS_PANEL + "flPanel().content.scrollToItem(arguments[0], 'start');", i)
+        return self.wait(lambda: self.js(_JS_PANEL + """const w = flPanel().content.widgets[arguments[0]];
+            if (!w.node.isConnected) { w.node.scrollIntoView({block: 'start'}); return null; }
+            return w.node;""", i), timeout, f"cell {i} never on the page")
 
     def run_cell(self, i: int, timeout: float = 120) -> None:
         """Select cell `i` and press Shift+Enter, as a learner runs one cell; wait until it has run."""
         from selenium.webdriver.common.keys import Keys
 
         before = self.js(_JS_PANEL + "return flPanel().content.widgets[arguments[0]].model.executionCount;", i)
-        self.js(_JS_PANEL + """const nb = flPanel().content; nb.activeCellIndex = arguments[0];
-            nb.mode = 'command'; nb.node.focus();""", i)
+        prompt = self.cell(i).find_element("css selector", ".jp-InputArea-prompt")
+        self.d.execute_script("arguments[0].scrollIntoView({block: 'center'})", prompt)
+        prompt.click()  # selects the cell (command mode), focus back in the notebook
+        self.wait(lambda: self.js(_JS_PANEL + "return flPanel().content.activeCellIndex") == i, 10, "not selected")
         self.press(Keys.SHIFT, Keys.ENTER)
         self.wait(lambda: self.js(_JS_PANEL + """const m = flPanel().content.widgets[arguments[0]].model;
             return m.executionState === 'idle' && m.executionCount !== arguments[1];""", i, before),

@@ -76,6 +76,25 @@ def test_stored_explorer_renders_its_widgets_not_their_repr(page):
     page.screenshot("05_stored_explorer", cell)
 
 
+def test_untrusted_copy_still_shows_the_explorer_summary(page, lab):
+    """Opened in a Jupyter that never trusted it, the explorer shows its result as HTML, not a widget repr."""
+    nb = _stored(EXPLORER)
+    nb["metadata"]["edited_elsewhere"] = True  # any change voids the signature: untrusted
+    copy = lab.root / "untrusted_copy.ipynb"
+    copy.write_text(json.dumps(nb))
+    try:
+        page.open(copy.name)
+        i = page.cell_index("widgets.explore(")
+        page.wait(lambda: "groups:" in page.cell(i).text, 60, "no summary in the untrusted view")
+        text = page.cell(i).text
+        assert "VBox(children" not in text and "run the notebook to use its controls" in text
+        assert not page.cell(i).find_elements(By.CSS_SELECTOR, ".widget-slider")
+        page.screenshot("05_untrusted_summary", page.cell(i))
+    finally:
+        page.open(EXPLORER)  # close the copy (and its kernel) before removing it
+        copy.unlink()
+
+
 # -- every notebook: stored == saved, Run All without errors or warnings, saved == stored ---------------
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -247,9 +266,12 @@ def test_netron_through_the_jupyter_server_then_stopped(page):
         accept = page.wait(lambda: [b for b in page.d.find_elements(By.CSS_SELECTOR, "button")
                                     if b.is_displayed() and b.text == "Accept"], 60, "no netron notice")[0]
         accept.click()
-        page.wait(lambda: page.d.find_elements(By.CSS_SELECTOR, "#canvas .node"), 60, "netron drew no graph")
+        page.wait(lambda: page.js("return document.body.classList.contains('default')")
+                  and page.d.find_elements(By.CSS_SELECTOR, "#canvas .node"), 60, "netron drew no graph")
+        nodes = len(page.d.find_elements(By.CSS_SELECTOR, "#canvas .node"))
     finally:
         page.d.switch_to.default_content()
+    print(f"netron drew {nodes} nodes through {src}")
     page.screenshot("02_netron", cell)
     assert _port_open(port)
     page.run_cell(page.cell_index("view.stop()"))

@@ -155,7 +155,7 @@ op = declare_group(graph, group)
 print()
 print(f"group {group.id}: {group.pattern} -> {op.decl.name} (folded: {', '.join(op.decl.folded)})")
 print(op.decl)
-print("attributes of this node:", json.dumps(op.attrs))
+print(wrap(f"attributes of this node: {json.dumps(op.attrs)}"))
 
 # %% [markdown]
 # Not every group can become a custom op, and a group that cannot is left alone with a one-line reason. A

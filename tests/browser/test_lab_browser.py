@@ -276,3 +276,9 @@ def test_netron_through_the_jupyter_server_then_stopped(page):
     assert _port_open(port)
     page.run_cell(page.cell_index("view.stop()"))
     page.wait(lambda: not _port_open(port), 30, "netron still listening after stop()")
+
+
+def test_the_lab_wrote_nothing_into_home(lab):
+    """The server and its kernels ran with HOME set to an empty folder: Jupyter's files went to the project."""
+    written = sorted(str(p.relative_to(lab.home)) for p in lab.home.rglob("*"))
+    assert written == [], written

@@ -4,9 +4,22 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fusionlab-installed
 PORT   ?= 8888
-NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=900
+# Jupyter, IPython and matplotlib keep their files in the project (never in your home): tools/lab.py sets the
+# same variables for the lab it starts; tests/test_lab.py keeps the two lists in agreement.
+JSTATE := $(CURDIR)/$(VENV)/jupyter
+export JUPYTER_CONFIG_DIR := $(JSTATE)/config
+export JUPYTER_DATA_DIR := $(JSTATE)/data
+export JUPYTER_RUNTIME_DIR := $(JSTATE)/runtime
+export JUPYTERLAB_SETTINGS_DIR := $(JSTATE)/lab/user-settings
+export JUPYTERLAB_WORKSPACES_DIR := $(JSTATE)/lab/workspaces
+export IPYTHONDIR := $(JSTATE)/ipython
+export MPLCONFIGDIR := $(JSTATE)/matplotlib
+export NPM_CONFIG_CACHE := $(JSTATE)/npm
+export JUPYTER_CONFIG_PATH := $(CURDIR)/jupyter
+export JUPYTER_PLATFORM_DIRS := 1
+NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900
 
-.PHONY: env lab test test-unit test-notebooks notebooks bench clean
+.PHONY: env lab test test-unit test-notebooks test-browser browser-deps notebooks notebook bench clean
 
 env: $(STAMP)
 
@@ -17,25 +30,35 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-## make lab: JupyterLab on notebooks/, bound to 127.0.0.1 (headless-safe: prints its URL).
+## make lab: JupyterLab on notebooks/, bound to 127.0.0.1, opening 00_start_here (prints its URL).
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(PORT) \
-		--ServerApp.root_dir=notebooks $(if $(DISPLAY),,--no-browser) \
-		$(if $(filter 0,$(shell id -u)),--allow-root)
+	$(PY) tools/lab.py --port $(PORT)
 
-## make test: unit tests and strict nbval over every notebook.
-test: $(STAMP)
+## make test: unit tests, the browser test (installs Debian's chromium once) and strict nbval over every notebook.
+test: $(STAMP) browser-deps
 	$(PY) -m pytest -q tests notebooks $(NBVAL)
 
 test-unit: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests --ignore=tests/browser
 
 test-notebooks: $(STAMP)
 	$(PY) -m pytest -q notebooks $(NBVAL)
 
-## make notebooks: rebuild notebooks/*.ipynb from notebooks/src/*.py and execute them.
+## make test-browser: JupyterLab in headless Chromium: every notebook Run All, the explorer driven by input.
+test-browser: $(STAMP) browser-deps
+	$(PY) -m pytest -q tests/browser
+
+## make browser-deps: Debian's chromium and chromium-driver via apt-get (does nothing when installed).
+browser-deps:
+	@tools/browser_deps.sh
+
+## make notebooks: rebuild notebooks/*.ipynb from notebooks_src/*.py and execute them.
 notebooks: $(STAMP)
-	$(PY) tools/nbbuild.py notebooks/src/*.py
+	$(PY) tools/nbbuild.py notebooks_src/*.py
+
+## make notebook NB=05_fusion_thresholds: rebuild and execute one notebook.
+notebook: $(STAMP)
+	$(PY) tools/nbbuild.py $(addprefix notebooks_src/,$(addsuffix .py,$(NB)))
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench,oracle]'

@@ -6,7 +6,9 @@
   ordering, dummy points for long edges) and draw it with matplotlib; fusion groups are coloured rounded
   rectangles behind their members. Deterministic: the same model gives the same picture, byte for byte
   through `save_picture`.
-- `netron_view` serves one model with netron on 127.0.0.1 for interactive exploration in an iframe.
+- `netron_view` serves one model with netron on 127.0.0.1 for interactive exploration in an iframe; under
+  a Jupyter server with jupyter-server-proxy the iframe goes through the server (`/proxy/127.0.0.1:PORT/`),
+  so it works wherever the lab itself is reached (an SSH tunnel, a remote host, a hub).
 
 Weights (initializers) are never drawn as boxes; their shapes are noted in the DOT labels instead.
 """
@@ -34,7 +36,7 @@ from .plan import FusionGroup, FusionPlan, HORIZONTAL, MIXED, VERTICAL
 
 __all__ = [
     "to_dot", "Layout", "layered_layout", "draw", "save_picture", "before_after", "neighbourhood",
-    "NetronView", "netron_view", "GROUP_COLORS",
+    "NetronView", "netron_view", "jupyter_base_url", "NETRON_NOTICE", "GROUP_COLORS",
 ]
 
 #: Colours per fusion kind; groups of one kind cycle through its list (one colour per rule).
@@ -619,11 +621,12 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
     colors = _group_colors([g for g, _ in lay.groups])
     member_color = {k: colors[g.id] for g, ks in lay.groups for k in ks}
     pad = 0.09
+    label_strip = 0.14  # room above the members for the group's id, so no box hides it
     # fusion groups: one rounded rectangle per group, behind its members
     for g, ks in lay.groups:
         boxes = [lay.box(k) for k in ks]
         x0, y0 = min(b[0] for b in boxes) - pad, min(b[1] for b in boxes) - pad
-        x1, y1 = max(b[2] for b in boxes) + pad, max(b[3] for b in boxes) + pad
+        x1, y1 = max(b[2] for b in boxes) + pad, max(b[3] for b in boxes) + pad + label_strip
         col = colors[g.id]
         rect = FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=0.1",
                               facecolor=col, alpha=0.16, edgecolor="none", zorder=1)
@@ -633,8 +636,9 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
                                  facecolor="none", edgecolor=col, linewidth=1.2 * scale, linestyle="--", zorder=1)
         outline.set_gid(f"group-outline:{g.id}")
         ax.add_patch(outline)
-        ax.text(x0 + 0.07, y1 - 0.05, g.id, ha="left", va="top", fontsize=6 * scale, color=col, zorder=5,
-                fontfamily=_FONT, clip_on=False)
+        ax.text(x0 + 0.07, y1 - 0.025, g.id, ha="left", va="top", fontsize=7.5 * scale, color=col, zorder=6,
+                fontfamily=_FONT, fontweight="bold", clip_on=False,
+                bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
     # edges
     for a, b, pts in lay.edges:
         codes = [MplPath.MOVETO] + [MplPath.LINETO] * (len(pts) - 1)
@@ -786,6 +790,29 @@ def _umask() -> int:
 _LIVE: set["NetronView"] = set()
 _LIVE_LOCK = threading.Lock()
 
+#: What netron shows on its first visit, and what to do about it (its page has no switch to skip it).
+NETRON_NOTICE = ("The first time, netron's page asks you to accept its cookie notice ('This app uses cookies "
+                 "to report errors and anonymous usage information'): click Accept once; netron remembers it "
+                 "for 30 days. The static pictures (viz.draw) need no server.")
+
+
+def jupyter_base_url() -> str | None:
+    """The base URL of the Jupyter server running this kernel, if it serves jupyter-server-proxy; else None."""
+    import importlib.util
+
+    pid = os.environ.get("JPY_PARENT_PID")  # jupyter_client sets it for the kernels it launches
+    if not pid or importlib.util.find_spec("jupyter_server_proxy") is None:
+        return None
+    try:
+        from jupyter_server.serverapp import list_running_servers
+
+        for info in list_running_servers():
+            if str(info.get("pid")) == pid:
+                return info.get("base_url") or "/"
+    except Exception:  # no server files we can read: fall back to the direct address
+        return None
+    return None
+
 
 class NetronView:
     """One model served by netron on 127.0.0.1 from a private temporary folder; shows as an iframe."""
@@ -827,6 +854,9 @@ class NetronView:
             t.server.RequestHandlerClass = type("FusionlabNetronHandler", (cls,), {"content": cls.content})
         self.host, self.port = self.address
         self.url = f"http://{self.host}:{self.port}/"
+        base = jupyter_base_url()
+        #: the same page through the Jupyter server (None outside one): reachable wherever the lab is
+        self.proxy_url = f"{base.rstrip('/')}/proxy/{self.host}:{self.port}/" if base else None
         with _LIVE_LOCK:
             _LIVE.add(self)
 
@@ -835,20 +865,31 @@ class NetronView:
         """Whether the server is still running."""
         return any(t.alive() for t in self._threads)
 
+    @property
+    def src(self) -> str:
+        """The address the iframe uses: through the Jupyter server when possible, else 127.0.0.1 directly."""
+        return self.proxy_url or self.url
+
     def iframe(self, width: str | int = "100%", height: int | None = None):
-        """An IPython IFrame showing the model (the browser must be on this machine to reach 127.0.0.1)."""
+        """An IPython IFrame showing the model (through the Jupyter server when it has jupyter-server-proxy)."""
         from IPython.display import IFrame
 
-        return IFrame(self.url, width=width, height=height or self.height)
+        return IFrame(self.src, width=width, height=height or self.height)
 
     def _repr_html_(self) -> str:
         if not self.alive:
             return "<p>netron view stopped</p>"
-        return (f'<iframe src="{html.escape(self.url)}" width="100%" height="{int(self.height)}" '
-                f'frameborder="0" allowfullscreen></iframe>')
+        src = html.escape(self.src)
+        how = ("through this Jupyter server" if self.proxy_url else
+               f"at {html.escape(self.url)}, reachable only from this machine (forward port {self.port} "
+               "over SSH, or install jupyter-server-proxy)")
+        return (f'<p>netron {how}: <a href="{src}" target="_blank" rel="noopener">open in a new tab</a>. '
+                f'{html.escape(NETRON_NOTICE)}</p>'
+                f'<iframe src="{src}" width="100%" height="{int(self.height)}" frameborder="0" '
+                'allowfullscreen></iframe>')
 
     def __repr__(self) -> str:
-        return f"NetronView({self.url if self.alive else 'stopped'})"
+        return f"NetronView({self.src if self.alive else 'stopped'})"
 
     def stop(self) -> None:
         """Stop the server and delete the temporary folder."""

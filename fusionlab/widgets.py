@@ -15,7 +15,7 @@ from .cost.devices import Device, get as get_device, load_devices
 from .graph import as_graph
 from .passes import options_for, plan as plan_passes
 from .plan import FusionPlan
-from .text import text_table
+from .text import text_table, wrap
 
 __all__ = ["ExplorerResult", "make_plan", "explore_state", "sweep_group_size", "sweep_table", "plot_sweep",
            "measure", "explore"]
@@ -154,43 +154,84 @@ def measure(model, kinds=KINDS, max_group_ops: int | None = 5, buffer_kb: float 
     return compare_models(graph, result.graph, dims=dims, min_time=min_time, label_a="original", label_b="fused")
 
 
+#: Tallest the explorer's picture may be before it scrolls (px): the result stays on screen.
+PICTURE_MAX_PX = 480
+
+
+def _result_text(res: ExplorerResult) -> str:
+    """What the explorer prints for one setting: summary, plan table, the plan on every device."""
+    return wrap("\n".join([res.summary(), res.plan.table(max_rows=12), res.devices.table()]))
+
+
+class ExplorerBox:
+    """Mixin for the explorer's box: shows its last result as text where widgets do not render."""
+
+    last_text = ""
+
+    def _repr_mimebundle_(self, **kwargs):
+        import html
+
+        data = super()._repr_mimebundle_(**kwargs)
+        note = "(a live explorer: run the notebook to use its controls)"
+        data["text/plain"] = f"{self.last_text}\n{note}"
+        data["text/html"] = f"<pre>{html.escape(self.last_text)}</pre><p><i>{note}</i></p>"
+        return data
+
+
 def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: str = "Atlas 300I Pro"):
-    """An ipywidgets explorer over `explore_state`, `sweep_group_size` and `measure` (thin layer)."""
+    """An ipywidgets explorer over `explore_state` and `measure`: controls, the measurement, result, picture."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
     from IPython.display import display
+
+    from . import viz
 
     graph = as_graph(model)
     ops = w.IntSlider(value=max_group_ops, min=1, max=16, description="max ops", continuous_update=False)
     buf = w.IntSlider(value=0, min=0, max=512, step=16, description="UB KiB", continuous_update=False,
                       tooltip="buffer budget the mixed pass may fill per group (0 = no limit)")
-    kinds = w.SelectMultiple(options=KINDS, value=KINDS, description="kinds")
-    dev = w.Dropdown(options=list(load_devices()) + ["this machine"], value=device, description="device")
-    button = w.Button(description="measure on this CPU")
-    out, measured = w.Output(), w.Output()
+    kinds = w.SelectMultiple(options=KINDS, value=KINDS, description="kinds", rows=3)
+    dev = w.Dropdown(options=list(load_devices()) + ["this machine"], value=device, description="device",
+                     layout=w.Layout(width="max-content"))
+    button = w.Button(description="measure on this CPU", icon="stopwatch", layout=w.Layout(width="auto"),
+                      tooltip="fuse with these settings, verify, and time both models here (a few seconds)")
+    measured = w.Output()
+    result = w.Output()
+    picture = w.Output(layout=w.Layout(max_height=f"{PICTURE_MAX_PX}px", overflow="auto",
+                                       border="1px solid #ddd"))
+    for widget, name in ((ops, "ops"), (buf, "buffer"), (kinds, "kinds"), (dev, "device"), (button, "measure"),
+                         (measured, "measured"), (result, "result"), (picture, "picture")):
+        widget.add_class(f"fl-explorer-{name}")
+    box_cls = type("Explorer", (ExplorerBox, w.VBox), {})
+    box = box_cls([w.HBox([ops, buf]), w.HBox([kinds, dev, button]), measured, result, picture])
+    box.add_class("fl-explorer")
 
     def show(*_):
-        out.clear_output(wait=True)
-        with out:
-            res = explore_state(graph, ops.value, buf.value or None, kinds.value or ("vertical",), dev.value,
-                                dims=dims, picture=len(graph) <= 80)
-            print(res.summary())
-            print(res.plan.table(max_rows=15))
-            print(res.devices.table())
-            if res.figure is not None:
-                display(res.figure)
-                plt.close(res.figure)
+        res = explore_state(graph, ops.value, buf.value or None, kinds.value or ("vertical",), dev.value,
+                            dims=dims)
+        box.last_text = _result_text(res)
+        result.clear_output(wait=True)
+        with result:
+            print(box.last_text)
+        picture.clear_output(wait=True)
+        if len(graph) <= 200:
+            fig = viz.draw(graph, res.plan, title=f"{len(res.plan)} groups, max {ops.value} ops per group")
+            with picture:
+                display(fig)
+            plt.close(fig)
 
     def run_measure(_):
         measured.clear_output(wait=True)
         with measured:
             print("measuring (fuse, verify, interleaved timing)...")
-            print(measure(graph, kinds.value or ("vertical",), ops.value, buf.value or None, dims=dims).table())
+        cmp = measure(graph, kinds.value or ("vertical",), ops.value, buf.value or None, dims=dims)
+        measured.clear_output(wait=True)
+        with measured:
+            print(cmp.table())
 
     for c in (ops, buf, kinds, dev):
         c.observe(show, names="value")
     button.on_click(run_measure)
     show()
-    box = w.VBox([w.HBox([ops, buf]), w.HBox([kinds, dev, button]), out, measured])
     display(box)
     return box

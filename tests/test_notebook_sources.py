@@ -1,4 +1,4 @@
-"""Every notebook is stored executed and matches its reviewable source in notebooks/src/."""
+"""Every notebook is stored executed and matches its reviewable source in notebooks_src/."""
 
 import json
 import sys
@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import nbbuild  # noqa: E402
 
-SOURCES = sorted((ROOT / "notebooks" / "src").glob("*.py"))
+SOURCES = sorted((ROOT / "notebooks_src").glob("*.py"))
 
 
 def test_there_are_notebooks():
@@ -51,3 +51,65 @@ def test_no_blanket_warning_filter(src):
 @pytest.mark.parametrize("src", [s for s in SOURCES if s.stem not in _NOT_YET], ids=lambda p: p.stem)
 def test_the_learner_is_asked_to_predict_before_a_measurement(src):
     assert "**Predict" in src.read_text(), "ask for a prediction before at least one measurement, then show it"
+
+
+# Program text printed verbatim: breaking its lines would change the program a reader copies.
+WIDE_OUTPUT_ALLOWED = {
+    ("05_fusion_thresholds", "print(gelu.source)"): "generated Python source of the fused loop",
+    ("09_custom_op", 'print(files["ascendc/op_kernel/conv_relu.cpp"])'): "generated Ascend C kernel",
+    ("09_custom_op", 'print(files["atc.sh"])'): "generated shell script",
+    ("12_dynamic_shapes", 'print("atc --model=bert.onnx'): "an atc command line, pasted into a shell as is",
+}
+MAX_LINE = 110  # JupyterLab's notebook column at its default width shows about this many characters
+
+
+def _text_outputs(cell) -> list[str]:
+    texts = []
+    for o in cell.get("outputs", []):
+        if o["output_type"] == "stream":
+            texts.append("".join(o["text"]))
+        elif o["output_type"] in ("execute_result", "display_data"):
+            data = o.get("data", {})
+            if "text/plain" in data and not ({"text/html", "image/png", "image/svg+xml"} & set(data)
+                                             or "application/vnd.jupyter.widget-view+json" in data):
+                texts.append("".join(data["text/plain"]))
+    return texts
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
+def test_text_outputs_fit_the_notebook_width(src):
+    nb = json.loads(nbbuild.target_for(src).read_text())
+    wide = []
+    for i, cell in enumerate(nb["cells"]):
+        source = "".join(cell["source"])
+        if any(stem == src.stem and needle in source for stem, needle in WIDE_OUTPUT_ALLOWED):
+            continue
+        for text in _text_outputs(cell):
+            wide += [f"cell {i}: {len(line)} chars: {line[:60]}..." for line in text.splitlines() if len(line) > MAX_LINE]
+    assert not wide, "\n".join(wide)
+
+
+def test_the_allowed_wide_outputs_still_exist():
+    for (stem, needle), why in WIDE_OUTPUT_ALLOWED.items():
+        assert needle in (ROOT / "notebooks_src" / f"{stem}.py").read_text(), f"stale allowance: {stem} {why}"
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
+def test_stored_as_jupyterlab_saves_it(src):
+    """Re-writing the notebook as Jupyter's server does on save (after the lab merged streams) changes no byte."""
+    import nbformat
+
+    path = nbbuild.target_for(src)
+    stored = path.read_bytes()
+    nb = nbformat.reads(stored.decode(), as_version=nbformat.NO_CONVERT)
+    assert nbbuild.serialise(nbbuild.as_lab_saves(nb)) == stored, f"{path.name}: run `make notebooks`"
+    for cell in nb.cells:
+        outs = cell.get("outputs", [])
+        for a, b in zip(outs, outs[1:]):
+            assert not (a.output_type == b.output_type == "stream" and a.name == b.name), "unmerged streams"
+
+
+def test_learner_sees_only_notebooks():
+    """The lab's file browser shows notebooks/: sources and test config live elsewhere."""
+    visible = sorted(p.name for p in (ROOT / "notebooks").iterdir() if not p.name.startswith("."))
+    assert visible and all(name.endswith(".ipynb") for name in visible), visible

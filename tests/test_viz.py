@@ -306,3 +306,22 @@ def test_values_read_inside_subgraphs_are_edges_into_the_owner():
     assert "n0 -> n1;" in dot  # relu -> If, through the branch bodies
     assert 'label="output a"' not in dot and len(op_lines(dot)) == 3
     assert "Relu_2" in viz.layered_layout(model).positions
+
+
+def test_netron_binds_loopback_only_and_goes_through_the_jupyter_server_when_there_is_one(monkeypatch):
+    import jupyter_server.serverapp as serverapp
+
+    monkeypatch.setenv("JPY_PARENT_PID", "4242")
+    monkeypatch.setattr(serverapp, "list_running_servers",
+                        lambda *a, **k: iter([{"pid": 1, "base_url": "/other/"}, {"pid": 4242, "base_url": "/hub/u/"}]))
+    view = viz.netron_view(conv_bn_relu())
+    try:
+        assert all(t.server.server_address[0] == "127.0.0.1" for t in view._threads)
+        assert view.proxy_url == f"/hub/u/proxy/127.0.0.1:{view.port}/" and view.src == view.proxy_url
+        assert f'src="{view.proxy_url}"' in view._repr_html_() and "Accept" in view._repr_html_()
+        assert view.iframe().src == view.proxy_url
+    finally:
+        view.stop()
+    assert not _port_open(view.port) and view._repr_html_() == "<p>netron view stopped</p>"
+    monkeypatch.delenv("JPY_PARENT_PID")
+    assert viz.jupyter_base_url() is None  # not under a Jupyter server: the direct address is used

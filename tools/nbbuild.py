@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the workbook's notebooks from their reviewable sources, and execute them.
 
-Each notebook has a source `notebooks/src/NN_name.py` in the "percent" format:
+Each notebook has a source `notebooks_src/NN_name.py` in the "percent" format:
 
     # %% [markdown]
     # # A title
@@ -10,7 +10,7 @@ Each notebook has a source `notebooks/src/NN_name.py` in the "percent" format:
     # %%
     import fusionlab
 
-`python tools/nbbuild.py notebooks/src/01_conv_bn_folding.py [...]` writes
+`python tools/nbbuild.py notebooks_src/01_conv_bn_folding.py [...]` writes
 `notebooks/01_conv_bn_folding.ipynb`, executed top to bottom in the notebooks/ folder (as nbval
 runs it), atomically. `--check` only verifies that every stored notebook's cells equal its source
 (tests call this, so a source edit without a rebuild fails CI).
@@ -69,6 +69,46 @@ def to_notebook(cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
     return nb
 
 
+_BACKSPACE = re.compile(r"[^\n]\x08")
+_CR_NEWLINE = re.compile(r"\r+\n")
+_CR_LINE = re.compile(r"^.*\r+", re.MULTILINE)
+
+
+def _overwrite(text: str) -> str:
+    """What a terminal would show: backspaces and carriage returns applied (JupyterLab does the same)."""
+    while _BACKSPACE.search(text):
+        text = _BACKSPACE.sub("", text)
+    return _CR_LINE.sub("", _CR_NEWLINE.sub("\n", text))
+
+
+def as_lab_saves(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Outputs as JupyterLab keeps them: consecutive stream outputs of one name merged, overwrites applied.
+
+    JupyterLab merges a stream message into the previous output when both are stdout (or both stderr); a
+    notebook stored unmerged would change when a learner runs and saves it, leaving a dirty tree.
+    """
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        merged: list = []
+        for out in cell.outputs:
+            if out.output_type == "stream":
+                if merged and merged[-1].output_type == "stream" and merged[-1].name == out.name:
+                    merged[-1].text = _overwrite(merged[-1].text + out.text)
+                    continue
+                out.text = _overwrite(out.text)
+            merged.append(out)
+        cell.outputs = merged
+        cell.metadata.pop("execution", None)
+    return nb
+
+
+def serialise(nb: nbformat.NotebookNode) -> bytes:
+    """The bytes Jupyter's server writes for this notebook (nbformat.write: sorted keys, one trailing newline)."""
+    text = nbformat.writes(nb, version=nbformat.NO_CONVERT)
+    return (text if text.endswith("\n") else text + "\n").encode()
+
+
 def target_for(src: Path) -> Path:
     return NOTEBOOKS / (src.stem + ".ipynb")
 
@@ -79,10 +119,7 @@ def build(src: Path, timeout: int = 1200) -> Path:
     nb = to_notebook(parse(src.read_text()))
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}})
     client.execute()
-    for cell in nb.cells:
-        cell.metadata.pop("execution", None)
-    text = nbformat.writes(nb)
-    return atomic_write(target_for(src), (text if text.endswith("\n") else text + "\n").encode())
+    return atomic_write(target_for(src), serialise(as_lab_saves(nb)))
 
 
 def out_of_sync(src: Path) -> str | None:

@@ -119,6 +119,31 @@ viz.before_after(graph, result.graph, plan=result.plan, nodes_a=first[:8],
                        titles=("before: Conv, BN, Sigmoid, Mul", "after: one fused kernel each"))
 
 # %% [markdown]
+# ### The fused model in netron
+#
+# [netron](https://github.com/lutzroeder/netron) draws any ONNX model interactively: click a node to see
+# its attributes, inputs and weights. `viz.netron_view` serves the fused model from a private temporary
+# folder on 127.0.0.1 and shows netron's page in a frame. In the lab that `make lab` starts, the frame goes
+# through the Jupyter server (jupyter-server-proxy, at `/proxy/127.0.0.1:PORT/`), so it also works when you
+# reach the lab through an SSH tunnel or on a remote machine; in another Jupyter it points at 127.0.0.1,
+# and you forward the port it prints. The first time, netron asks you to accept its cookie notice ("This
+# app uses cookies to report errors and anonymous usage information"): click **Accept** once, netron
+# remembers it for 30 days; its page has no setting to skip the notice. The static picture just above
+# shows the same groups and needs nothing, also in a static view of this notebook.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+view = viz.netron_view(result.graph, height=520)
+view
+
+# %% [markdown]
+# The server runs in this kernel until you stop it (or the kernel shuts down):
+
+# %%
+view.stop()
+print(view)
+
+# %% [markdown]
 # ## 4. What does onnxruntime do on its own?
 #
 # onnxruntime has its own fusion passes. At **BASIC** it folds constants and BatchNormalization into Conv;

@@ -151,7 +151,7 @@ print(cost.compare(yolo, plans).table())
 # much.
 
 # %%
-print(cost.plan_cost(yolo, plans["vertical"], "Atlas 300I Pro").table(max_rows=8))
+print(wrap(cost.plan_cost(yolo, plans["vertical"], "Atlas 300I Pro").table(max_rows=8)))
 
 # %% [markdown]
 # ## 4. Predicted against measured, on this CPU
@@ -255,7 +255,7 @@ box = widgets.explore(resnet)
 
 # %%
 state = widgets.explore_state(resnet, max_group_ops=3, kinds=("vertical", "mixed"), device="Atlas 800I A2")
-print(state.summary())
+print(wrap(state.summary()))
 print(state.plan.table(max_rows=5))
 
 # %% [markdown]

@@ -35,6 +35,7 @@ import fusionlab
 from fusionlab import seed_claims, zoo
 from fusionlab.lessons import dynamic_shapes
 from fusionlab.passes import fuse
+from fusionlab.text import wrap
 from fusionlab.runtime import make_feeds, session
 from fusionlab.text import text_table
 from fusionlab.timing import compare
@@ -175,7 +176,7 @@ print(f"{len(op.fusion_cache)} specialised copies hold at least {len(op.fusion_c
 
 # %%
 spellings = {"tuple of ints": [(1, 128)], "list of ints": [[1, 128]], "NumPy ints": [(1, np.int64(128))]}
-print("the seed's strings:", {name: str(s) for name, s in spellings.items()})
+print(wrap(f"the seed's strings: {({name: str(s) for name, s in spellings.items()})}"))
 print("distinct seed keys for one shape:", len({hash(str(s)) for s in spellings.values()}))
 print("hash((1, -1)) == hash((1, -2)):", hash((1, -1)) == hash((1, -2)))
 
@@ -440,8 +441,8 @@ for n in (64, 512):
     feeds = make_feeds(model, dims={"batch": 1, "sequence": n}, seed=n)
     c = compare(lambda: dynamic_sess.run(names, feeds), lambda: no_skip.run(names, feeds), min_time=0.3,
                 label_a="dynamic", label_b="static, no SkipLayerNormFusion")
-    print(f"length {n}: with SkipLayerNormFusion {cmp[n].speedup:.2f}x, without it {c.speedup:.2f}x "
-          f"(95% CI {c.ci_low:.2f}-{c.ci_high:.2f}) -> {c.verdict()}")
+    print(wrap(f"length {n}: with SkipLayerNormFusion {cmp[n].speedup:.2f}x, without it {c.speedup:.2f}x "
+               f"(95% CI {c.ci_low:.2f}-{c.ci_high:.2f}) -> {c.verdict()}"))
 
 # %% [markdown]
 # On the machine this notebook was written on, the static session without that one fusion runs within a few

@@ -25,6 +25,7 @@ from fusionlab.build import make_model, tensor, value_info
 from fusionlab.graph import load
 from fusionlab.passes import fuse, mixed
 from fusionlab.runtime import verify
+from fusionlab.text import wrap
 
 rng = np.random.default_rng(0)
 
@@ -38,7 +39,8 @@ by_kind = {}
 for op, kind in opclass.table():
     by_kind.setdefault(kind, []).append(op)
 for kind, ops in by_kind.items():
-    print(f"{opclass.OpKind[kind].value}  {kind:<18} {', '.join(ops[:12])}{' ...' if len(ops) > 12 else ''}")
+    print(wrap(f"{opclass.OpKind[kind].value}  {kind:<18} {', '.join(ops[:12])}{' ...' if len(ops) > 12 else ''}",
+               indent=" " * 22))
 print("anything else (Softmax, control flow, custom domains): OPAQUE")
 
 # %% [markdown]
@@ -129,12 +131,12 @@ for node, pd in tree.items():
 # %%
 plan, steps = mixed.plan(g, max_group_ops=None, trace=True)
 for s in steps:
-    print(s)
+    print(wrap(s, indent=" " * 15))
 
 # %%
 print(plan.table())
 for grp in plan:
-    print(f"{grp.id}: stopped because {grp.reason}")
+    print(wrap(f"{grp.id}: stopped because {grp.reason}"))
 
 # %%
 viz.draw(g, plan, title="FuseOps groups, no thresholds")
@@ -210,8 +212,8 @@ print(pr.notes[0])
 for opts in ({"max_group_ops": 5}, {"max_group_ops": None, "allow_recompute": True}):
     res = fuse(g, ("mixed",), **opts)
     report = verify(g, res.graph)
-    print(opts, "->", len(res.graph), "nodes;", [grp.lowered_to for grp in res.plan],
-          "equivalent" if report.ok else "NOT equivalent")
+    print(wrap(f"{opts} -> {len(res.graph)} nodes; {[grp.lowered_to for grp in res.plan]} "
+               f"{'equivalent' if report.ok else 'NOT equivalent'}"))
 
 # %% [markdown]
 # ## 7. A zoo model: YOLOv5n

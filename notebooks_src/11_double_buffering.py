@@ -39,6 +39,7 @@ from fusionlab import seed_claims
 from fusionlab.cost import devices
 from fusionlab.lessons import double_buffer
 from fusionlab.timing import bench, compare
+from fusionlab.text import wrap
 
 plt.rcParams["figure.dpi"] = 80
 print(seed_claims.claim("s33-tbe-dsl-sketch").summary())
@@ -400,8 +401,8 @@ for name, (predicted, c) in (("page-cache loader", memcpy_result), ("emulated de
                    "the loading it hid")
     else:
         outcome = "no clear difference"
-    print(f"{name}: simulator predicted {predicted:.2f}x, measured {c.speedup:.2f}x "
-          f"(95% CI {c.ci_low:.2f}-{c.ci_high:.2f}x): {outcome}")
+    print(wrap(f"{name}: simulator predicted {predicted:.2f}x, measured {c.speedup:.2f}x "
+               f"(95% CI {c.ci_low:.2f}-{c.ci_high:.2f}x): {outcome}"))
 
 # %% [markdown]
 # When the measured ratio falls short of the prediction, the simulator's assumption is what broke: it gives the

@@ -31,6 +31,7 @@ from fusionlab.customop import (DeclarationError, compute, declare_group, librar
                                 reg_op, replace_groups, write_package)
 from fusionlab.passes import vertical
 from fusionlab.runtime import make_feeds, session, verify
+from fusionlab.text import wrap
 
 # %% [markdown]
 # ## 1. Declare: the REG_OP chain in Python
@@ -83,7 +84,7 @@ def try_declare(build):
         print("valid")
     except DeclarationError as err:
         for problem in err.problems:
-            print("-", problem)
+            print(wrap(f"- {problem}", indent="  "))
 
 
 # rule 1: an input without types
@@ -158,7 +159,7 @@ op = declare_group(graph, group)
 print()
 print(f"group {group.id}: {group.pattern} -> {op.decl.name} (folded: {', '.join(op.decl.folded)})")
 print(op.decl)
-print("attributes of this node:", json.dumps(op.attrs))
+print(wrap(f"attributes of this node: {json.dumps(op.attrs)}"))
 
 # %% [markdown]
 # Not every group can become a custom op, and a group that cannot is left alone with a one-line reason. A
@@ -215,7 +216,7 @@ print("equivalent" if report.ok else "NOT equivalent")
 try:
     session(result.graph)
 except fusionlab.ModelError as err:
-    print("\nwithout the library:", str(err)[:95], "...")
+    print("\nwithout the library:", str(err)[:80], "...")
 
 # %% [markdown]
 # ## 7. Time it, and what a Python kernel costs
@@ -306,7 +307,7 @@ print("\n".join(files["op_proto/conv_relu.cc"].splitlines()[:12]), "\n  ...")
 
 # %%
 doc = json.loads(files["msopgen/conv_relu.json"])[0]
-print({k: (v if not isinstance(v, list) else f"[{len(v)} entries]") for k, v in doc.items()})
+print(wrap({k: (v if not isinstance(v, list) else f"[{len(v)} entries]") for k, v in doc.items()}))
 print(json.dumps(doc["input_desc"][0]), json.dumps(doc["attr"][0]), sep="\n")
 
 # %% [markdown]

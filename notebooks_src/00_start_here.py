@@ -39,21 +39,24 @@
 #
 # ## The notebooks, in order
 #
+# Click a name to open it. Each notebook starts with what you will learn and ends with a summary and
+# things to try.
+#
 # | notebook | what it teaches |
 # |---|---|
-# | `00_start_here` | this page: the map, the set-up check, a first taste |
-# | `01_conv_bn_folding` | fold BatchNormalization into a Conv: the algebra, the edge cases the write-up misses, and checking the result |
-# | `02_vertical_fusion` | fuse producer→consumer chains (Conv+Relu, MatMul+Add+Gelu...): the legality rules and the saved memory traffic |
-# | `03_horizontal_fusion` | fuse sibling branches that read the same input (concatenated weights) |
-# | `04_mixed_fusion` | both at once, on real topologies (residual blocks, attention) |
-# | `05_fusion_thresholds` | when fusion stops paying: a cost model, buffer capacity, peak memory, the "more than 5 ops" rule |
-# | `06_fused_codegen` | fusion made real: one generated loop against one pass per op, bytes and GB/s measured |
-# | `07_reductions_attention` | fusing through reductions: softmax, LayerNorm and attention (FlashAttention), measured against the bandwidth |
-# | `08_real_compilers` | IREE runs the graphs fused, TVM's FuseOps checks the mixed pass, CANN ATC's fusion report |
-# | `09_custom_op` | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
-# | `10_profiling_case` | profile a model, find the gaps, fix them, and measure again |
-# | `11_double_buffering` | overlap data movement with compute: the pipeline behind "+18%" |
-# | `12_dynamic_shapes` | caching compiled kernels by shape: gears, a bounded LRU cache, and the seed's "×2.1" |
+# | [00_start_here](00_start_here.ipynb) | this page: the map, the set-up check, a first taste |
+# | [01_conv_bn_folding](01_conv_bn_folding.ipynb) | fold BatchNormalization into a Conv: the algebra, the edge cases the write-up misses, and checking the result |
+# | [02_vertical_fusion](02_vertical_fusion.ipynb) | fuse producer→consumer chains (Conv+Relu, MatMul+Add+Gelu...): the legality rules and the saved memory traffic |
+# | [03_horizontal_fusion](03_horizontal_fusion.ipynb) | fuse sibling branches that read the same input (concatenated weights) |
+# | [04_mixed_fusion](04_mixed_fusion.ipynb) | both at once, on real topologies (residual blocks, attention) |
+# | [05_fusion_thresholds](05_fusion_thresholds.ipynb) | when fusion stops paying: a cost model, buffer capacity, peak memory, the "more than 5 ops" rule |
+# | [06_fused_codegen](06_fused_codegen.ipynb) | fusion made real: one generated loop against one pass per op, bytes and GB/s measured |
+# | [07_reductions_attention](07_reductions_attention.ipynb) | fusing through reductions: softmax, LayerNorm and attention (FlashAttention), measured against the bandwidth |
+# | [08_real_compilers](08_real_compilers.ipynb) | IREE runs the graphs fused, TVM's FuseOps checks the mixed pass, CANN ATC's fusion report |
+# | [09_custom_op](09_custom_op.ipynb) | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
+# | [10_profiling_case](10_profiling_case.ipynb) | profile a model, find the gaps, fix them, and measure again |
+# | [11_double_buffering](11_double_buffering.ipynb) | overlap data movement with compute: the pipeline behind "+18%" |
+# | [12_dynamic_shapes](12_dynamic_shapes.ipynb) | caching compiled kernels by shape: gears, a bounded LRU cache, and the seed's "×2.1" |
 
 # %% [markdown]
 # ## One pipeline, every time
@@ -78,7 +81,9 @@
 # ## How to run it
 #
 # From the repository root, `make lab` installs everything into `.venv/` on first use and opens JupyterLab on
-# `notebooks/` (bound to 127.0.0.1). `make test` runs the unit tests and re-executes every notebook with
+# `notebooks/` (bound to 127.0.0.1), on this page. It keeps Jupyter's own files in `.venv/jupyter/`, not
+# in your home, and trusts the shipped notebooks, so their stored widgets show without re-running them.
+# `make test` runs the unit tests and re-executes every notebook with
 # [nbval](https://github.com/computationalmodelling/nbval). nbval compares each cell's output with the stored
 # one, so the notebooks stay true. Cells whose output depends on your machine (timings, CPU name) are marked
 # `# NBVAL_IGNORE_OUTPUT`.

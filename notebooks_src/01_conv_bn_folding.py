@@ -31,6 +31,7 @@ from fusionlab import cost, derive, seed_claims, timing, viz, zoo
 from fusionlab.cost import devices
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.legality import conv_bn_legal
+from fusionlab.text import wrap
 
 rng = np.random.default_rng(0)
 np.set_printoptions(precision=4, suppress=True)
@@ -282,7 +283,7 @@ cases = {
                                              extra_outputs=("y2",)),
 }
 for label, v in cases.items():
-    print(f"{label:<34} {'legal' if v.ok else 'ILLEGAL':<8} {v.code:<16} {v.reason}")
+    print(wrap(f"{label:<34} {'legal' if v.ok else 'ILLEGAL':<8} {v.code:<16} {v.reason}", indent=" " * 61))
 
 # %% [markdown]
 # ## 6. A real layer: the ResNet-50 stem
@@ -405,9 +406,9 @@ fig
 for name in ("Atlas 300I Pro", "Atlas 800I A2 (Ascend 910B)"):
     before = cost.plan_cost(stem, None, name, dims={"batch": 1})
     after = cost.plan_cost(stem_folded, None, name, dims={"batch": 1})
-    print(f"{name:<30} unfused {before.latency_s * 1e6:7.1f} us ({before.kernels} kernels)  "
-          f"folded {after.latency_s * 1e6:7.1f} us ({after.kernels} kernels)  "
-          f"predicted saving {1 - after.latency_s / before.latency_s:.0%}")
+    print(f"{name:<28} unfused {before.latency_s * 1e6:6.1f} us ({before.kernels} kernels), "
+          f"folded {after.latency_s * 1e6:6.1f} us ({after.kernels} kernels), "
+          f"saving {1 - after.latency_s / before.latency_s:.0%}")
 
 # %% [markdown]
 # %%

@@ -1,0 +1,284 @@
+"""The workbook as a learner meets it: JupyterLab (as `make lab` starts it) in headless Chromium.
+
+One lab server and one browser serve every test here (conftest.py). Input goes through real keyboard and
+mouse events (selenium -> chromedriver); JupyterLab's exposed app is only read, to know when it is done.
+Run alone with `make test-browser`; screenshots land in $TMPDIR/fusionlab-browser/ (never compared).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import Select
+
+from harness import ROOT
+
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+EXPLORER = "05_fusion_thresholds.ipynb"
+CELL_TIMEOUT = 300  # seconds one cell may run in the browser (the slowest cell takes ~60 s alone)
+
+
+def _stored(name: str) -> dict:
+    return json.loads((ROOT / "notebooks" / name).read_text())
+
+
+def _ignored(cell: dict) -> bool:
+    src = "".join(cell["source"])
+    return "NBVAL_IGNORE_OUTPUT" in src or "NBVAL_SKIP" in src
+
+
+# -- landing ------------------------------------------------------------------------------------------
+
+def test_lab_lands_on_start_here_with_only_notebooks_and_no_news(page, lab):
+    page.start()
+    assert page.js("return flPanel().context.path") == "00_start_here.ipynb"
+    listed = page.wait(lambda: page.js("""return [...document.querySelectorAll(
+        '.jp-DirListing-content .jp-DirListing-itemText')].map(e => e.textContent.trim());""") or None,
+        60, "file browser empty")
+    assert sorted(listed) == NOTEBOOKS  # no src/, no sanitize.cfg: only what a learner opens
+    schema = lab.api("/lab/api/settings/@jupyterlab/apputils-extension:notification")["schema"]["properties"]
+    assert schema["fetchNews"]["default"] == "false" and schema["checkForUpdates"]["default"] is False
+    assert "news" not in page.js("return document.body.innerText").lower()
+    page.screenshot("00_landing")
+
+
+def test_start_here_links_open_the_notebooks(page):
+    page.open("00_start_here.ipynb")
+    # the lab rewrites a relative link to its /files/ address and opens it in the lab when clicked
+    links = page.js("""return [...flPanel().node.querySelectorAll('.jp-RenderedMarkdown a')]
+        .map(a => new URL(a.href).pathname).filter(p => p.endsWith('.ipynb')).map(p => p.split('/').pop());""")
+    assert sorted(set(links)) == NOTEBOOKS
+    link = page.js("""const a = [...flPanel().node.querySelectorAll('.jp-RenderedMarkdown a')]
+        .find(a => new URL(a.href).pathname.endsWith('/' + arguments[0]));
+        a.scrollIntoView({block: 'center'}); return a;""", "03_horizontal_fusion.ipynb")
+    link.click()  # a real click on the rendered link
+    page.wait(lambda: "03_horizontal_fusion.ipynb" in page.js(
+        "return Array.from(window.jupyterapp.shell.widgets('main')).map(w => w.context && w.context.path)"),
+        60, "the link did not open 03")
+
+
+# -- the stored explorer, before anything runs ---------------------------------------------------------
+
+def test_stored_explorer_renders_its_widgets_not_their_repr(page):
+    page.open(EXPLORER)
+    i = page.cell_index("widgets.explore(")
+    page.wait(lambda: page.cell(i).find_elements(By.CSS_SELECTOR, ".fl-explorer .widget-slider"), 60,
+              "stored explorer shows no slider (untrusted notebook, or no saved widget state)")
+    cell = page.cell(i)
+    text = cell.text
+    assert "VBox(children" not in text and "Explorer(children" not in text
+    assert "groups:" in text and "kinds=" in text  # the saved result, shown without a kernel doing anything
+    page.screenshot("05_stored_explorer", cell)
+
+
+def test_untrusted_copy_still_shows_the_explorer_summary(page, lab):
+    """Opened in a Jupyter that never trusted it, the explorer shows its result as HTML, not a widget repr."""
+    nb = _stored(EXPLORER)
+    nb["metadata"]["edited_elsewhere"] = True  # any change voids the signature: untrusted
+    copy = lab.root / "untrusted_copy.ipynb"
+    copy.write_text(json.dumps(nb))
+    try:
+        page.open(copy.name)
+        i = page.cell_index("widgets.explore(")
+        page.wait(lambda: "groups:" in page.cell(i).text, 60, "no summary in the untrusted view")
+        text = page.cell(i).text
+        assert "VBox(children" not in text and "run the notebook to use its controls" in text
+        assert not page.cell(i).find_elements(By.CSS_SELECTOR, ".widget-slider")
+        page.screenshot("05_untrusted_summary", page.cell(i))
+    finally:
+        page.open(EXPLORER)  # close the copy (and its kernel) before removing it
+        copy.unlink()
+
+
+# -- every notebook: stored == saved, Run All without errors or warnings, saved == stored ---------------
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_run_all_in_the_browser(page, lab, name):
+    page.open(name)
+    page.save()  # Ctrl+S on the stored notebook: not one byte may change
+    assert (lab.root / name).read_bytes() == (ROOT / "notebooks" / name).read_bytes(), "saving rewrote it"
+    seconds = page.run_all(cell_timeout=CELL_TIMEOUT)
+    page.ran[name] = seconds
+    print(f"{name}: Run All in the browser {seconds:.1f} s")
+    assert page.problems() == []
+    page.save()
+    saved, stored = json.loads((lab.root / name).read_text()), _stored(name)
+    assert saved["metadata"].keys() == stored["metadata"].keys() and saved["nbformat_minor"] == stored["nbformat_minor"]
+    for i, (a, b) in enumerate(zip(saved["cells"], stored["cells"])):
+        if a["cell_type"] == "code" and not _ignored(b):
+            streams = [[o for o in c["outputs"] if o["output_type"] == "stream"] for c in (a, b)]
+            assert streams[0] == streams[1], f"cell {i}: the lab saves its printed output differently"
+
+
+# -- the explorer, live ---------------------------------------------------------------------------------
+
+def _explorer(page):
+    page.open(EXPLORER)
+    if EXPLORER not in page.live:
+        page.ran[EXPLORER] = page.run_all(cell_timeout=CELL_TIMEOUT)
+    i = page.cell_index("widgets.explore(")
+
+    page.cell(i)  # scroll to it once
+
+    def cell():  # found afresh each time: JupyterLab may re-render the cell's DOM
+        return page.cell(i, scroll=False)
+
+    page.wait(lambda: cell().find_elements(By.CSS_SELECTOR, ".fl-explorer-result pre"), 60, "no live result")
+    return cell
+
+
+def _result(cell) -> str:
+    return cell().find_element(By.CSS_SELECTOR, ".fl-explorer-result").text
+
+
+def _changed(page, cell, before: str, needle: str, timeout: float = 60) -> tuple[str, float]:
+    t0 = time.monotonic()
+    page.wait(lambda: _result(cell) != before and needle in _result(cell), timeout, f"result never showed {needle!r}")
+    return _result(cell), time.monotonic() - t0
+
+
+def _line(text: str, start: str) -> str:
+    return next(l for l in text.splitlines() if l.startswith(start))
+
+
+@pytest.mark.after_run(EXPLORER)
+def test_device_dropdown_changes_the_prediction(page):
+    cell = _explorer(page)
+    before = _result(cell)
+    assert "Atlas 300I Pro: predicted" in before
+    select = cell().find_element(By.CSS_SELECTOR, ".fl-explorer-device select")
+    select.location_once_scrolled_into_view
+    Select(select).select_by_visible_text("Atlas 800I A2 (Ascend 910B)")  # clicks the option
+    after, took = _changed(page, cell, before, "Atlas 800I A2 (Ascend 910B): predicted")
+    print(f"device dropdown -> new result in {took:.2f} s")
+    assert _line(after, "Atlas 800I A2 (Ascend 910B): predicted") != _line(before, "Atlas 300I Pro: predicted")
+    page.screenshot("05_explorer_device", cell())
+
+
+@pytest.mark.after_run(EXPLORER)
+def test_kinds_change_the_plan_and_the_picture(page):
+    cell = _explorer(page)
+    before = _result(cell)
+    picture = cell().find_element(By.CSS_SELECTOR, ".fl-explorer-picture img").get_attribute("src")
+    kinds = Select(cell().find_element(By.CSS_SELECTOR, ".fl-explorer-kinds select"))
+    kinds._el.location_once_scrolled_into_view
+    for text in ("vertical", "horizontal"):  # chromedriver clicks each option: a click toggles it here
+        kinds.deselect_by_visible_text(text)
+    after, took = _changed(page, cell, before, "kinds=mixed,")
+    print(f"kinds -> new result in {took:.2f} s")
+    assert _line(after, "groups:") != _line(before, "groups:")
+    page.wait(lambda: cell().find_element(By.CSS_SELECTOR, ".fl-explorer-picture img").get_attribute("src") != picture,
+              30, "the picture did not change")
+    page.screenshot("05_explorer_kinds", cell())
+
+
+def _move_slider(page, cell, name: str, presses: int, key=Keys.ARROW_LEFT) -> None:
+    handle = cell().find_element(By.CSS_SELECTOR, f".fl-explorer-{name} .noUi-handle")
+    handle.location_once_scrolled_into_view
+    handle.click()  # focus the slider's handle with the mouse, then step it with the keyboard
+    for _ in range(presses):
+        page.press(key)
+
+
+@pytest.fixture(scope="module")
+def slider_moved(page):
+    """Back to all kinds, then max ops 5 -> 3 with the keyboard on the slider: (before, after, readout)."""
+    cell = _explorer(page)
+    kinds = Select(cell().find_element(By.CSS_SELECTOR, ".fl-explorer-kinds select"))
+    kinds._el.location_once_scrolled_into_view
+    chosen = {o.text for o in kinds.all_selected_options}
+    for text in ("vertical", "horizontal", "mixed"):
+        if text not in chosen:
+            kinds.select_by_visible_text(text)
+    page.wait(lambda: "kinds=vertical+horizontal+mixed," in _result(cell), 60, "kinds not reset")
+    before = _result(cell)
+    _move_slider(page, cell, "ops", 2)
+    after, took = _changed(page, cell, before, "max_group_ops=3,")
+    print(f"max ops slider -> new result in {took:.2f} s")
+    readout = cell().find_element(By.CSS_SELECTOR, ".fl-explorer-ops .widget-readout").text
+    page.screenshot("05_explorer_slider", cell())
+    return before, after, readout
+
+
+@pytest.mark.after_run(EXPLORER)
+def test_max_ops_slider_reaches_the_kernel(slider_moved):
+    before, after, readout = slider_moved
+    assert readout == "3"
+    assert "max_group_ops=5," in _line(before, "kinds=") and "max_group_ops=3," in _line(after, "kinds=")
+
+
+@pytest.mark.after_run(EXPLORER)
+@pytest.mark.xfail(strict=True, reason="engine: at the default kinds the vertical pass ignores max_group_ops and "
+                   "the mixed groups that would respond are dropped as overlapping (issue 11; the lead's rewrite)")
+def test_max_ops_slider_changes_the_plan(slider_moved):
+    before, after, _ = slider_moved
+    assert _line(after, "groups:") != _line(before, "groups:")
+
+
+@pytest.mark.after_run(EXPLORER)
+def test_explorer_layout_keeps_everything_in_view(page):
+    cell = _explorer(page)
+    button = cell().find_element(By.CSS_SELECTOR, ".fl-explorer-measure")
+    assert page.js("return arguments[0].scrollWidth <= arguments[0].clientWidth", button), "button label cut off"
+    picture = cell().find_element(By.CSS_SELECTOR, ".fl-explorer-picture")
+    assert picture.size["height"] <= 500, f"picture box {picture.size['height']} px tall"
+    button.location_once_scrolled_into_view
+    button.click()
+    measured = cell().find_element(By.CSS_SELECTOR, ".fl-explorer-measured")
+    page.wait(lambda: "speedup" in measured.text.lower() or "median" in measured.text.lower(), 180,
+              "no measurement shown")
+    gap = page.js("return arguments[1].getBoundingClientRect().top - arguments[0].getBoundingClientRect().bottom",
+                  button, measured)
+    assert 0 <= gap <= 150, f"the measurement appears {gap} px below the button"
+    page.screenshot("05_explorer_measured", cell())
+    print(f"explorer: picture box {picture.size['width']}x{picture.size['height']} px, measurement {gap} px "
+          f"below the button, cell {cell().size['height']} px tall")
+
+
+# -- netron in notebook 02 ------------------------------------------------------------------------------
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.after_run("02_vertical_fusion.ipynb")
+def test_netron_through_the_jupyter_server_then_stopped(page):
+    name = "02_vertical_fusion.ipynb"
+    page.open(name)
+    if name not in page.live:  # the netron cell needs `result` from the cells above
+        page.ran[name] = page.run_all(cell_timeout=CELL_TIMEOUT)
+    i = page.cell_index("viz.netron_view(")
+    page.run_cell(i)  # Run All stopped the view in the next cell: start it again, with Shift+Enter
+    cell = page.cell(i)
+    frame = page.wait(lambda: cell.find_elements(By.CSS_SELECTOR, "iframe"), 60, "no netron frame")[0]
+    src = frame.get_attribute("src")
+    assert "/proxy/127.0.0.1:" in src, src  # through the Jupyter server: works via tunnels and hubs
+    port = int(src.rstrip("/").rsplit(":", 1)[1])
+    page.d.switch_to.frame(frame)
+    try:
+        accept = page.wait(lambda: [b for b in page.d.find_elements(By.CSS_SELECTOR, "button")
+                                    if b.is_displayed() and b.text == "Accept"], 60, "no netron notice")[0]
+        accept.click()
+        page.wait(lambda: page.js("return document.body.classList.contains('default')")
+                  and page.d.find_elements(By.CSS_SELECTOR, "#canvas .node"), 60, "netron drew no graph")
+        nodes = len(page.d.find_elements(By.CSS_SELECTOR, "#canvas .node"))
+    finally:
+        page.d.switch_to.default_content()
+    print(f"netron drew {nodes} nodes through {src}")
+    page.screenshot("02_netron", cell)
+    assert _port_open(port)
+    page.run_cell(page.cell_index("view.stop()"))
+    page.wait(lambda: not _port_open(port), 30, "netron still listening after stop()")
+
+
+def test_the_lab_wrote_nothing_into_home(lab):
+    """The server and its kernels ran with HOME set to an empty folder: Jupyter's files went to the project."""
+    written = sorted(str(p.relative_to(lab.home)) for p in lab.home.rglob("*"))
+    assert written == [], written

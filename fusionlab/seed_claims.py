@@ -160,7 +160,7 @@ def benchmark_cell(path: str | Path, row: dict, column: str) -> str:
 
 def notebook_sections(stem: str, root: Path = ROOT) -> dict[str, str]:
     """{section number: heading text} of a notebook's '## N. Title' headings, read from its source."""
-    src = (root / "notebooks" / "src" / f"{stem}.py").read_text(encoding="utf-8")
+    src = (root / "notebooks_src" / f"{stem}.py").read_text(encoding="utf-8")
     return {m.group(1): m.group(2).strip() for m in re.finditer(r"^# ##+ (\d+(?:\.\d+)?)\.? (.+)$", src, re.M)}
 
 

@@ -91,7 +91,7 @@ def test_the_stored_document_is_current():
 
 def test_notebooks_ask_only_for_claims_that_exist():
     asked = set()
-    for src in (ROOT / "notebooks" / "src").glob("*.py"):
+    for src in (ROOT / "notebooks_src").glob("*.py"):
         asked |= set(re.findall(r'seed_claims\.claim\("([^"]+)"\)', src.read_text()))
         asked |= set(re.findall(r'for cid in \(([^)]*)\)', src.read_text()) and
                      re.findall(r'"(s\d[\w.-]+)"', src.read_text()))

@@ -165,12 +165,25 @@ class FusionPlan:
         return FusionPlan([g for g in self.groups if g.kind == kind], model=self.model, options=dict(self.options))
 
     def without(self, *group_ids: str) -> "FusionPlan":
-        """A copy of the plan without the named groups (their nodes stay unfused when it is applied)."""
+        """A copy of the plan without the named groups (their nodes stay unfused when it is applied).
+
+        A later group built on a dropped one (a mixed group over its fused Conv: their `covers` overlap) goes
+        too, since the node it starts from will not exist; the copy's notes say so.
+        """
         unknown = [g for g in group_ids if g not in {x.id for x in self.groups}]
         if unknown:
             raise KeyError(unknown[0])
-        return FusionPlan.from_dict({**self.to_dict(), "groups": [g.to_dict() for g in self.groups
-                                                                   if g.id not in group_ids]})
+        drop, gone, notes = set(group_ids), set(), []
+        for g in self.groups:
+            if g.id in drop:
+                gone |= set(g.covers)
+            elif gone & set(g.covers):
+                drop.add(g.id)
+                gone |= set(g.covers)
+                notes.append(f"edit: group {g.id} dropped too: it was built on a dropped group")
+        d = self.to_dict()
+        return FusionPlan.from_dict({**d, "notes": d["notes"] + notes,
+                                     "groups": [g.to_dict() for g in self.groups if g.id not in drop]})
 
     def why_not(self, node: str | None = None) -> list[Refusal]:
         """Refusals, all or those anchored on one node."""

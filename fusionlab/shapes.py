@@ -165,7 +165,28 @@ def _read_shapes(inferred: onnx.ModelProto) -> tuple[dict[str, tuple], dict[str,
 
 
 class ShapeInfo:
-    """Shapes (symbolic and bound), dtypes and sizes of every value of one graph, computed once."""
+    """Shapes (symbolic and bound), dtypes and sizes of every value of one graph, computed once.
+
+    `ShapeInfo.of(graph, dims)` returns the one already computed for this graph when nothing in it changed
+    since (same nodes, same wiring, same initializers): passes that plan and then apply on an unchanged graph,
+    and the cost model after them, share one inference.
+    """
+
+    _cache: "weakref.WeakKeyDictionary" = None
+
+    @classmethod
+    def of(cls, graph: Graph, dims: dict[str, int] | None = None) -> "ShapeInfo":
+        import weakref
+
+        if cls._cache is None:
+            cls._cache = weakref.WeakKeyDictionary()
+        key = (_fingerprint(graph), tuple(sorted((dims or {}).items())))
+        hit = cls._cache.get(graph.model)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        info = cls(graph, dims)
+        cls._cache[graph.model] = (key, info)
+        return info
 
     def __init__(self, graph: Graph, dims: dict[str, int] | None = None):
         self.graph = graph
@@ -245,6 +266,13 @@ class ShapeInfo:
         if shape is None or dt is None:
             return None
         return int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+
+
+def _fingerprint(graph: Graph) -> int:
+    """A hash of the graph's nodes and wiring (which value feeds which node) and its initializer names."""
+    g = graph.graph
+    parts = [(n.name, n.op_type, tuple(id(v) for v in n.inputs), tuple(id(v) for v in n.outputs)) for n in g]
+    return hash((tuple(parts), tuple(g.initializers), tuple(id(v) for v in g.inputs)))
 
 
 def _infer_bound(proto: onnx.ModelProto, graph: Graph, dims: dict[str, int]) -> Shapes:

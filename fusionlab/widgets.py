@@ -17,8 +17,8 @@ from .passes import options_for, plan as plan_passes
 from .plan import FusionPlan
 from .text import text_table, wrap
 
-__all__ = ["ExplorerResult", "make_plan", "explore_state", "sweep_group_size", "sweep_table", "plot_sweep",
-           "measure", "explore"]
+__all__ = ["ExplorerResult", "make_plan", "explore_state", "change_line", "what_each_control_governs",
+           "sweep_group_size", "sweep_table", "plot_sweep", "measure", "explore"]
 
 KINDS = ("vertical", "horizontal", "mixed")
 
@@ -64,11 +64,18 @@ class ExplorerResult:
 
 def explore_state(model, max_group_ops: int | None = 5, buffer_kb: float | None = None, kinds=KINDS,
                   device: str | Device = "Atlas 300I Pro", *, dims: dict | None = None, picture: bool = False,
-                  devices: list | None = None) -> ExplorerResult:
-    """Plan with these thresholds, cost it on `device` and on every preset; optionally draw the groups."""
+                  devices: list | None = None, drop: tuple = ()) -> ExplorerResult:
+    """Plan with these thresholds, cost it on `device` and on every preset; optionally draw the groups.
+
+    `drop` names plan groups to leave unfused: the edited plan is what is costed, drawn and measured (an
+    executable plan: `fusionlab.passes.apply` rewrites exactly it).
+    """
     graph = as_graph(model)
     dev = get_device(device)
     plan = make_plan(graph, kinds, max_group_ops, buffer_kb, dims)
+    known = {g.id for g in plan}
+    if any(d in known for d in drop):
+        plan = plan.without(*[d for d in drop if d in known])
     a = cost.Analysis(graph, dims, dev.precision)
     base = cost.plan_cost(graph, None, dev, analysis=a)
     fused = cost.plan_cost(graph, plan, dev, analysis=a)
@@ -80,7 +87,44 @@ def explore_state(model, max_group_ops: int | None = 5, buffer_kb: float | None 
 
         fig = viz.draw(graph, plan, title=f"{len(plan)} groups, max {max_group_ops} ops per group")
     settings = {"kinds": "+".join(kinds), "max_group_ops": max_group_ops, "buffer_kb": buffer_kb, "device": dev.name}
+    if drop:
+        settings["dropped"] = ",".join(d for d in drop if d in known) or "none"
     return ExplorerResult(plan, fused, base, table, fig, settings)
+
+
+def change_line(before: ExplorerResult, after: ExplorerResult) -> str:
+    """One line saying what a control change did: "max_group_ops 5 -> 3: 4 groups split, 6 more launches, ..."."""
+    moved = [f"{k} {before.settings.get(k)} -> {after.settings.get(k)}" for k in after.settings
+             if before.settings.get(k) != after.settings.get(k)]
+    b, a = before.cost, after.cost
+    dg, dk = len(after.plan) - len(before.plan), a.kernels - b.kernels
+    parts = []
+    if dg:
+        parts.append(f"{abs(dg)} {'more' if dg > 0 else 'fewer'} group(s)")
+    parts.append(f"{abs(dk)} {'more' if dk > 0 else 'fewer'} launches" if dk else "same launches")
+    parts.append(f"latency {_pct(a.latency_s, b.latency_s)}")
+    parts.append(f"peak memory {_pct(a.peak_memory_bytes, b.peak_memory_bytes)}")
+    return f"{', '.join(moved) or 'no change'}: " + ", ".join(parts)
+
+
+def _pct(new: float, old: float) -> str:
+    if not old or new == old:
+        return "unchanged" if new == old else "n/a"
+    return f"{(new - old) / old:+.1%}"
+
+
+def what_each_control_governs(plan: FusionPlan) -> str:
+    """The explorer's legend: which groups the size limit can split and which it cannot, and why."""
+    from .passes.rules import VERTICAL_RULES
+
+    fixed = sorted({g.rule for g in plan if any(g.rule in r.names and r.fixed for r in VERTICAL_RULES)})
+    lines = ["max ops: the most ops one group may hold; a vertical chain (Conv+BN+act, MatMul+Add+act) stops",
+             "growing there, a mixed group splits. UB KiB: the on-chip buffer a mixed group's tiles may fill.",
+             "Horizontal groups are not limited by either: they concatenate siblings into one wide op per step."]
+    if fixed:
+        lines.append(f"Not split by max ops: {', '.join(fixed)}: each is one runtime op (e.g. a decomposed GELU is "
+                     "one Gelu kernel), so a part of it would be no kernel at all.")
+    return "\n".join(lines)
 
 
 def sweep_group_size(model, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16), device: str | Device = "Atlas 300I Pro", *,
@@ -139,15 +183,18 @@ def plot_sweep(rows: list[dict], ax=None, title: str | None = None):
 
 
 def measure(model, kinds=KINDS, max_group_ops: int | None = 5, buffer_kb: float | None = None, *,
-            dims: dict | None = None, min_time: float = 1.0):
-    """Fuse with these settings, verify against the original, and time both on this CPU (1 thread)."""
-    from .passes import fuse
+            dims: dict | None = None, min_time: float = 1.0, plan: FusionPlan | None = None):
+    """Fuse with these settings (or apply `plan`, e.g. an edited one), verify, and time both here (1 thread)."""
+    from .passes import apply, fuse
     from .runtime import verify
     from .timing import compare_models
 
     graph = as_graph(model)
-    result = fuse(graph, passes=list(kinds), **options_for(kinds, max_group_ops=max_group_ops, buffer_kb=buffer_kb,
-                                                            dims=dims))
+    if plan is not None:
+        result = apply(graph, plan)
+    else:
+        result = fuse(graph, passes=list(kinds), **options_for(kinds, max_group_ops=max_group_ops,
+                                                                buffer_kb=buffer_kb, dims=dims))
     report = verify(graph, result.graph, dims=dims)
     if not report.ok:
         raise ValueError("the fused model does not match the original:\n" + report.table())
@@ -178,60 +225,110 @@ class ExplorerBox:
         return data
 
 
-def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: str = "Atlas 300I Pro"):
-    """An ipywidgets explorer over `explore_state` and `measure`: controls, the measurement, result, picture."""
+def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: str = "Atlas 300I Pro",
+            buffer_kb: int = 0):
+    """An ipywidgets explorer over `explore_state` and `measure`: controls, what changed, result, picture."""
     import ipywidgets as w
+
+    graph = as_graph(model)
+    c = _controls(w, max_group_ops, buffer_kb, device)
+    measured, result, picture = w.Output(), w.Output(), w.Output(layout=w.Layout(
+        max_height=f"{PICTURE_MAX_PX}px", overflow="auto", border="1px solid #ddd"))
+    for widget, name in ((measured, "measured"), (result, "result"), (picture, "picture")):
+        widget.add_class(f"fl-explorer-{name}")
+    box_cls = type("Explorer", (ExplorerBox, w.VBox), {})
+    box = box_cls([w.HBox([c["ops"], c["buf"]]), w.HBox([c["kinds"], c["dev"], c["drop"], c["button"]]), measured,
+                   result, picture])
+    box.add_class("fl-explorer")
+    state = {"last": None}
+
+    def show(*_):
+        res = explore_state(graph, c["ops"].value, c["buf"].value or None, c["kinds"].value or ("vertical",),
+                            c["dev"].value, dims=dims, drop=tuple(c["drop"].value))
+        kept = [g.id for g in make_plan(graph, c["kinds"].value or ("vertical",), c["ops"].value,
+                                        c["buf"].value or None, dims)]
+        if list(c["drop"].options) != kept:
+            c["drop"].options = kept  # the groups of the current setting; a dropped id that no longer exists goes
+        head = change_line(state["last"], res) if state["last"] is not None else "initial setting"
+        before, state["last"] = state["last"], res
+        box.last_text = "\n".join([head, _result_text(res), what_each_control_governs(res.plan)])
+        _print_to(result, box.last_text)
+        _draw_to(picture, graph, res, before)
+
+    def run_measure(_):
+        _print_to(measured, "measuring (apply the plan shown, verify, interleaved timing)...")
+        cmp = measure(graph, dims=dims, plan=state["last"].plan)
+        _print_to(measured, cmp.table())
+
+    for control in (c["ops"], c["buf"], c["kinds"], c["dev"], c["drop"]):
+        control.observe(show, names="value")
+    c["button"].on_click(run_measure)
+    show()
+    from IPython.display import display
+
+    display(box)
+    return box
+
+
+def _controls(w, max_group_ops: int, buffer_kb: int, device: str) -> dict:
+    ops = w.IntSlider(value=max_group_ops, min=1, max=16, description="max ops", continuous_update=False,
+                      tooltip="the most ops one fused group may hold")
+    buf = w.IntSlider(value=buffer_kb, min=0, max=512, step=16, description="UB KiB", continuous_update=False,
+                      tooltip="on-chip buffer a mixed group's tiles may fill (0 = no limit)")
+    kinds = w.SelectMultiple(options=KINDS, value=KINDS, description="kinds", rows=3)
+    dev = w.Dropdown(options=list(load_devices()) + ["this machine"], value=device, description="device",
+                     layout=w.Layout(width="max-content"))
+    drop = w.SelectMultiple(options=[], description="drop", rows=3, layout=w.Layout(width="170px"),
+                            tooltip="leave these plan groups unfused (the edited plan is costed and measured)")
+    button = w.Button(description="measure on this CPU", icon="stopwatch", layout=w.Layout(width="auto"),
+                      tooltip="apply the plan shown, verify, and time both models here (a few seconds)")
+    controls = {"ops": ops, "buf": buf, "kinds": kinds, "dev": dev, "drop": drop, "button": button}
+    css = {"ops": "ops", "buf": "buffer", "kinds": "kinds", "dev": "device", "drop": "drop", "button": "measure"}
+    for name, widget in controls.items():
+        widget.add_class(f"fl-explorer-{css[name]}")  # the browser test finds the controls by these classes
+    return controls
+
+
+def _print_to(out, text: str) -> None:
+    out.clear_output(wait=True)
+    with out:
+        print(text)
+
+
+#: models up to this many nodes are drawn whole; bigger ones around the groups the last change touched
+WHOLE_PICTURE_NODES = 120
+
+
+def changed_nodes(before: ExplorerResult | None, after: ExplorerResult, limit: int = 24) -> list[str]:
+    """Nodes of the groups that a change made, split or removed (the first groups if nothing came before)."""
+    if before is None:
+        groups = list(after.plan)[:3]
+    else:
+        old = {tuple(g.covers) for g in before.plan}
+        new = {tuple(g.covers) for g in after.plan}
+        groups = [g for g in after.plan if tuple(g.covers) not in old] + \
+                 [g for g in before.plan if tuple(g.covers) not in new]
+    out: list[str] = []
+    for g in groups:
+        out += [n for n in g.covers if n not in out]
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+def _draw_to(out, graph, res: ExplorerResult, before: ExplorerResult | None = None) -> None:
     import matplotlib.pyplot as plt
     from IPython.display import display
 
     from . import viz
 
-    graph = as_graph(model)
-    ops = w.IntSlider(value=max_group_ops, min=1, max=16, description="max ops", continuous_update=False)
-    buf = w.IntSlider(value=0, min=0, max=512, step=16, description="UB KiB", continuous_update=False,
-                      tooltip="buffer budget the mixed pass may fill per group (0 = no limit)")
-    kinds = w.SelectMultiple(options=KINDS, value=KINDS, description="kinds", rows=3)
-    dev = w.Dropdown(options=list(load_devices()) + ["this machine"], value=device, description="device",
-                     layout=w.Layout(width="max-content"))
-    button = w.Button(description="measure on this CPU", icon="stopwatch", layout=w.Layout(width="auto"),
-                      tooltip="fuse with these settings, verify, and time both models here (a few seconds)")
-    measured = w.Output()
-    result = w.Output()
-    picture = w.Output(layout=w.Layout(max_height=f"{PICTURE_MAX_PX}px", overflow="auto",
-                                       border="1px solid #ddd"))
-    for widget, name in ((ops, "ops"), (buf, "buffer"), (kinds, "kinds"), (dev, "device"), (button, "measure"),
-                         (measured, "measured"), (result, "result"), (picture, "picture")):
-        widget.add_class(f"fl-explorer-{name}")
-    box_cls = type("Explorer", (ExplorerBox, w.VBox), {})
-    box = box_cls([w.HBox([ops, buf]), w.HBox([kinds, dev, button]), measured, result, picture])
-    box.add_class("fl-explorer")
-
-    def show(*_):
-        res = explore_state(graph, ops.value, buf.value or None, kinds.value or ("vertical",), dev.value,
-                            dims=dims)
-        box.last_text = _result_text(res)
-        result.clear_output(wait=True)
-        with result:
-            print(box.last_text)
-        picture.clear_output(wait=True)
-        if len(graph) <= 200:
-            fig = viz.draw(graph, res.plan, title=f"{len(res.plan)} groups, max {ops.value} ops per group")
-            with picture:
-                display(fig)
-            plt.close(fig)
-
-    def run_measure(_):
-        measured.clear_output(wait=True)
-        with measured:
-            print("measuring (fuse, verify, interleaved timing)...")
-        cmp = measure(graph, kinds.value or ("vertical",), ops.value, buf.value or None, dims=dims)
-        measured.clear_output(wait=True)
-        with measured:
-            print(cmp.table())
-
-    for c in (ops, buf, kinds, dev):
-        c.observe(show, names="value")
-    button.on_click(run_measure)
-    show()
-    display(box)
-    return box
+    out.clear_output(wait=True)
+    title = f"{len(res.plan)} groups, max {res.settings['max_group_ops']} ops per group"
+    nodes = None
+    if len(graph) > WHOLE_PICTURE_NODES:
+        nodes = viz.neighbourhood(graph, changed_nodes(before, res) or [n.name for n in list(graph)[:8]], hops=1)
+        title += f" (around what changed: {len(nodes)} of {len(graph)} nodes)"
+    fig = viz.draw(graph, res.plan, nodes=nodes, title=title)
+    with out:
+        display(fig)
+    plt.close(fig)

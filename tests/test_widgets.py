@@ -59,3 +59,52 @@ def test_measure_and_widget_build():
         warnings.simplefilter("ignore")
         box = widgets.explore(model)
     assert box.children
+
+
+@pytest.fixture(scope="module")
+def yolo():
+    return load(zoo.yolov5s(image_size=64, width_mult=0.25, depth_mult=0.33))
+
+
+def test_every_control_changes_the_plan_from_the_default_state(yolo):
+    """Each threshold governs a pass where it makes sense: from the defaults, moving any control changes the plan."""
+    default = widgets.explore_state(yolo)
+    fewer_ops = widgets.explore_state(yolo, max_group_ops=3)
+    small_ub = widgets.explore_state(yolo, buffer_kb=16)
+    vertical_only = widgets.explore_state(yolo, kinds=("vertical",))
+    other_device = widgets.explore_state(yolo, device="Atlas 800I A2 (Ascend 910B)")
+    for moved in (fewer_ops, small_ub, vertical_only):
+        assert moved.plan != default.plan
+    assert max(g.size for g in fewer_ops.plan) <= 3 < max(g.size for g in default.plan)
+    assert other_device.cost.latency_s != default.cost.latency_s
+    line = widgets.change_line(default, fewer_ops)
+    assert line.startswith("max_group_ops 5 -> 3: ") and "more launches" in line and "latency +" in line
+
+
+def test_dropping_a_group_feeds_the_executable_plan(yolo):
+    from fusionlab import verify
+    from fusionlab.passes import apply
+
+    full = widgets.explore_state(yolo)
+    kernel_of = full.plan.kernel_of()
+    victim = next(g for g in full.plan if all(kernel_of[c] == g.id for c in g.covers))  # not absorbed later
+    edited = widgets.explore_state(yolo, drop=(victim.id,))
+    assert victim.id not in {g.id for g in edited.plan} and len(edited.plan) == len(full.plan) - 1
+    assert edited.cost.latency_s != full.cost.latency_s
+    assert widgets.change_line(full, edited).startswith(f"dropped None -> {victim.id}: ")
+    fused = apply(yolo, edited.plan)
+    assert verify(yolo, fused.graph).ok
+    # dropping a group a later one was built on drops that one too, so the edited plan still applies
+    absorbed = next(g for g in full.plan if any(kernel_of[c] != g.id for c in g.covers))
+    edited = full.plan.without(absorbed.id)
+    assert any("dropped too" in n for n in edited.notes)
+    assert verify(yolo, apply(yolo, edited).graph).ok
+
+
+def test_the_legend_names_the_groups_max_ops_cannot_split():
+    bert = load(zoo.bert(layers=1, hidden=32, heads=2, intermediate=64, vocab=50))
+    res = widgets.explore_state(bert, max_group_ops=2)
+    legend = widgets.what_each_control_governs(res.plan)
+    assert "Not split by max ops" in legend
+    fixed = [g for g in res.plan if g.size > 2 and g.kind == "vertical"]
+    assert fixed and all(g.rule in legend for g in fixed)

@@ -104,7 +104,7 @@ class Analysis:
 
     def __init__(self, graph: Graph, dims: dict | None, precision: str | None):
         self.graph = graph
-        self.info = ShapeInfo(graph, dims)
+        self.info = ShapeInfo.of(graph, dims)
         self.shapes = self.info.concrete_shapes
         self.order = [n for n in graph.topological_order()]
         self.measured: dict[str, str] = {}

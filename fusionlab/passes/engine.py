@@ -175,7 +175,7 @@ class Context:
                  dims: dict | None = None, max_group_ops: int | None = None, info: ShapeInfo | None = None):
         self.graph = graph
         self.g = graph.graph
-        self.info = info if info is not None else ShapeInfo(graph, dims)
+        self.info = info if info is not None else ShapeInfo.of(graph, dims)
         self.names = graph.names()
         self.rules = set(rules)
         self.lower = lower

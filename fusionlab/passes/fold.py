@@ -134,7 +134,7 @@ def _simplify_reshape(cx: "_Folder", node: ir.Node) -> int:
 class _Folder:
     def __init__(self, graph: Graph):
         self.graph = graph
-        self.info = ShapeInfo(graph)
+        self.info = ShapeInfo.of(graph)
         self.values = ShapeValues(graph, self.info)
         self.names = graph.names()
         self.folded = 0

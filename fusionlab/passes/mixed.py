@@ -208,7 +208,7 @@ class PostDomTree:
 
 def _info(graph: Graph, shapes, dims: dict | None) -> ShapeInfo:
     """The shape service to use: the one given, else one computed now (a plain dict of shapes is not enough)."""
-    return shapes if isinstance(shapes, ShapeInfo) else ShapeInfo(graph, dims)
+    return shapes if isinstance(shapes, ShapeInfo) else ShapeInfo.of(graph, dims)
 
 
 def post_dominator_tree(graph: Graph, shapes: ShapeInfo | None = None) -> dict[str, str | None]:
@@ -595,7 +595,7 @@ def apply(graph: Graph, fplan: FusionPlan, **options) -> None:
     if not groups:
         return
     opts = {**OPTIONS, **check_options("mixed", {**fplan.options.get("mixed", {}), **options}, OPTIONS)}
-    info = ShapeInfo(graph, opts["dims"])
+    info = ShapeInfo.of(graph, opts["dims"])
     index = engine.node_index(graph)
     for group in groups:
         check_group(graph, group, opts, info, index)

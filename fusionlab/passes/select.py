@@ -114,7 +114,7 @@ def _measure(sub: Graph, group: FusionGroup, options: dict, level: str, min_time
 
 def select(graph: Graph, part: FusionPlan, *, level: str = "disable", min_time: float = 0.3) -> tuple[FusionPlan, list[Trial]]:
     """`part` with only the groups that measured faster than what they replace; and the trials."""
-    info = ShapeInfo(graph)
+    info = ShapeInfo.of(graph)
     trials: dict[tuple, Trial] = {}
     keep: list[FusionGroup] = []
     for group in part:

@@ -213,11 +213,10 @@ def test_max_ops_slider_reaches_the_kernel(slider_moved):
 
 
 @pytest.mark.after_run(EXPLORER)
-@pytest.mark.xfail(strict=True, reason="engine: at the default kinds the vertical pass ignores max_group_ops and "
-                   "the mixed groups that would respond are dropped as overlapping (issue 11; the lead's rewrite)")
 def test_max_ops_slider_changes_the_plan(slider_moved):
     before, after, _ = slider_moved
     assert _line(after, "groups:") != _line(before, "groups:")
+    assert "max_group_ops 5 -> 3:" in after and "launches" in _line(after, "max_group_ops 5 -> 3:")
 
 
 @pytest.mark.after_run(EXPLORER)

@@ -172,7 +172,7 @@ class ShapeInfo:
     and the cost model after them, share one inference.
     """
 
-    _cache: "weakref.WeakKeyDictionary" = None
+    _cache = None  # weakref.WeakKeyDictionary: graph.model -> (fingerprint, ShapeInfo)
 
     @classmethod
     def of(cls, graph: Graph, dims: dict[str, int] | None = None) -> "ShapeInfo":

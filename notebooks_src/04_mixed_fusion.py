@@ -204,7 +204,7 @@ print(pr.notes[0])
 # ## 6. Lowering and verifying
 #
 # onnxruntime has no kernel for an arbitrary group, but ONNX can still *express* one: `apply` moves each
-# group into a model-local function (`fusionlab.lower.to_functions`) and calls it once. onnxruntime
+# group into a model-local function (`fusionlab.passes.functions.to_functions`) and calls it once. onnxruntime
 # inlines the functions when it loads the model, so this shows the grouping rather than speeding it up —
 # on Ascend, each function is what would become one custom op. The result must compute the same.
 

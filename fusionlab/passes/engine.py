@@ -110,11 +110,7 @@ def attr(node: ir.Node, name: str, default=None):
 
 def consumers(value: ir.Value) -> list[ir.Node]:
     """Distinct nodes reading `value`, in use order."""
-    out: list[ir.Node] = []
-    for use in value.uses():
-        if use.node not in out:
-            out.append(use.node)
-    return out
+    return Graph.consumers(value)
 
 
 def sole_consumer(value: ir.Value) -> ir.Node | None:

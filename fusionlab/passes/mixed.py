@@ -589,7 +589,7 @@ def _materialise_recompute(graph: Graph, group: FusionGroup, index: dict, names)
 
 def apply(graph: Graph, fplan: FusionPlan, **options) -> None:
     """Lower every mixed group of the plan to one ONNX local-function call (in place), each re-checked first."""
-    from .. import lower
+    from . import functions
 
     groups = [g for g in fplan if g.kind == MIXED]
     if not groups:
@@ -613,4 +613,4 @@ def apply(graph: Graph, fplan: FusionPlan, **options) -> None:
         node = index[base]
         if not any(o.uses() or o.is_graph_output() for o in node.outputs):
             graph.graph.remove(node, safe=True)
-    lower.to_functions(graph, FusionPlan(groups, model=fplan.model), members=members)
+    functions.to_functions(graph, FusionPlan(groups, model=fplan.model), members=members)

@@ -138,7 +138,7 @@ def apply(graph: Graph, plan: FusionPlan, **options) -> None:
     cleanup.remove_dead(graph)
     engine.import_domains(graph)
     if functions:
-        from ..lower import to_functions
+        from .functions import to_functions
 
         to_functions(graph, plan, groups=list(functions), members=functions)
 

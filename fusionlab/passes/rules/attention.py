@@ -23,7 +23,7 @@ import math
 import numpy as np
 import onnx_ir as ir
 
-from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, other_input, scalar, sole_consumer
+from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, scalar, sole_consumer
 from ..lowering import attention_target
 from ..shape_values import ShapeValues
 from .common import F32

@@ -7,7 +7,7 @@ from onnx import helper as h
 
 from fusionlab import load, verify
 from fusionlab.build import make_model, tensor, value_info
-from fusionlab.lower import function_name, to_functions
+from fusionlab.passes.functions import function_name, to_functions
 from fusionlab.plan import FusionGroup, FusionPlan
 
 RNG = np.random.default_rng(5)

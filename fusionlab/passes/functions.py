@@ -15,8 +15,9 @@ from typing import Iterable
 
 import onnx_ir as ir
 
-from .graph import Graph
-from .plan import FusionGroup, FusionPlan
+from ..graph import Graph
+from ..plan import FusionGroup, FusionPlan
+from .engine import ensure_sorted
 
 __all__ = ["DOMAIN", "to_functions", "function_name"]
 
@@ -115,18 +116,10 @@ def _wrap(graph: Graph, members: list[ir.Node], name: str, domain: str, names) -
         old.replace_all_uses_with(new, replace_graph_outputs=True)
         new.name = keep
     g.remove(order, safe=True)
-    _ensure_sorted(g)
+    ensure_sorted(g)
     return call
 
 
-def _ensure_sorted(g: ir.Graph) -> None:
-    seen: set[int] = {id(v) for v in g.inputs} | {id(v) for v in g.initializers.values()}
-    for node in g:
-        for v in node.inputs:
-            if v is not None and v.producer() is not None and id(v) not in seen and v.producer().graph is g:
-                g.sort()
-                return
-        seen.update(id(v) for v in node.outputs)
 
 
 def to_functions(graph: Graph, plan: FusionPlan, groups: Iterable[str | FusionGroup] | None = None, *,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import helper as h
 
-from fusionlab import load, verify
+from fusionlab import verify
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.passes import fuse
 from fusionlab.passes.rules.layout import base_layout, reshape

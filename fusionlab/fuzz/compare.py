@@ -1,0 +1,78 @@
+"""Judging one output of a fused model against the original and the float64 reference.
+
+An element of a fused output `f` is accepted when
+
+1. **close to the original** `o`:  |f - o| <= atol·s + rtol·|o|, or
+2. **no further from the reference than the original is**, up to a factor and the tolerance:
+   |f - r| <= FACTOR·|o - r| + atol·s + rtol·|r|, where `r` is the float64 run of the original, or
+3. **non-finite where the original is**: NaN where `o` is NaN, the same infinity where `o` is infinite;
+   or, where the two differ, `r` shows the original's value was rounding (r finite, f finite and
+   |f - r| <= atol·s + rtol·|r|).
+
+(rtol, atol) are the project's per-dtype tolerances (`fusionlab.runtime.TOLERANCES`: fp32 1e-4/1e-5, fp16
+1e-3/2.5e-3, fp64 1e-7/1e-7), s = max(1, max|o| over finite elements) (rounding grows with magnitude),
+FACTOR = 2. Shapes and dtypes must be equal; integer and bool outputs must be equal exactly. Rule 2
+is what makes the judgement fair: a rewrite that changes rounding (BN folded in fp16, a fused kernel
+that accumulates in fp32) may differ from the original by more than the tolerance and still be as
+accurate; a rewrite that changes the function (0.4996 matched as 0.5) is further from the reference
+than the original, however small the difference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..runtime import TOLERANCES
+
+__all__ = ["FACTOR", "judge_output", "tolerance"]
+
+FACTOR = 2.0
+
+
+def tolerance(dtype) -> tuple[float, float]:
+    return TOLERANCES.get(np.dtype(dtype), (0.0, 0.0))
+
+
+def judge_output(o: np.ndarray, f: np.ndarray, r: np.ndarray | None = None) -> str | None:
+    """None when `f` is an acceptable result for original output `o` (reference `r`); else what is wrong."""
+    o, f = np.asarray(o), np.asarray(f)
+    if f.shape != o.shape:
+        what = "rank" if f.ndim != o.ndim else "shape"
+        return f"{what} {list(f.shape)} instead of {list(o.shape)}"
+    if f.dtype != o.dtype:
+        return f"dtype {f.dtype} instead of {o.dtype}"
+    if o.dtype.kind not in "fc":
+        return None if np.array_equal(o, f) else "integer values differ"
+    rtol, atol = tolerance(o.dtype)
+    o64, f64 = o.astype(np.float64), f.astype(np.float64)
+    fin_o, fin_f = np.isfinite(o64), np.isfinite(f64)
+    s = max(1.0, float(np.max(np.abs(o64[fin_o])))) if fin_o.any() else 1.0
+    t = atol * s
+    both = fin_o & fin_f
+    with np.errstate(invalid="ignore", over="ignore"):
+        ok = both & (np.abs(f64 - o64) <= t + rtol * np.abs(o64))
+        same_nonfinite = ~fin_o & ~fin_f & ((np.isnan(o64) & np.isnan(f64)) | (o64 == f64))
+        ok |= same_nonfinite
+        if r is not None:
+            r64 = np.asarray(r, dtype=np.float64)
+            if r64.shape != o64.shape:
+                r64 = None
+        else:
+            r64 = None
+        if r64 is not None:
+            fin_r = np.isfinite(r64)
+            near_r = np.abs(f64 - r64) <= FACTOR * np.abs(o64 - r64) + t + rtol * np.abs(r64)
+            ok |= both & fin_r & near_r
+            ok |= ~fin_o & fin_f & fin_r & (np.abs(f64 - r64) <= t + rtol * np.abs(r64))
+    if ok.all():
+        return None
+    bad = ~ok
+    if (fin_o != fin_f)[bad].any() or (~fin_o & ~fin_f)[bad].any():
+        k = int(np.argmax(bad & (fin_o != fin_f))) if (bad & (fin_o != fin_f)).any() else int(np.argmax(bad))
+        return (f"NaN/Inf at different positions ({int((bad & (fin_o != fin_f)).sum())} of {o.size}; "
+                f"original {o64.flat[k]:.4g}, fused {f64.flat[k]:.4g})")
+    err = np.where(bad, np.abs(f64 - o64), 0.0)
+    k = int(np.argmax(err))
+    ref = f", reference {r64.flat[k]:.6g}" if r64 is not None else ""
+    return (f"values: max |fused - original| {err.flat[k]:.3g} (original {o64.flat[k]:.6g}, fused {f64.flat[k]:.6g}"
+            f"{ref}; {int(bad.sum())} of {o.size} elements)")

@@ -91,7 +91,7 @@ def tempt(model: onnx.ModelProto, rng: random.Random) -> list[str]:
     outputs = {o.name for o in g.output}
     for _ in range(rng.randint(1, 3)):
         cands = [c for c in tensor_name_candidates(g) if c not in taken]
-        victims = sorted(t for t in taken if t not in outputs or rng.random() < 0.3)
+        victims = [t for t in sorted(taken) if t not in outputs or rng.random() < 0.3]
         if not cands or not victims:
             break
         old, new = rng.choice(victims), rng.choice(cands)

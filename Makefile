@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.fusionlab-installed
 PORT   ?= 8888
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=900
 
-.PHONY: env lab test test-unit test-notebooks notebooks bench clean
+.PHONY: env lab test test-unit test-notebooks notebooks bench fuzz clean
 
 env: $(STAMP)
 
@@ -41,6 +41,13 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) benchmarks/run_all.py
 	$(PY) benchmarks/update_readme.py
+
+## make fuzz N=30000 SEED=0: a differential fuzzing campaign over the passes (docs/fuzz.md); resumable.
+N     ?= 1000
+SEED  ?= 0
+FUZZ_OUT ?= fuzz-out/seed$(SEED)
+fuzz: $(STAMP)
+	$(PY) -m fusionlab.fuzz --n $(N) --seed $(SEED) --out $(FUZZ_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .cache

@@ -217,6 +217,9 @@ def _shrink_task(payload: dict, out_dir: str, n_draws: int) -> dict:
     small = shrink(model, same_failure(passes, outcome, options=options, n_draws=n_draws),
                    budget_s=payload["budget"])
     final = judge(Case(small, n_draws, options), passes)
+    from .diagnose import diagnose
+
+    rec["diagnosis"] = diagnose(small, passes, final, options=options, n_draws=n_draws) if final.failed else []
     dest = Path(out_dir) / "classes" / f"{payload['slug']}.onnx"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(small.SerializeToString())

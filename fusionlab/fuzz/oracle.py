@@ -38,7 +38,7 @@ from .compare import judge_output
 from .feeds import draws, feeds_for, overridable
 from .reference import Reference
 
-__all__ = ["PASS_SETS", "FAILURES", "Outcome", "Case", "judge", "blame", "Blame", "normalize", "interface_problems"]
+__all__ = ["PASS_SETS", "FAILURES", "Outcome", "Case", "judge", "check_fused", "blame", "Blame", "normalize", "interface_problems"]
 
 PASS_SETS = {"vertical": ("vertical",), "all": ("vertical", "horizontal", "mixed")}
 FAILURES = ("crash", "invalid", "wrong", "timeout")
@@ -240,6 +240,15 @@ def _values(case: Case, fused: onnx.ModelProto, sess, rules: dict) -> Outcome:
     return Outcome("ok", rules=rules)
 
 
+def check_fused(case: Case, fused: onnx.ModelProto, rules: dict | None = None) -> Outcome:
+    """Classify a fused model against the case's original: invalid, wrong or ok."""
+    rules = dict(rules or {})
+    sess, bad = _validity(case, fused, rules)
+    if bad is not None:
+        return bad
+    return _values(case, fused, sess, rules)
+
+
 def judge(case: Case | onnx.ModelProto, passes=("vertical",), **options) -> Outcome:
     """Fuse `case` with `passes` (and options) and classify what happened."""
     if not isinstance(case, Case):
@@ -249,13 +258,9 @@ def judge(case: Case | onnx.ModelProto, passes=("vertical",), **options) -> Outc
     if fused_pair is None:
         return outcome
     result, fused = fused_pair
-    rules = outcome.rules
     if not len(result.plan) and fused.graph.SerializeToString() == case.model.graph.SerializeToString():
-        return Outcome("unchanged", rules=rules)
-    sess, bad = _validity(case, fused, rules)
-    if bad is not None:
-        return bad
-    return _values(case, fused, sess, rules)
+        return Outcome("unchanged", rules=outcome.rules)
+    return check_fused(case, fused, outcome.rules)
 
 
 @dataclass

@@ -15,22 +15,26 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["to_float64", "run_float64", "Reference"]
+__all__ = ["to_float64", "convert", "run_float64", "Reference"]
 
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
 _DTYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype", "RandomNormal": "dtype", "RandomUniform": "dtype",
                 "RandomNormalLike": "dtype", "RandomUniformLike": "dtype", "Bernoulli": "dtype"}
 
 
+_TARGET = [TensorProto.DOUBLE]  # the float type `convert` is writing (set for the duration of one call)
+
+
 def _tensor64(t: onnx.TensorProto) -> onnx.TensorProto:
-    if t.data_type not in _FLOATS or t.data_type == TensorProto.DOUBLE:
+    if t.data_type not in _FLOATS or t.data_type == _TARGET[0]:
         return t
-    return numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name)
+    dt = onnx.helper.tensor_dtype_to_np_dtype(_TARGET[0])
+    return numpy_helper.from_array(numpy_helper.to_array(t).astype(dt), t.name)
 
 
 def _type64(tp: onnx.TypeProto) -> None:
     if tp.HasField("tensor_type") and tp.tensor_type.elem_type in _FLOATS:
-        tp.tensor_type.elem_type = TensorProto.DOUBLE
+        tp.tensor_type.elem_type = _TARGET[0]
 
 
 def _nodes64(nodes) -> None:
@@ -44,12 +48,13 @@ def _nodes64(nodes) -> None:
                 for g in a.graphs:
                     _graph64(g)
             elif node.op_type in _DTYPE_ATTRS and a.name == _DTYPE_ATTRS[node.op_type] and a.i in _FLOATS:
-                a.i = TensorProto.DOUBLE
+                a.i = _TARGET[0]
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for a in list(node.attribute):
                 if a.name in ("value_float", "value_floats"):
                     vals = [a.f] if a.name == "value_float" else list(a.floats)
-                    arr = np.array(vals[0] if a.name == "value_float" else vals, dtype=np.float64)
+                    dt = onnx.helper.tensor_dtype_to_np_dtype(_TARGET[0])
+                    arr = np.array(vals[0] if a.name == "value_float" else vals, dtype=dt)
                     node.attribute.remove(a)
                     node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(arr)))
 
@@ -64,16 +69,25 @@ def _graph64(g: onnx.GraphProto) -> None:
     _nodes64(g.node)
 
 
-def to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` computing in float64 throughout."""
+def convert(model: onnx.ModelProto, elem_type: int) -> onnx.ModelProto:
+    """A copy of `model` with every floating-point tensor type changed to `elem_type`."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    _graph64(m.graph)
-    for f in m.functions:
-        _nodes64(f.node)
-        if "value_info" in f.DESCRIPTOR.fields_by_name:
-            f.ClearField("value_info")
+    _TARGET[0] = elem_type
+    try:
+        _graph64(m.graph)
+        for f in m.functions:
+            _nodes64(f.node)
+            if "value_info" in f.DESCRIPTOR.fields_by_name:
+                f.ClearField("value_info")
+    finally:
+        _TARGET[0] = TensorProto.DOUBLE
     return m
+
+
+def to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` computing in float64 throughout."""
+    return convert(model, TensorProto.DOUBLE)
 
 
 def _erf64():

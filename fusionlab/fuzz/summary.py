@@ -67,7 +67,8 @@ def summarize(results: dict[str, dict], shrunk: dict | None = None, **meta) -> d
         class_list.append({"key": key, "kind": kind, "blame": blame_label, "symptom": symptom, "graphs": c["graphs"],
                            "pass_sets": dict(c["pass_sets"]), "examples": c["examples"], "detail": c["detail"],
                            "shrunk": s.get("path", ""), "shrunk_nodes": s.get("after_nodes"),
-                           "shrunk_from": s.get("before_nodes"), "shrunk_detail": s.get("detail", s.get("note", ""))})
+                           "shrunk_from": s.get("before_nodes"), "shrunk_detail": s.get("detail", s.get("note", "")),
+                           "vanishes_with": s.get("diagnosis", [])})
     failing = sum(1 for r in records if any(o["kind"] in ("crash", "invalid", "wrong") for o in r["outcomes"].values()))
     dtypes = Counter(t for r in records for t in r.get("tags", []) if t.startswith("float"))
     return {
@@ -111,10 +112,13 @@ def markdown(s: dict) -> str:
             lines.append(f"| {kind} | " + " | ".join(f"{v:,}" for v in row) + " |")
     lines += ["", f"`other` is one of these pass orders per graph: {s.get('other_orders', {})}", "",
               "## Failure classes", "",
-              "| # | kind | blamed pass:rule | symptom | graphs | shrunk model (nodes) |", "|---|---|---|---|---|---|"]
+              "`vanishes with`: the probes (fusionlab.fuzz.diagnose) after which the shrunk model no longer fails.", "",
+              "| # | kind | blamed pass:rule | symptom | graphs | shrunk model (nodes) | vanishes with |",
+              "|---|---|---|---|---|---|---|"]
     for i, c in enumerate(s["classes"], 1):
         shrunk = f"`{Path(c['shrunk']).name}` ({c['shrunk_nodes']})" if c["shrunk"] else "-"
-        lines.append(f"| {i} | {c['kind']} | {c['blame']} | {c['symptom'].replace('|', '/')} | {c['graphs']} | {shrunk} |")
+        lines.append(f"| {i} | {c['kind']} | {c['blame']} | {c['symptom'].replace('|', '/')} | {c['graphs']} | {shrunk} | "
+                     f"{', '.join(c.get('vanishes_with') or []) or '-'} |")
     lines += ["", "### Examples", ""]
     for i, c in enumerate(s["classes"], 1):
         lines.append(f"{i}. **{c['kind']}, {c['blame']}** — e.g. `{c['examples'][0]}`: {c['detail'][:300]}")

@@ -23,6 +23,7 @@ from fusionlab.build import make_model, tensor, value_info
 from fusionlab.fuzz import generate, generate_with_tags, validate
 from fusionlab.fuzz.campaign import options_for, pass_sets_for, run_campaign
 from fusionlab.fuzz.compare import judge_output
+from fusionlab.fuzz.diagnose import diagnose
 from fusionlab.fuzz.feeds import draws
 from fusionlab.fuzz.oracle import PASS_SETS, Case, Outcome, check_fused, interface_problems, judge, normalize
 from fusionlab.fuzz.reference import Reference, to_float64
@@ -61,9 +62,9 @@ def _conv_model() -> onnx.ModelProto:
 # --------------------------------------------------------------------------------------------------
 
 def test_same_seed_gives_byte_identical_models_across_processes():
-    here = b"".join(generate(s).SerializeToString() for s in range(25))
+    here = b"".join(generate(s).SerializeToString() for s in range(15))
     code = ("import sys; from fusionlab.fuzz import generate; "
-            "sys.stdout.buffer.write(b''.join(generate(s).SerializeToString() for s in range(25)))")
+            "sys.stdout.buffer.write(b''.join(generate(s).SerializeToString() for s in range(15)))")
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout
     assert here == there
@@ -99,13 +100,13 @@ def test_generator_covers_dtypes_opsets_names_and_near_misses():
 
 def test_most_generated_models_trigger_a_rule():
     fired = Counter()
-    for seed in range(60):
+    for seed in range(40):
         model = generate(f"fire-{seed}")
         case = Case(model, 1, options_for(f"fire-{seed}"))
         for name, passes in PASS_SETS.items():
             fired[name] += bool(judge(case, passes).rules)
-    assert fired["all"] >= 0.6 * 60, fired
-    assert fired["vertical"] >= 0.35 * 60, fired
+    assert fired["all"] >= 0.6 * 40, fired
+    assert fired["vertical"] >= 0.35 * 40, fired
 
 
 # --------------------------------------------------------------------------------------------------
@@ -282,6 +283,28 @@ def test_shrinker_cuts_a_planted_failure_down(monkeypatch):
     assert validate(small) is None and judge(Case(small), ("buggy",)).same_failure(out)
 
 
+def test_diagnosis_names_what_a_planted_failure_depends_on(monkeypatch):
+    import fusionlab.passes as passes
+
+    mod = types.ModuleType("fusionlab_test_name_pass")
+
+    def plan(graph, **_):
+        if sum(1 for n in graph.graph if not n.name) > 1:
+            raise IndexError("two nodes called ''")  # a pass that looks nodes up by name
+        return FusionPlan(model=graph.name)
+
+    mod.plan, mod.apply = plan, lambda graph, plan, **_: None
+    monkeypatch.setitem(sys.modules, "fusionlab_test_name_pass", mod)
+    monkeypatch.setitem(passes.PASSES, "byname", "fusionlab_test_name_pass")
+    model = _gelu_model(half=0.4996)                   # its nodes are unnamed
+    out = judge(Case(model), ("byname",))
+    assert out.kind == "crash"
+    assert diagnose(model, ("byname",), out) == ["name every node"]
+    monkeypatch.setitem(sys.modules, "fusionlab_test_buggy_pass", _buggy_pass())
+    monkeypatch.setitem(passes.PASSES, "buggy", "fusionlab_test_buggy_pass")
+    assert diagnose(model, ("buggy",), out) == []     # nothing to explain: no Sigmoid, no failure
+
+
 # --------------------------------------------------------------------------------------------------
 # campaign plumbing
 # --------------------------------------------------------------------------------------------------
@@ -290,7 +313,7 @@ def test_campaign_is_resumable_and_writes_a_summary(tmp_path):
     s = run_campaign(6, 99, tmp_path, workers=1, shrink=False, progress=False)
     assert s["graphs"] == 6 and (tmp_path / "summary.md").exists() and (tmp_path / "summary.json").exists()
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
-    s2 = run_campaign(8, 99, tmp_path, workers=1, shrink=False, progress=False)
+    s2 = run_campaign(8, 99, tmp_path, workers=0, shrink=False, progress=False)  # resumes, in this process
     assert s2["graphs"] == 8 and len((tmp_path / "results.jsonl").read_text().splitlines()) == len(lines) + 2
     assert set(pass_sets_for("99-0")) == {"vertical", "all", "other"}
 

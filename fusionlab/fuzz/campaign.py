@@ -259,10 +259,13 @@ def shrink_classes(out_dir: Path, results: dict[str, dict], *, workers: int, bud
 
 def run_campaign(n: int, seed: int, out_dir, *, workers: int = 2, timeout: float = 60.0, n_draws: int = 3,
                  shrink: bool = True, shrink_budget: float = 90.0, progress: bool = True) -> dict:
-    """Run (or continue) a campaign; returns the summary dict (also written to out_dir)."""
+    """Run (or continue) a campaign; returns the summary dict (also written to out_dir).
+
+    `workers` is 1 or 2 processes; 0 runs the graphs in this process (no timeout: for tests).
+    """
     from . import summary
 
-    workers = max(1, min(int(workers), 2))
+    workers = max(0, min(int(workers), 2))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results = load_results(out)
@@ -270,9 +273,10 @@ def run_campaign(n: int, seed: int, out_dir, *, workers: int = 2, timeout: float
     todo = [("model", i) for i in ids if i not in results]
     t0 = time.monotonic()
     if todo:
-        pool = _Pool(workers, str(out), timeout, n_draws)
+        stream = (_Pool(workers, str(out), timeout, n_draws).map(todo, hard_timeout=2 * timeout + 30) if workers
+                  else (("model", run_one(i, str(out), n_draws=n_draws)) for _, i in todo))
         with (out / "results.jsonl").open("a") as fh:
-            for k, (_, rec) in enumerate(pool.map(todo, hard_timeout=2 * timeout + 30), 1):
+            for k, (_, rec) in enumerate(stream, 1):
                 results[rec["id"]] = rec
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()
@@ -280,6 +284,6 @@ def run_campaign(n: int, seed: int, out_dir, *, workers: int = 2, timeout: float
                     rate = k / (time.monotonic() - t0)
                     print(f"{k}/{len(todo)} models ({rate:.1f}/s)", flush=True)
     mine = {i: results[i] for i in ids if i in results}
-    shrunk = shrink_classes(out, mine, workers=workers, budget=shrink_budget, n_draws=n_draws) if shrink else {}
+    shrunk = shrink_classes(out, mine, workers=max(1, workers), budget=shrink_budget, n_draws=n_draws) if shrink else {}
     return summary.write(out, mine, shrunk, seed=seed, wall_s=time.monotonic() - t0)
 

@@ -13,7 +13,7 @@ Each probe rewrites a (shrunk) failing model in one respect that a class of bugs
 - ``float32``: a float16 or float64 model is converted to float32 (a precision problem).
 
 `diagnose` returns the probes after which the model is still valid but no longer fails: the failure
-depends on that property. An empty list means no probe explains it.
+depends on that property. An empty list means no probe explains it (or the model does not fail so).
 """
 
 from __future__ import annotations
@@ -134,7 +134,9 @@ def diagnose(model: onnx.ModelProto, passes, outcome, *, options: dict | None = 
     from .oracle import Case, judge
     from .shrink import _finish
 
-    found = []
+    found: list[str] = []
+    if not judge(Case(model, n_draws, options), passes).same_failure(outcome):
+        return found  # it does not fail that way to begin with: nothing to explain
     before = model.SerializeToString()
     for name, probe in PROBES.items():
         m = probe(_copy(model))

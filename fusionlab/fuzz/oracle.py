@@ -18,6 +18,10 @@
 Values are compared on every draw of `feeds.draws` (3 by default: different input values, both
 bindings of the symbolic dims, the last with overridable initializers overridden). The float64
 reference (`reference.Reference`) is computed only when an output is not close to the original.
+Integer outputs are judged only where they are stable under 4-ulp changes of the float inputs
+(`Case.unstable`); a wrong float output whose deviations are all within twice the original's own
+sensitivity to 2-ulp input changes (`Case.sensitivity`) keeps kind ``wrong`` with the symptom suffix
+"(ill-conditioned)", so such classes stay apart from the others.
 
 `blame(case, passes, outcome)` narrows a failure down to the fewest passes, then to the single vertical
 rule, that still fail the same way (same kind and symptom); its `label` ("vertical:gelu",

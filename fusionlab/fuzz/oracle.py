@@ -119,8 +119,8 @@ class Case:
             rng = np.random.default_rng(77 + k)
             runs = []
             for _ in range(4):
-                feeds = {n: (v * (1 + ulps * np.finfo(v.dtype).eps * rng.uniform(-1, 1, v.shape))).astype(v.dtype)
-                         if v.dtype.kind == "f" else v for n, v in self.feeds[k].items()}
+                feeds = {n: np.asarray(v * (1 + ulps * np.finfo(v.dtype).eps * rng.uniform(-1, 1, v.shape)))
+                         .astype(v.dtype) if v.dtype.kind == "f" else v for n, v in self.feeds[k].items()}
                 runs.append(dict(zip(self.names, self._sess.run(None, feeds))))
             self._unstable[key] = runs
         return self._unstable[key]

@@ -19,7 +19,7 @@ export JUPYTER_CONFIG_PATH := $(CURDIR)/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900
 
-.PHONY: env lab test test-unit test-notebooks test-browser browser-deps notebooks notebook bench clean
+.PHONY: env lab test test-unit test-notebooks test-browser browser-deps notebooks notebook bench fuzz clean
 
 env: $(STAMP)
 
@@ -64,6 +64,13 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench,oracle]'
 	$(PY) benchmarks/run_all.py
 	$(PY) benchmarks/update_readme.py
+
+## make fuzz N=30000 SEED=0: a differential fuzzing campaign over the passes (docs/fuzz.md); resumable.
+N     ?= 1000
+SEED  ?= 0
+FUZZ_OUT ?= fuzz-out/seed$(SEED)
+fuzz: $(STAMP)
+	$(PY) -m fusionlab.fuzz --n $(N) --seed $(SEED) --out $(FUZZ_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .cache

@@ -1,0 +1,102 @@
+"""Judging one output of a fused model against the original and the float64 reference.
+
+An element of a fused output `f` is accepted when
+
+1. **close to the original** `o`:  |f - o| <= atol·s + rtol·|o|; or
+2. **no further from the reference than the original is**, up to a factor and the tolerance:
+   |f - r| <= FACTOR·|o - r| + atol·s + rtol·|r|, where `r` is the float64 run of the original; or
+3. **ill-conditioned**: where the original itself misses the reference by more than the tolerance
+   (|o - r| > atol·s + rtol·|r|: cancellation, division by a rounding residue), rounding decides the
+   value and a rewrite cannot be held to it: accepted when |f - r| <= ILL_FACTOR·|o - r| + atol·s + rtol·|r|;
+4. **non-finite where the original is**: NaN where `o` is NaN, the same infinity where `o` is infinite.
+   Where `o` is non-finite but `r` is finite (the original overflowed or divided by a rounding residue),
+   the original's NaN/Inf is an artifact of rounding and any `f` is accepted; where `r` is non-finite
+   but of another kind (x/0 with the sign of a rounding residue), any non-finite `f` is. Where `r` has
+   the original's NaN/Inf, it is real and `f` must have it.
+
+(rtol, atol) are the project's per-dtype tolerances (`fusionlab.runtime.TOLERANCES`: fp32 1e-4/1e-5, fp16
+1e-3/2.5e-3, fp64 1e-7/1e-7), s = max(1, max|o| over finite elements) (rounding grows with magnitude),
+FACTOR = 2, ILL_FACTOR = 10. Shapes and dtypes must be equal; integer and bool outputs must be equal
+exactly, except elements that flip when the original's float inputs move by a few ulps (an argmax of
+values that tie to rounding). Rules 2-3 make the judgement fair: a rewrite that changes rounding (a fused kernel that
+accumulates in another order) may differ from the original by more than the tolerance and still be as
+accurate; a rewrite that changes the function (0.4996 matched as 0.5, a folded fp16 weight that lost
+precision the original kept) is further from the reference than the original, however small the
+difference. Without a reference (neither onnxruntime nor onnx.reference can run the float64 model) only
+rule 1 and the strict part of rule 4 apply.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..runtime import TOLERANCES
+
+__all__ = ["FACTOR", "ILL_FACTOR", "judge_output", "tolerance"]
+
+FACTOR = 2.0
+ILL_FACTOR = 10.0
+
+
+def tolerance(dtype) -> tuple[float, float]:
+    return TOLERANCES.get(np.dtype(dtype), (0.0, 0.0))
+
+
+def judge_output(o: np.ndarray, f: np.ndarray, r: np.ndarray | None = None, *,
+                 ignore: np.ndarray | None = None) -> str | None:
+    """None when `f` is an acceptable result for original output `o` (reference `r`); else what is wrong.
+
+    `ignore` masks integer-output elements that are not stable under rounding (see `oracle.Case.unstable`).
+    """
+    o, f = np.asarray(o), np.asarray(f)
+    if f.shape != o.shape:
+        what = "rank" if f.ndim != o.ndim else "shape"
+        return f"{what} {list(f.shape)} instead of {list(o.shape)}"
+    if f.dtype != o.dtype:
+        return f"dtype {f.dtype} instead of {o.dtype}"
+    if o.dtype.kind not in "fc":
+        same = o == f
+        if ignore is not None and np.shape(ignore) == o.shape:
+            same |= ignore
+        return None if same.all() else "integer values differ"
+    rtol, atol = tolerance(o.dtype)
+    o64, f64 = o.astype(np.float64), f.astype(np.float64)
+    fin_o, fin_f = np.isfinite(o64), np.isfinite(f64)
+    s = max(1.0, float(np.max(np.abs(o64[fin_o])))) if fin_o.any() else 1.0
+    t = atol * s
+    both = fin_o & fin_f
+    with np.errstate(invalid="ignore", over="ignore"):
+        ok = both & (np.abs(f64 - o64) <= t + rtol * np.abs(o64))
+        same_nonfinite = ~fin_o & ~fin_f & ((np.isnan(o64) & np.isnan(f64)) | (o64 == f64))
+        ok |= same_nonfinite
+        if r is not None:
+            r64 = np.asarray(r, dtype=np.float64)
+            if r64.shape != o64.shape:
+                r64 = None
+        else:
+            r64 = None
+        if r64 is not None:
+            fin_r = np.isfinite(r64)
+            err_o, err_f, tol_r = np.abs(o64 - r64), np.abs(f64 - r64), t + rtol * np.abs(r64)
+            ok |= both & fin_r & (err_f <= FACTOR * err_o + tol_r)
+            ok |= both & fin_r & (err_o > tol_r) & (err_f <= ILL_FACTOR * err_o + tol_r)
+            ok |= ~fin_o & fin_r
+            o_is_r = (np.isnan(o64) & np.isnan(r64)) | (o64 == r64)
+            ok |= ~fin_o & ~fin_f & ~o_is_r  # the original's NaN/Inf is not the reference's: its kind is rounding
+    if ok.all():
+        return None
+    bad = ~ok
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _describe(o64, f64, r64, bad, fin_o, fin_f)
+
+
+def _describe(o64, f64, r64, bad, fin_o, fin_f) -> str:
+    if (fin_o != fin_f)[bad].any() or (~fin_o & ~fin_f)[bad].any():
+        k = int(np.argmax(bad & (fin_o != fin_f))) if (bad & (fin_o != fin_f)).any() else int(np.argmax(bad))
+        return (f"NaN/Inf at different positions ({int((bad & (fin_o != fin_f)).sum())} of {o64.size}; "
+                f"original {o64.flat[k]:.4g}, fused {f64.flat[k]:.4g})")
+    err = np.where(bad, np.abs(f64 - o64), 0.0)
+    k = int(np.argmax(err))
+    ref = f", reference {r64.flat[k]:.6g}" if r64 is not None else ""
+    return (f"values: max |fused - original| {err.flat[k]:.3g} (original {o64.flat[k]:.6g}, fused {f64.flat[k]:.6g}"
+            f"{ref}; {int(bad.sum())} of {o64.size} elements)")

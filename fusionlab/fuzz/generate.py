@@ -1,0 +1,193 @@
+"""The seeded generator: random valid ONNX models rich in fusable patterns and their near misses.
+
+`generate(seed)` builds a model from `random.Random(f"fusionlab.fuzz/{seed}/{attempt}")`, validates it
+(`onnx.checker.check_model(full_check=True)`, then onnxruntime with optimisations off on every draw the
+oracle will use) and, when validation fails, tries the next attempt: the same seed always yields the same
+bytes. A model is
+
+- an opset (13..21 mostly; 7..12 in one model of five, where BatchNormalization, Pad, Clip, Reduce*
+  and Unsqueeze have older forms), a float dtype (fp32, fp16 or fp64) and an IR version;
+- one or two inputs in one layout — NCHW maps, [batch, seq, hidden] sequences or [batch, features]
+  vectors — with symbolic batch/seq dims in some models;
+- 1-6 *patterns* applied to live tensors (the latest one mostly, an older one sometimes, which makes
+  residuals and multi-consumer intermediates): Conv/ConvTranspose chains, Pad+pool, MatMul/Gemm chains,
+  GELU (erf and tanh), SiLU, LayerNorm, Add+LayerNormalization, horizontal siblings, elementwise and
+  reduction chains, NCHW -> vector bridges (`convs`, `linears`, `gelus`, `norms`, `chains`);
+- near misses at a per-model rate (0 to 25% per opportunity): see each pattern module;
+- then, at random: intermediates made graph outputs or given a second consumer; value_info from shape
+  inference; node naming (named, exporter-style, unnamed, some unnamed); tensor and node names a pass
+  might make up (`names.tempt`).
+
+The model's metadata records its seed, attempt and pattern tags (`fuzz.tags`), for reports.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from . import chains, convs, gelus, linears, norms
+from .builder import Builder
+from .feeds import draws, feeds_for
+from .names import tempt
+
+__all__ = ["generate", "generate_with_tags", "validate", "build", "MAX_ATTEMPTS"]
+
+MAX_ATTEMPTS = 50
+
+_DTYPES = ((np.float32, 0.68), (np.float16, 0.2), (np.float64, 0.12))
+_STYLES = (("named", 0.3), ("exporter", 0.15), ("unnamed", 0.3), ("some", 0.25))
+
+
+def _pick(rng: random.Random, table):
+    r, acc = rng.random(), 0.0
+    for item, w in table:
+        acc += w
+        if r < acc:
+            return item
+    return table[-1][0]
+
+
+def _patterns(b: Builder, x: str) -> list[tuple]:
+    """(emitter, weight) pairs that apply to tensor `x`."""
+    shape = b.shape(x)
+    rank = len(shape)
+    fp64 = b.dtype == np.float64
+    static_last = isinstance(shape[-1], int) if rank else False
+    out: list[tuple] = [(chains.chain, 0.8), (gelus.silu, 0.4)]
+    if rank >= 1 and not fp64 and b.opset >= 9:
+        out.append((gelus.erf_gelu, 1.5 if rank == 3 else 0.6))
+    if rank >= 1:
+        out.append((gelus.tanh_gelu, 1.5 if rank == 3 else 0.5))
+    if rank >= 2 and static_last:
+        out.append((norms.layernorm, 2.0 if rank == 3 else 0.6))
+    if rank >= 2 and static_last and b.opset >= 17:
+        out.append((norms.add_layernorm, 1.2 if rank == 3 else 0.3))
+    if rank >= 2:
+        out.append((chains.reduction, 0.3))
+    if rank == 4 and isinstance(shape[1], int) and all(isinstance(d, int) for d in shape[2:]):
+        if not fp64:
+            out += [(convs.conv_chain, 5.0), (linears.horizontal, 1.8), (chains.to_vector, 0.6)]
+        out.append((convs.pool_chain, 1.5))
+    if rank in (2, 3) and static_last:
+        out += [(linears.linear_chain, 4.0), (linears.horizontal, 1.5)]
+    return out
+
+
+def _layout(b: Builder) -> list[str]:
+    """The graph inputs: one layout, one or two inputs, symbolic batch/seq in some models."""
+    rng = b.rng
+    kinds = ("img", "seq", "vec") if b.dtype != np.float64 else ("seq", "vec")
+    weights = (0.45, 0.35, 0.2) if len(kinds) == 3 else (0.6, 0.4)
+    kind = _pick(rng, list(zip(kinds, weights)))
+    batch = rng.choice(("batch", "N")) if rng.random() < 0.35 else rng.choice((1, 1, 2))
+    if kind == "img":
+        shape = (batch, rng.choice((2, 3, 4, 8)), rng.randint(4, 9), rng.randint(4, 9))
+    elif kind == "seq":
+        seq = "seq" if rng.random() < 0.35 else rng.randint(2, 7)
+        shape = (batch, seq, rng.choice((4, 8, 16)))
+    else:
+        shape = (batch, rng.choice((4, 6, 8, 16)))
+    xs = [b.input(shape, "x")]
+    if rng.random() < 0.3:
+        xs.append(b.input(shape, "x"))
+    return xs
+
+
+def _near_miss_tail(b: Builder, pool: list[str]) -> None:
+    """Intermediates that escape: made graph outputs, or read by a second consumer."""
+    inner = [t for t in dict.fromkeys(b.inner) if t in b.shapes and b.dtype_of(t) == b.dtype]
+    for _ in range(2):
+        if not inner or not b.rng.random() < 2 * b.near + 0.05:
+            continue
+        t = b.rng.choice(inner)
+        if b.rng.random() < 0.5:
+            b.extra_outputs.append(t)
+            b.tags.append("nm:intermediate_output")
+        else:
+            pool.append(b.unary(b.rng.choice(("Neg", "Relu", "Identity", "Sigmoid")), t))
+            b.tags.append("nm:second_consumer")
+
+
+def build(rng: random.Random) -> tuple[onnx.ModelProto, list[str]]:
+    """One random model (not yet validated) and its pattern tags; raises ValueError when a pattern cannot fit."""
+    opset = rng.randint(13, 21) if rng.random() < 0.8 else rng.randint(7, 12)
+    dtype = _pick(rng, _DTYPES)
+    b = Builder(rng, dtype, opset, node_style=_pick(rng, _STYLES), near=rng.choice((0.0, 0.03, 0.08, 0.15)))
+    pool = _layout(b)
+    for _ in range(rng.randint(1, 6)):
+        x = pool[-1] if rng.random() < 0.6 else rng.choice(pool)
+        options = _patterns(b, x)
+        emit = _pick(rng, [(f, w / sum(w for _, w in options)) for f, w in options])
+        out = emit(b, x, pool)
+        pool.extend(out if isinstance(out, list) else [out])
+    _near_miss_tail(b, pool)
+    outputs = [t for t in pool if not b.uses.get(t)] + b.extra_outputs
+    outputs = [t for t in dict.fromkeys(outputs) if t not in {i.name for i in b.inputs}]
+    if not outputs:
+        raise ValueError("no outputs")
+    min_ir = helper.find_min_ir_version_for([helper.make_opsetid("", opset)])
+    model = b.model(outputs, ir_version=rng.randint(max(min_ir, 4), 10))
+    if rng.random() < 0.4:
+        inferred = onnx.shape_inference.infer_shapes(model)
+        model.graph.value_info.extend(inferred.graph.value_info)
+    if rng.random() < 0.3:
+        b.tags += tempt(model, rng)
+    tags = sorted(set(b.tags)) + [f"opset{opset}", np.dtype(dtype).name]
+    return model, tags
+
+
+def _session(model: onnx.ModelProto):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def validate(model: onnx.ModelProto, n_draws: int = 3) -> str | None:
+    """None when the model passes the full checker and runs in onnxruntime on every draw; else why not."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as exc:  # noqa: BLE001 - any complaint rejects the model
+        return f"checker: {str(exc).strip().splitlines()[0][:200]}"
+    try:
+        sess = _session(model)
+    except Exception as exc:  # noqa: BLE001
+        return f"onnxruntime load: {str(exc).strip().splitlines()[0][:200]}"
+    for draw in draws(model, n_draws):
+        try:
+            sess.run(None, feeds_for(model, draw))
+        except Exception as exc:  # noqa: BLE001
+            return f"onnxruntime run: {str(exc).strip().splitlines()[0][:200]}"
+    return None
+
+
+def generate_with_tags(seed, *, max_attempts: int = MAX_ATTEMPTS, rejects: list | None = None) -> tuple[onnx.ModelProto, list[str]]:
+    """The model for `seed` (an int or string) and its pattern tags; `rejects` collects invalid attempts' reasons."""
+    for attempt in range(max_attempts):
+        rng = random.Random(f"fusionlab.fuzz/{seed}/{attempt}")
+        try:
+            model, tags = build(rng)
+        except ValueError as exc:
+            if rejects is not None:
+                rejects.append(f"build: {exc}")
+            continue
+        problem = validate(model)
+        if problem is None:
+            meta = {"fuzz.seed": str(seed), "fuzz.attempt": str(attempt), "fuzz.tags": " ".join(tags)}
+            helper.set_model_props(model, meta)
+            return model, tags
+        if rejects is not None:
+            rejects.append(problem)
+    raise RuntimeError(f"no valid model for seed {seed!r} in {max_attempts} attempts")
+
+
+def generate(seed, **kw) -> onnx.ModelProto:
+    """A valid random model for `seed`; the same seed gives byte-identical models."""
+    return generate_with_tags(seed, **kw)[0]

@@ -1,0 +1,377 @@
+"""The differential oracle: fuse a model, classify the outcome, and find which pass and rule is to blame.
+
+`judge(case, passes)` runs ``fusionlab.passes.fuse(model, passes=passes, **options)`` and returns an
+`Outcome` whose kind is one of
+
+- ``unchanged``: no group was formed and the graph is byte-identical (nothing to check);
+- ``ok``: the fused model is valid and computes what the original does (judged as below);
+- ``refused``: `fuse` raised `ModelError` (a refusal with a reason is fine) — except "graph has a
+  cycle", which the validated, acyclic input cannot deserve: that is a crash;
+- ``crash``: any other exception (from the passes or from serialising their graph);
+- ``invalid``: the fused model fails ``onnx.checker.check_model(full_check=True)``, onnxruntime refuses
+  to load it or to run it where the original runs, has duplicate node names, or its interface changed:
+  graph outputs (names, order, dtypes, ranks, static dims; a symbolic dim made static) or graph inputs
+  (names and dtypes, overridable initializers included);
+- ``wrong``: an output differs in shape, dtype or values (`compare.judge_output`: close to the
+  original, or no further from the float64 reference than the original is; NaN/Inf in the same places).
+
+Values are compared on every draw of `feeds.draws` (3 by default: different input values, both
+bindings of the symbolic dims, the last with overridable initializers overridden). The float64
+reference (`reference.Reference`) is computed only when an output is not close to the original.
+Integer outputs are judged only where they are stable under 4-ulp changes of the float inputs
+(`Case.unstable`); a wrong float output whose deviations are all within twice the original's own
+sensitivity to 2-ulp input changes (`Case.sensitivity`) keeps kind ``wrong`` with the symptom suffix
+"(ill-conditioned)", so such classes stay apart from the others.
+
+`blame(case, passes, outcome)` narrows a failure down to the fewest passes, then to the single vertical
+rule, that still fail the same way (same kind and symptom); its `label` ("vertical:gelu",
+"horizontal:concat_conv", "vertical+mixed") names the class.
+"""
+
+from __future__ import annotations
+
+import re
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .compare import judge_output
+from .feeds import draws, feeds_for, overridable
+from .reference import Reference
+
+__all__ = ["PASS_SETS", "FAILURES", "Outcome", "Case", "judge", "check_fused", "blame", "Blame", "normalize", "interface_problems"]
+
+PASS_SETS = {"vertical": ("vertical",), "all": ("vertical", "horizontal", "mixed")}
+FAILURES = ("crash", "invalid", "wrong", "timeout")
+_PKG = str(Path(__file__).resolve().parent.parent)
+
+
+@dataclass
+class Outcome:
+    """What fusing one model with one pass set did."""
+
+    kind: str
+    detail: str = ""
+    symptom: str = ""
+    rules: dict = field(default_factory=dict)
+    where: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.kind in FAILURES
+
+    def same_failure(self, other: "Outcome") -> bool:
+        return self.kind == other.kind and self.symptom == other.symptom
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def normalize(text: str) -> str:
+    """A message with names, numbers and lists taken out, so failures of one class compare equal."""
+    t = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    t = re.sub(r"node name: [^)]*\)", "node name: <n>)", t)
+    t = re.sub(r"Value\(name=.*?\)\)?", "<value>", t)
+    t = re.sub(r"Node\(name=.*", "<node>", t)
+    t = re.sub(r"'[^']*'|\"[^\"]*\"", "<s>", t)
+    t = re.sub(r"\([^()]*\bnode name\b[^()]*\)", "(<node>)", t)
+    t = re.sub(r"\bName:\s*\S+", "Name: <n>", t)
+    t = re.sub(r"[-+]?\d+(\.\d+)?(e[-+]?\d+)?", "N", t)
+    for _ in range(2):  # lists of names or shapes (not tags such as [ShapeInferenceError])
+        t = re.sub(r"\[[^\[\]A-Za-z]*\]|\[[^\[\]]*[<,(][^\[\]]*\]", "[..]", t)
+    t = re.sub(r"\s+", " ", t)
+    return t[:120]
+
+
+def _session(model: onnx.ModelProto):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+class Case:
+    """An original model with its draws, its outputs on them and (on demand) its float64 reference outputs."""
+
+    def __init__(self, model: onnx.ModelProto, n_draws: int = 3, options: dict | None = None):
+        self.model = model
+        self.options = dict(options or {})
+        self.draws = draws(model, n_draws)
+        self.feeds = [feeds_for(model, d) for d in self.draws]
+        sess = _session(model)
+        self._sess = sess
+        self.names = [o.name for o in sess.get_outputs()]
+        self.outputs = [dict(zip(self.names, sess.run(None, f))) for f in self.feeds]
+        self._ref: list | None = None
+        self.reference_engine = ""
+        self._unstable: dict = {}
+
+    def _perturbed(self, k: int, ulps: float) -> list[dict]:
+        """The original's outputs of draw `k` with every float input moved by up to `ulps` ulps (4 runs)."""
+        key = ("perturbed", k, ulps)
+        if key not in self._unstable:
+            rng = np.random.default_rng(77 + k)
+            runs = []
+            for _ in range(4):
+                feeds = {n: np.asarray(v * (1 + ulps * np.finfo(v.dtype).eps * rng.uniform(-1, 1, v.shape)))
+                         .astype(v.dtype) if v.dtype.kind == "f" else v for n, v in self.feeds[k].items()}
+                runs.append(dict(zip(self.names, self._sess.run(None, feeds))))
+            self._unstable[key] = runs
+        return self._unstable[key]
+
+    def sensitivity(self, k: int, name: str) -> np.ndarray:
+        """Per element, how far float output `name` of draw `k` moves when the float inputs move by two ulps.
+
+        Infinite where a perturbed run turns a finite value non-finite or the other way round (or changes
+        the kind of NaN/Inf); 0 where it stays the same NaN/Inf.
+        """
+        base = np.asarray(self.outputs[k][name], dtype=np.float64)
+        out = np.zeros(base.shape)
+        with np.errstate(invalid="ignore"):
+            for run in self._perturbed(k, 2.0):
+                again = np.asarray(run[name], dtype=np.float64)
+                same = (np.isnan(again) & np.isnan(base)) | (again == base)
+                d = np.where(same, 0.0, np.abs(again - base))
+                out = np.fmax(out, np.where(np.isnan(d), np.inf, d))
+        return out
+
+    def unstable(self, k: int, name: str) -> np.ndarray:
+        """Elements of integer output `name` (draw `k`) that change when the float inputs move by a few ulps.
+
+        An integer output computed from floats (MaxPool indices: an argmax) flips where two candidates
+        tie to rounding; there any rewrite that changes rounding may flip it too, and it is not judged.
+        """
+        if (k, name) not in self._unstable:
+            base = np.asarray(self.outputs[k][name])
+            mask = np.zeros(base.shape, dtype=bool)
+            for run in self._perturbed(k, 4.0):
+                again = np.asarray(run[name])
+                if again.shape == base.shape:
+                    mask |= again != base
+            self._unstable[(k, name)] = mask
+        return self._unstable[(k, name)]
+
+    def reference(self, k: int) -> dict | None:
+        """Float64 outputs of draw `k` (None if neither onnxruntime nor onnx.reference can run the model)."""
+        if self._ref is None:
+            try:
+                ref = Reference(self.model)
+                self.reference_engine = ref.engine
+                with np.errstate(all="ignore"):
+                    self._ref = [ref.run(f) for f in self.feeds]
+            except Exception:  # noqa: BLE001 - no reference: judge against the original alone
+                self._ref = [None] * len(self.feeds)
+                self.reference_engine = "none"
+        return self._ref[k]
+
+
+def _dims(vi: onnx.ValueInfoProto):
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+
+
+def interface_problems(orig: onnx.ModelProto, fused: onnx.ModelProto) -> str | None:
+    """What changed in the graph's interface or naming that must not (None if nothing)."""
+    oo, fo = list(orig.graph.output), list(fused.graph.output)
+    if [o.name for o in oo] != [o.name for o in fo]:
+        return f"graph outputs {[o.name for o in fo]} instead of {[o.name for o in oo]}"
+    for a, b in zip(oo, fo):
+        if a.type.tensor_type.elem_type != b.type.tensor_type.elem_type:
+            return f"graph output {a.name!r} changed dtype"
+        da, db = _dims(a), _dims(b)
+        if da is not None and db is not None:
+            if len(da) != len(db):
+                return f"graph output {a.name!r} declared rank {len(db)} instead of {len(da)}"
+            for x, y in zip(da, db):
+                if isinstance(x, int) and isinstance(y, int) and x != y:
+                    return f"graph output {a.name!r} declared shape {db} instead of {da}"
+                if isinstance(x, str) and isinstance(y, int) and x != "?":
+                    return f"graph output {a.name!r} declared a static dim where the original is symbolic"
+    ins_o = {i.name: i.type.tensor_type.elem_type for i in orig.graph.input}
+    ins_f = {i.name: i.type.tensor_type.elem_type for i in fused.graph.input}
+    if ins_o != ins_f:
+        gone = sorted(set(ins_o) - set(ins_f))
+        new = sorted(set(ins_f) - set(ins_o))
+        what = [f"lost {gone}"] if gone else []
+        what += [f"gained {new}"] if new else []
+        return "graph inputs changed: " + (", ".join(what) or "dtypes differ")
+    over_o, over_f = set(overridable(orig)), set(overridable(fused))
+    if over_o - over_f:
+        return f"overridable initializers no longer overridable: {sorted(over_o - over_f)}"
+    for where, nodes in [("graph", fused.graph.node)] + [(f"function {f.name}", f.node) for f in fused.functions]:
+        names = [n.name for n in nodes if n.name]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            return f"duplicate node names in the {where.split()[0]}: {dup[:3]}"
+    return None
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost fusionlab frame (outside fuzz/) of an exception's traceback: 'module.function'."""
+    frames = []
+    for f in traceback.extract_tb(exc.__traceback__):
+        if f.filename.startswith(_PKG + "/"):
+            rel = Path(f.filename).relative_to(_PKG).with_suffix("").as_posix()
+            if not rel.startswith("fuzz/"):
+                frames.append(f"{rel.replace('/', '.')}.{f.name}")
+    return frames[-1] if frames else ""
+
+
+def _fuse(case: Case, passes, extra: dict | None = None):
+    from fusionlab import ModelError
+    from fusionlab.passes import fuse
+
+    options = {**case.options, **(extra or {})}
+    try:
+        result = fuse(case.model, passes=tuple(passes), **options)
+    except ModelError as exc:
+        if "cycle" in str(exc):
+            return None, Outcome("crash", f"ModelError: {exc}", "ModelError: graph has a cycle (the input has none)",
+                                 where=_where(exc))
+        return None, Outcome("refused", str(exc), normalize(exc))
+    except Exception as exc:  # noqa: BLE001 - everything else is a crash
+        w = _where(exc)
+        return None, Outcome("crash", f"{type(exc).__name__}: {str(exc)[:300]}",
+                             f"{type(exc).__name__} in {w}: {normalize(exc)}", where=w)
+    rules = result.plan.rule_counts()
+    try:
+        fused = result.graph.to_proto()
+    except Exception as exc:  # noqa: BLE001
+        w = _where(exc)
+        return None, Outcome("crash", f"serialising the fused graph: {type(exc).__name__}: {exc}",
+                             f"serialise: {type(exc).__name__}: {normalize(exc)}", rules, where=w)
+    return (result, fused), Outcome("ok", rules=rules)
+
+
+def _validity(case: Case, fused: onnx.ModelProto, rules: dict) -> tuple[object, Outcome | None]:
+    problem = interface_problems(case.model, fused)
+    if problem:
+        return None, Outcome("invalid", problem, "interface: " + normalize(problem), rules)
+    try:
+        onnx.checker.check_model(fused, full_check=True)
+    except Exception as exc:  # noqa: BLE001
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, Outcome("invalid", f"checker: {msg[:300]}", "checker: " + normalize(msg), rules)
+    try:
+        sess = _session(fused)
+    except Exception as exc:  # noqa: BLE001
+        msg = str(exc).strip().splitlines()[0]
+        return None, Outcome("invalid", f"onnxruntime refuses it: {msg[:300]}", "onnxruntime load: " + normalize(msg), rules)
+    return sess, None
+
+
+def _values(case: Case, fused: onnx.ModelProto, sess, rules: dict) -> Outcome:
+    names = [o.name for o in sess.get_outputs()]
+    wanted = {i.name for i in fused.graph.input}  # get_inputs() leaves overridable initializers out
+    for k, (draw, feeds) in enumerate(zip(case.draws, case.feeds)):
+        try:
+            got = dict(zip(names, sess.run(None, {n: v for n, v in feeds.items() if n in wanted})))
+        except Exception as exc:  # noqa: BLE001
+            msg = str(exc).strip().splitlines()[0]
+            return Outcome("invalid", f"onnxruntime cannot run it (draw {k}, dims {draw.dims}): {msg[:300]}",
+                           "onnxruntime run: " + normalize(msg), rules)
+        for name, o in case.outputs[k].items():
+            if name not in got:
+                return Outcome("wrong", f"output {name!r} missing", "missing output", rules)
+            problem = judge_output(o, got[name])
+            if problem == "integer values differ":
+                problem = judge_output(o, got[name], ignore=case.unstable(k, name))
+            elif problem and not problem.startswith(("rank", "shape", "dtype")):
+                problem = judge_output(o, got[name], (case.reference(k) or {}).get(name))
+            if problem:
+                where = f"draw {k} (dims {draw.dims}{', initializers overridden' if draw.override else ''})"
+                symptom = "wrong " + problem.split(" ")[0].rstrip(":")
+                ill = _ill_conditioned(case, k, name, o, got[name])
+                if ill:
+                    problem, symptom = f"{problem} [{ill}]", symptom + " (ill-conditioned)"
+                return Outcome("wrong", f"output {name!r}, {where}: {problem}", symptom, rules)
+    return Outcome("ok", rules=rules)
+
+
+def check_fused(case: Case, fused: onnx.ModelProto, rules: dict | None = None) -> Outcome:
+    """Classify a fused model against the case's original: invalid, wrong or ok."""
+    rules = dict(rules or {})
+    sess, bad = _validity(case, fused, rules)
+    if bad is not None:
+        return bad
+    return _values(case, fused, sess, rules)
+
+
+def _ill_conditioned(case: Case, k: int, name: str, o, f) -> str:
+    """A note when the fused output's deviation is within twice what two-ulp input changes do to the original."""
+    o, f = np.asarray(o), np.asarray(f)
+    if o.shape != f.shape or o.dtype.kind != "f":
+        return ""
+    with np.errstate(invalid="ignore"):
+        dev = np.abs(f.astype(np.float64) - o.astype(np.float64))
+        sens = case.sensitivity(k, name)
+        bad = ~np.isfinite(dev) | (dev > 0)
+        worst = np.where(np.isfinite(dev), dev, np.inf)
+        k_bad = int(np.argmax(worst)) if bad.any() else 0
+        if bad.any() and np.all(~bad | (dev <= 2 * sens) | (~np.isfinite(dev) & ~np.isfinite(sens))):
+            return f"ill-conditioned: two-ulp input changes move the original by up to {sens.flat[k_bad]:.3g} there"
+    return ""
+
+
+def judge(case: Case | onnx.ModelProto, passes=("vertical",), **options) -> Outcome:
+    """Fuse `case` with `passes` (and options) and classify what happened."""
+    if not isinstance(case, Case):
+        case = Case(case, options=options)
+        options = {}
+    fused_pair, outcome = _fuse(case, passes, options)
+    if fused_pair is None:
+        return outcome
+    result, fused = fused_pair
+    if not len(result.plan) and fused.graph.SerializeToString() == case.model.graph.SerializeToString():
+        return Outcome("unchanged", rules=outcome.rules)
+    return check_fused(case, fused, outcome.rules)
+
+
+@dataclass
+class Blame:
+    """The fewest passes (and the one vertical rule, if one) that still fail the same way."""
+
+    passes: tuple
+    rules: tuple = ()
+
+    @property
+    def label(self) -> str:
+        label = "+".join(self.passes)
+        if self.rules:
+            label += ":" + ",".join(self.rules)
+        elif self.passes in (("horizontal",), ("mixed",)):
+            label += ":" + ("concat" if self.passes == ("horizontal",) else "fuse_ops")
+        return label
+
+    def options(self) -> dict:
+        return {"rules": list(self.rules)} if self.rules else {}
+
+
+def blame(case: Case, passes, outcome: Outcome) -> Blame:
+    """Narrow a failing (passes, outcome) down to the fewest passes, then to one vertical rule."""
+    passes = tuple(passes)
+    chosen = passes
+    if len(passes) > 1:
+        subsets = [(p,) for p in passes] + [tuple(q for q in passes if q != p) for p in passes]
+        for sub in subsets:
+            if judge(case, sub).same_failure(outcome):
+                chosen = sub
+                break
+    if "vertical" in chosen:
+        from fusionlab.passes.vertical import RULES
+
+        fired = [r for r in (outcome.rules or {}) if r in RULES]
+        if not fired:
+            fired = list(RULES)
+        for rule in fired:
+            if judge(case, chosen, rules=[rule]).same_failure(outcome):
+                return Blame(chosen, (rule,))
+    return Blame(chosen)

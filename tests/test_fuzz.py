@@ -1,0 +1,353 @@
+"""The differential fuzzer: generator, oracle, shrinker, campaign, and the CI budget over the real passes.
+
+The generator must be deterministic and make valid models that trigger rules; the oracle must catch
+planted bugs (wrong values, a changed rank, invalid models, crashes) and must not call a rounding
+difference wrong; the shrinker must cut a planted failure down. The CI budget fuzzes a few hundred graphs
+with fixed seeds through the current passes and expects no crash, invalid model or wrong result.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper as h
+
+from fusionlab.build import make_model, tensor, value_info
+from fusionlab.fuzz import generate, generate_with_tags, validate
+from fusionlab.fuzz.campaign import options_for, pass_sets_for, run_campaign
+from fusionlab.fuzz.compare import judge_output
+from fusionlab.fuzz.diagnose import diagnose
+from fusionlab.fuzz.feeds import draws
+from fusionlab.fuzz.oracle import PASS_SETS, Case, Outcome, check_fused, interface_problems, judge, normalize
+from fusionlab.fuzz.reference import Reference, to_float64
+from fusionlab.fuzz.shrink import same_failure, shrink
+from fusionlab.plan import VERTICAL, FusionGroup, FusionPlan
+
+F32 = np.float32
+RNG = np.random.default_rng(7)
+
+
+def _copy(m: onnx.ModelProto) -> onnx.ModelProto:
+    c = onnx.ModelProto()
+    c.CopyFrom(m)
+    return c
+
+
+def _gelu_model(dtype=F32, half=0.5) -> onnx.ModelProto:
+    """x[2,8] -> x * half * (1 + erf(x / sqrt 2))."""
+    nodes = [h.make_node("Div", ["x", "s2"], ["a"]), h.make_node("Erf", ["a"], ["e"]),
+             h.make_node("Add", ["e", "one"], ["p"]), h.make_node("Mul", ["x", "p"], ["q"]),
+             h.make_node("Mul", ["q", "half"], ["y"])]
+    inits = [tensor("s2", np.array(np.sqrt(2), dtype)), tensor("one", np.array(1, dtype)),
+             tensor("half", np.array(half, dtype))]
+    return make_model(nodes, [value_info("x", dtype, [2, 8])], [value_info("y", dtype, [2, 8])], inits)
+
+
+def _conv_model() -> onnx.ModelProto:
+    nodes = [h.make_node("Conv", ["x", "W"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c"], ["y"], name="relu")]
+    return make_model(nodes, [value_info("x", F32, ["batch", 3, 6, 6])], [value_info("y", F32, ["batch", 4, 6, 6])],
+                      [tensor("W", RNG.standard_normal((4, 3, 3, 3)).astype(F32))])
+
+
+# --------------------------------------------------------------------------------------------------
+# generator
+# --------------------------------------------------------------------------------------------------
+
+def test_same_seed_gives_byte_identical_models_across_processes():
+    here = b"".join(generate(s).SerializeToString() for s in range(15))
+    code = ("import sys; from fusionlab.fuzz import generate; "
+            "sys.stdout.buffer.write(b''.join(generate(s).SerializeToString() for s in range(15)))")
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout
+    assert here == there
+    assert generate("a-1").SerializeToString() != generate("a-2").SerializeToString()
+
+
+def test_generated_models_pass_the_full_checker_and_run_in_onnxruntime():
+    for seed in range(40):
+        model = generate(seed)
+        onnx.checker.check_model(model, full_check=True)
+        assert validate(model) is None
+
+
+def test_generator_covers_dtypes_opsets_names_and_near_misses():
+    tags, opsets, dims, unnamed, overridable = Counter(), Counter(), 0, 0, 0
+    for seed in range(150):
+        model, t = generate_with_tags(seed)
+        tags.update(t)
+        opsets[model.opset_import[0].version] += 1
+        dims += any(d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim)
+        unnamed += sum(1 for n in model.graph.node if not n.name) > 1
+        inits = {t.name for t in model.graph.initializer}
+        overridable += any(i.name in inits for i in model.graph.input)
+    assert {"float32", "float16", "float64"} <= set(tags)
+    assert min(opsets) < 13 and {13, 17, 20, 21} <= set(opsets)
+    assert dims > 20 and unnamed > 20 and overridable > 5
+    assert sum(v for k, v in tags.items() if k.startswith("nm:")) > 100
+    assert sum(v for k, v in tags.items() if k.startswith(("node:", "tensor:"))) > 10   # pass-like names
+    for pattern in ("conv", "bn", "pad_conv", "matmul_add", "gemm", "erf_gelu", "tanh_gelu", "layernorm",
+                    "horizontal_conv", "horizontal_matmul", "chain", "silu", "nm:rank_up", "nm:intermediate_output"):
+        assert tags[pattern] > 0, pattern
+
+
+def test_most_generated_models_trigger_a_rule():
+    fired = Counter()
+    for seed in range(40):
+        model = generate(f"fire-{seed}")
+        case = Case(model, 1, options_for(f"fire-{seed}"))
+        for name, passes in PASS_SETS.items():
+            fired[name] += bool(judge(case, passes).rules)
+    assert fired["all"] >= 0.6 * 40, fired
+    assert fired["vertical"] >= 0.35 * 40, fired
+
+
+# --------------------------------------------------------------------------------------------------
+# reference and comparison
+# --------------------------------------------------------------------------------------------------
+
+def test_float64_reference_converts_every_float_and_runs():
+    m = _gelu_model(np.float16)
+    m64 = to_float64(m)
+    assert all(t.data_type == onnx.TensorProto.DOUBLE for t in m64.graph.initializer)
+    assert m64.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.DOUBLE
+    x = RNG.standard_normal((2, 8)).astype(np.float16)
+    ref = Reference(m)  # Erf has no double kernel in onnxruntime: onnx.reference, with a float64 erf
+    assert ref.engine == "onnx.reference"
+    import math
+
+    s2 = float(np.float16(np.sqrt(2)))  # the model's constant (rounded to fp16), computed with in float64
+    want = np.array([[v * 0.5 * (1 + math.erf(v / s2)) for v in row] for row in x.astype(np.float64)])
+    np.testing.assert_allclose(ref.run({"x": x})["y"], want, rtol=1e-12)
+
+
+def test_judge_output_rules():
+    o = np.array([1.0, 2.0, np.nan, np.inf], F32)
+    assert judge_output(o, o.copy()) is None
+    assert judge_output(o, o * (1 + 3e-5)) is None                              # within rounding
+    assert "values" in judge_output(o, o + np.array([0, 1e-3, 0, 0], F32))
+    assert "NaN/Inf" in judge_output(o, np.array([1, 2, 0.5, np.inf], F32))
+    assert judge_output(o, o.reshape(1, 4)).startswith("rank")
+    assert judge_output(o, o.astype(np.float64)).startswith("dtype")
+    # differs from the original, but is closer to the float64 truth: not wrong
+    o16 = np.array([0.3335], np.float16)
+    r = np.array([1 / 3])
+    assert judge_output(o16, np.array([0.3333], np.float16), r) is None
+    assert judge_output(o16, np.array([0.3430], np.float16), r) is not None      # further from the truth
+    # the original is NaN by rounding where the truth is finite: a fused model that gets it right is fine
+    assert judge_output(np.array([np.nan], F32), np.array([0.5], F32), np.array([0.5])) is None
+
+
+# --------------------------------------------------------------------------------------------------
+# oracle: planted bugs must be caught, rounding must not be
+# --------------------------------------------------------------------------------------------------
+
+def test_oracle_flags_a_planted_wrong_value():
+    case = Case(_conv_model())
+    bad = _copy(case.model)
+    w = onnx.numpy_helper.to_array(bad.graph.initializer[0]).copy()
+    w[0, 0, 0, 0] += 0.05
+    bad.graph.initializer[0].CopyFrom(tensor("W", w))
+    out = check_fused(case, bad)
+    assert out.kind == "wrong" and "values" in out.detail
+
+
+def test_oracle_flags_planted_near_miss_constant_but_not_rounding():
+    case = Case(_gelu_model())
+    assert check_fused(case, _gelu_model(half=0.4996)).kind == "wrong"          # 0.04% off: a different function
+    reordered = _copy(case.model)                                              # the same function, other rounding
+    reordered.graph.node[3].input[:] = ["p", "x"]
+    del reordered.graph.node[4]
+    reordered.graph.node.extend([h.make_node("Mul", ["half", "q"], ["y"])])
+    assert check_fused(case, reordered).kind == "ok"
+
+
+def test_oracle_flags_planted_invalid_models():
+    case = Case(_conv_model())
+    dup = _copy(case.model)
+    dup.graph.node[1].name = "conv"
+    assert "duplicate node names" in check_fused(case, dup).detail
+    renamed = _copy(case.model)
+    renamed.graph.output[0].name = "z"
+    renamed.graph.node[1].output[0] = "z"
+    assert check_fused(case, renamed).kind == "invalid"
+    ranked = _copy(case.model)
+    ranked.graph.output[0].type.tensor_type.shape.dim.add().dim_value = 1
+    assert check_fused(case, ranked).kind == "invalid"
+    ssa = _copy(case.model)
+    ssa.graph.node.extend([h.make_node("Relu", ["c"], ["y"], name="again")])
+    assert check_fused(case, ssa).detail.startswith("checker")
+    unknown = _copy(case.model)
+    unknown.graph.node[1].op_type = "NoSuchOp"
+    unknown.graph.node[1].domain = "com.example"
+    unknown.opset_import.extend([h.make_opsetid("com.example", 1)])
+    assert check_fused(case, unknown).kind == "invalid"
+    static = _copy(case.model)                                                 # batch made static: interface change
+    static.graph.output[0].type.tensor_type.shape.dim[0].dim_value = 2
+    assert "static dim" in check_fused(case, static).detail
+
+
+def test_oracle_checks_every_binding_and_overridden_initializers():
+    model = _conv_model()
+    model.graph.input.extend([value_info("W", F32, [4, 3, 3, 3])])            # W is now overridable
+    case = Case(model)
+    assert {d.dims["batch"] for d in case.draws} == {2, 1} and case.draws[-1].override
+    frozen = _copy(model)                          # a "fused" model that reads a private copy of W: ignores overrides
+    frozen.graph.initializer.extend([tensor("W_copy", onnx.numpy_helper.to_array(model.graph.initializer[0]))])
+    frozen.graph.node[0].input[1] = "W_copy"
+    out = check_fused(case, frozen)
+    assert out.kind == "wrong" and "initializers overridden" in out.detail
+    plain = _copy(model)                                                      # W no longer overridable
+    del plain.graph.input[1]
+    assert "lost ['W']" in check_fused(case, plain).detail
+
+
+def test_oracle_classifies_crashes_and_refusals(monkeypatch):
+    import fusionlab.passes as passes
+    from fusionlab import ModelError
+
+    case = Case(_conv_model())
+
+    def boom(*a, **k):
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(passes, "fuse", boom)
+    out = judge(case, ("vertical",))
+    assert out.kind == "crash" and out.failed and "IndexError" in out.symptom
+
+    def refuse(*a, **k):
+        raise ModelError("<m>", "unsupported thing")
+
+    monkeypatch.setattr(passes, "fuse", refuse)
+    assert judge(case, ("vertical",)).kind == "refused"
+
+    def cycle(*a, **k):
+        raise ModelError("<m>", "graph has a cycle")
+
+    monkeypatch.setattr(passes, "fuse", cycle)
+    assert judge(case, ("vertical",)).kind == "crash"
+
+
+def test_normalize_and_interface():
+    assert normalize("node(s) ['a', 'b'] already belong to group 'h0'") == normalize("node(s) ['c'] already belong to group 'h1'")
+    m = _conv_model()
+    assert interface_problems(m, m) is None
+    assert draws(m, 3)[0].dims == {"batch": 2}
+
+
+# --------------------------------------------------------------------------------------------------
+# shrinker: a planted bug in a fake pass
+# --------------------------------------------------------------------------------------------------
+
+def _buggy_pass():
+    """A pass that 'fuses' every Sigmoid into a Tanh (a planted wrong rewrite)."""
+    mod = types.ModuleType("fusionlab_test_buggy_pass")
+
+    def plan(graph, **_):
+        p = FusionPlan(model=graph.name)
+        for i, n in enumerate(graph.graph):
+            if n.op_type == "Sigmoid":
+                p.add(FusionGroup(id=f"b{i}", kind=VERTICAL, rule="buggy", nodes=[f"b{i}"], op_types=["Sigmoid"]))
+        return p
+
+    def apply(graph, plan, **_):
+        for n in graph.graph:
+            if n.op_type == "Sigmoid":
+                n.op_type = "Tanh"
+
+    mod.plan, mod.apply = plan, apply
+    return mod
+
+
+def test_shrinker_cuts_a_planted_failure_down(monkeypatch):
+    import fusionlab.passes as passes
+
+    monkeypatch.setitem(sys.modules, "fusionlab_test_buggy_pass", _buggy_pass())
+    monkeypatch.setitem(passes.PASSES, "buggy", "fusionlab_test_buggy_pass")
+    for seed in range(200):
+        model = generate(f"shrink-{seed}")
+        if len(model.graph.node) >= 12 and any(n.op_type == "Sigmoid" for n in model.graph.node):
+            break
+    out = judge(Case(model), ("buggy",))
+    assert out.kind == "wrong"
+    small = shrink(model, same_failure(("buggy",), out), budget_s=60)
+    assert len(small.graph.node) <= 3 < len(model.graph.node)
+    assert any(n.op_type == "Sigmoid" for n in small.graph.node)
+    assert validate(small) is None and judge(Case(small), ("buggy",)).same_failure(out)
+
+
+def test_diagnosis_names_what_a_planted_failure_depends_on(monkeypatch):
+    import fusionlab.passes as passes
+
+    mod = types.ModuleType("fusionlab_test_name_pass")
+
+    def plan(graph, **_):
+        if sum(1 for n in graph.graph if not n.name) > 1:
+            raise IndexError("two nodes called ''")  # a pass that looks nodes up by name
+        return FusionPlan(model=graph.name)
+
+    mod.plan, mod.apply = plan, lambda graph, plan, **_: None
+    monkeypatch.setitem(sys.modules, "fusionlab_test_name_pass", mod)
+    monkeypatch.setitem(passes.PASSES, "byname", "fusionlab_test_name_pass")
+    model = _gelu_model(half=0.4996)                   # its nodes are unnamed
+    out = judge(Case(model), ("byname",))
+    assert out.kind == "crash"
+    assert diagnose(model, ("byname",), out) == ["name every node"]
+    monkeypatch.setitem(sys.modules, "fusionlab_test_buggy_pass", _buggy_pass())
+    monkeypatch.setitem(passes.PASSES, "buggy", "fusionlab_test_buggy_pass")
+    assert diagnose(model, ("buggy",), out) == []     # nothing to explain: no Sigmoid, no failure
+
+
+# --------------------------------------------------------------------------------------------------
+# campaign plumbing
+# --------------------------------------------------------------------------------------------------
+
+def test_campaign_is_resumable_and_writes_a_summary(tmp_path):
+    s = run_campaign(6, 99, tmp_path, workers=1, shrink=False, progress=False)
+    assert s["graphs"] == 6 and (tmp_path / "summary.md").exists() and (tmp_path / "summary.json").exists()
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    s2 = run_campaign(8, 99, tmp_path, workers=0, shrink=False, progress=False)  # resumes, in this process
+    assert s2["graphs"] == 8 and len((tmp_path / "results.jsonl").read_text().splitlines()) == len(lines) + 2
+    assert set(pass_sets_for("99-0")) == {"vertical", "all", "other"}
+
+
+# --------------------------------------------------------------------------------------------------
+# the CI budget: real passes, fixed seeds
+# --------------------------------------------------------------------------------------------------
+
+CI_GRAPHS = 300
+
+#: What the budget finds on the passes of this commit: 53 failures in 38 graphs (classes as in issue 14;
+#: the probes of fusionlab.fuzz.diagnose say which). Remove the xfail marker when the fixes land.
+CI_FINDINGS = (
+    "53 failures in 300 graphs on the current passes: horizontal crashes and invalid models on unnamed "
+    "siblings (class 3: IndexError, 'MatMul/Gemm weights must be 2-D', plan clash, SSA), one silently "
+    "wrong horizontal result (class 3); gelu/bias_gelu/fast_gelu/layernorm accepting size-1 constants of "
+    "higher rank (class 1: wrong rank, checker rank errors, downstream ReduceMean/Conv refused by "
+    "onnxruntime) and near-miss constants (class 2: wrong values, NaN replaced by finite values); mixed "
+    "local functions with untyped values failing the full checker (class 6)"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=CI_FINDINGS)
+def test_ci_budget_no_crash_invalid_or_wrong():
+    failures: Counter = Counter()
+    examples: dict = {}
+    for i in range(CI_GRAPHS):
+        mid = f"ci-{i}"
+        case = Case(generate(mid), 3, options_for(mid))
+        for name, passes in PASS_SETS.items():
+            out: Outcome = judge(case, passes)
+            if out.failed:
+                key = f"{name}: {out.kind}: {out.symptom}"
+                failures[key] += 1
+                examples.setdefault(key, f"{mid}: {out.detail[:160]}")
+    report = "\n".join(f"{n:4d}  {k}\n      e.g. {examples[k]}" for k, n in failures.most_common())
+    assert not failures, f"{sum(failures.values())} failures in {CI_GRAPHS} graphs:\n{report}"

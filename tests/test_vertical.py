@@ -250,10 +250,17 @@ def test_pad_folds_into_average_pool_counting_the_zeros(own_pads):
     assert res.plan.rule_counts() == {"pad_pool": 1}
 
 
-def test_pad_folds_into_max_pool_only_when_it_pads_with_minus_infinity():
-    res = check(pool_model("MaxPool", value=-np.inf), {"MaxPool": 1})
+def test_pad_folds_into_max_pool_only_when_it_pads_as_max_pool_does():
+    """MaxPool's own padding is the lowest finite float in onnxruntime: a Pad with that value folds exactly.
+
+    A -inf Pad folded once too (until the fuzzer's class N1): max(-inf data, -inf pad) is -inf, but
+    max(-inf data, MaxPool's own padding) is -3.4e38, so it is refused now, and so are zeros.
+    """
+    res = check(pool_model("MaxPool", value=float(np.finfo(np.float32).min)), {"MaxPool": 1})
     assert list(next(iter(res.graph)).attributes["pads"].value) == [1, 1, 1, 1]
     unchanged(pool_model("MaxPool", value=0.0))  # zeros would beat negative inputs; MaxPool's own pads never do
+    res = unchanged(pool_model("MaxPool", value=-np.inf))
+    assert any("lowest finite value" in r.reason for r in res.plan.refusals)
 
 
 @pytest.mark.parametrize("case", ["own_pads_not_counted", "ceil_mode", "pad_not_smaller_than_kernel", "value",

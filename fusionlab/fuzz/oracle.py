@@ -19,9 +19,10 @@ Values are compared on every draw of `feeds.draws` (3 by default: different inpu
 bindings of the symbolic dims, the last with overridable initializers overridden). The float64
 reference (`reference.Reference`) is computed only when an output is not close to the original.
 Integer outputs are judged only where they are stable under 4-ulp changes of the float inputs
-(`Case.unstable`); a wrong float output whose deviations are all within twice the original's own
-sensitivity to 2-ulp input changes (`Case.sensitivity`) keeps kind ``wrong`` with the symptom suffix
-"(ill-conditioned)", so such classes stay apart from the others.
+(`Case.unstable`). A float output whose deviations all lie within twice the original's own sensitivity
+to 2-ulp input changes (`Case.sensitivity`) is accepted (kind ``ok``, symptom "ill-conditioned", counted
+apart in the summary): the fused result is what the original computes for inputs moved by a couple of ulps,
+so the difference is rounding the problem itself amplifies (backward stability), not a changed function.
 
 `blame(case, passes, outcome)` narrows a failure down to the fewest passes, then to the single vertical
 rule, that still fail the same way (same kind and symptom); its `label` ("vertical:gelu",
@@ -270,6 +271,7 @@ def _validity(case: Case, fused: onnx.ModelProto, rules: dict) -> tuple[object, 
 
 def _values(case: Case, fused: onnx.ModelProto, sess, rules: dict) -> Outcome:
     names = [o.name for o in sess.get_outputs()]
+    accepted: list[str] = []
     wanted = {i.name for i in fused.graph.input}  # get_inputs() leaves overridable initializers out
     for k, (draw, feeds) in enumerate(zip(case.draws, case.feeds)):
         try:
@@ -291,8 +293,11 @@ def _values(case: Case, fused: onnx.ModelProto, sess, rules: dict) -> Outcome:
                 symptom = "wrong " + problem.split(" ")[0].rstrip(":")
                 ill = _ill_conditioned(case, k, name, o, got[name])
                 if ill:
-                    problem, symptom = f"{problem} [{ill}]", symptom + " (ill-conditioned)"
+                    accepted.append(f"output {name!r}, {where}: {problem} [{ill}]")
+                    continue
                 return Outcome("wrong", f"output {name!r}, {where}: {problem}", symptom, rules)
+    if accepted:
+        return Outcome("ok", "accepted within the original's own sensitivity: " + accepted[0], "ill-conditioned", rules)
     return Outcome("ok", rules=rules)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 __all__ = ["summarize", "write", "markdown"]
 
-_KINDS = ("ok", "unchanged", "refused", "crash", "invalid", "wrong", "timeout", "error")
+_KINDS = ("ok", "ok (ill-conditioned)", "unchanged", "refused", "crash", "invalid", "wrong", "timeout", "error")
 
 
 def _fire_rates(records: list[dict], names: list[str]) -> dict:
@@ -48,7 +48,8 @@ def summarize(results: dict[str, dict], shrunk: dict | None = None, **meta) -> d
 
     for rec in records:
         for name, o in rec["outcomes"].items():
-            outcomes.setdefault(name, Counter())[o["kind"]] += 1
+            label = "ok (ill-conditioned)" if o["kind"] == "ok" and o.get("symptom") == "ill-conditioned" else o["kind"]
+            outcomes.setdefault(name, Counter())[label] += 1
             if o["kind"] == "refused":
                 refusals[o["symptom"]] += 1
             if o["kind"] in ("crash", "invalid", "wrong", "error"):

@@ -126,7 +126,10 @@ class DecomposedLayerNorm(Rule):
         if core is None or not cx.free(*core[0]):
             return None
         nodes, x, eps = core
-        if cx.dtype(x) not in (F32, np.dtype(np.float16)):
+        if cx.dtype(x) == np.dtype(np.float16):
+            raise Refused("float16: onnxruntime's LayerNormalization was measured less accurate than the decomposed "
+                          "form (5e-3 vs 1e-4 against a float64 reference; fuzzer class N3)")
+        if cx.dtype(x) != F32:
             return None
         gamma, beta, nodes = _affine_tail(cx, nodes, x)
         if gamma is None or not cx.free(*nodes):

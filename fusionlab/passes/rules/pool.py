@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, attr, copy_attrs, is_op
@@ -12,14 +13,20 @@ from .common import folded_pads
 __all__ = ["PadPool"]
 
 
+def _lowest(dtype) -> float:
+    return float(np.finfo(dtype).min) if dtype is not None and dtype.kind == "f" else -math.inf
+
+
 class PadPool(Rule):
-    """Pad -> AveragePool (count_include_pad=1) or a -inf Pad -> MaxPool.
+    """Pad -> AveragePool (count_include_pad=1) or a lowest-value Pad -> MaxPool.
 
     - AveragePool pads with zeros that count in the average only when ``count_include_pad=1``; explicit
       zeros from a Pad always count. So the fused pool gets ``count_include_pad=1``, which is legal only if
       the pool had no padding of its own or already counted it (onnxruntime PR #23190 fixed exactly this).
-    - MaxPool's own padding never wins a max, like padding with -inf; a Pad with value 0 would win over
-      negative inputs, so only a -inf Pad folds.
+    - MaxPool's own padding is the dtype's lowest finite value in onnxruntime (not -inf): it never wins a
+      max over finite data, but max(-inf, padding) is that lowest value. So a Pad with exactly that value
+      folds; a -inf Pad does not (a -inf in the data next to the padding would come out finite: fuzzer
+      class N1), nor a Pad with 0 (it would win over negative inputs).
     - ``ceil_mode=1`` is refused (windows past the end behave differently), and onnxruntime requires every
       pad to be smaller than the kernel, so a fold that would break that is refused too.
     """
@@ -36,7 +43,8 @@ class PadPool(Rule):
             return None
         pads = self._legal_pads(cx, pad, pool)
         why = "constant Pad folded into the pool's own pads" + (
-            " (count_include_pad=1: the zeros count, as they did)" if pool.op_type == "AveragePool" else " (-inf padding)")
+            " (count_include_pad=1: the zeros count, as they did)" if pool.op_type == "AveragePool" else
+            " (padding with the lowest finite value, as MaxPool's own)")
         return Match("pad_pool", pool, [pad, pool], why, pool.op_type, data={"pads": pads})
 
     @staticmethod
@@ -55,8 +63,9 @@ class PadPool(Rule):
                 raise Refused("Pad value is not zero")
             if not int(attr(pool, "count_include_pad", 0)) and any(attr(pool, "pads", None) or []):
                 raise Refused("AveragePool has its own pads with count_include_pad=0")
-        elif not (math.isinf(value) and value < 0):
-            raise Refused("MaxPool pads with -inf; this Pad's value is not -inf")
+        elif value != _lowest(cx.dtype(pad.inputs[0])):
+            raise Refused("MaxPool's own padding is the lowest finite value; this Pad's value is "
+                          f"{value:g} (a -inf data element next to the padding would come out finite)")
         k = [int(v) for v in kernel]
         half = len(pads) // 2
         if any(pads[i] >= k[i % half] for i in range(len(pads))):

@@ -11,18 +11,19 @@ from .linear import LinearChain
 from .matmul import FusedMatMul
 from .norm import DecomposedLayerNorm, SkipLayerNorm
 from .pool import PadPool
+from .rmsnorm import DecomposedRMSNorm, SkipRMSNorm
 
 __all__ = ["VERTICAL_RULES", "RULE_NAMES", "rule_for"]
 
 #: the rule units in priority order
-VERTICAL_RULES = (DecomposedLayerNorm(), SkipLayerNorm(), ErfGelu(), GeluAfterBias(), TanhGelu(), ConvChain(),
+VERTICAL_RULES = (DecomposedLayerNorm(), SkipLayerNorm(), DecomposedRMSNorm(), SkipRMSNorm(), ErfGelu(), GeluAfterBias(), TanhGelu(), ConvChain(),
                   PadPool(), LinearChain(), FusedMatMul(), SiLU())
 
 #: every rule name, in the order the README lists them
 RULE_NAMES = (
     "pad_conv", "pad_pool", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
     "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act", "fused_matmul",
-    "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "silu",
+    "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "rmsnorm", "skip_rmsnorm", "silu",
 )
 
 

@@ -7,6 +7,7 @@ that belongs to a BiasGelu is not taken by matmul_add_gemm.
 from .activation import SiLU
 from .conv import ConvChain
 from .gelu import ErfGelu, GeluAfterBias, TanhGelu
+from .layout import LayerScale, TransposeCancel
 from .linear import LinearChain
 from .matmul import FusedMatMul
 from .norm import DecomposedLayerNorm, SkipLayerNorm
@@ -16,13 +17,14 @@ from .rmsnorm import DecomposedRMSNorm, SkipRMSNorm
 __all__ = ["VERTICAL_RULES", "RULE_NAMES", "rule_for"]
 
 #: the rule units in priority order
-VERTICAL_RULES = (DecomposedLayerNorm(), SkipLayerNorm(), DecomposedRMSNorm(), SkipRMSNorm(), ErfGelu(), GeluAfterBias(), TanhGelu(), ConvChain(),
-                  PadPool(), LinearChain(), FusedMatMul(), SiLU())
+VERTICAL_RULES = (DecomposedLayerNorm(), SkipLayerNorm(), DecomposedRMSNorm(), SkipRMSNorm(), ErfGelu(), GeluAfterBias(),
+                  TanhGelu(), TransposeCancel(), ConvChain(), PadPool(), LinearChain(), FusedMatMul(), LayerScale(),
+                  SiLU())
 
 #: every rule name, in the order the README lists them
 RULE_NAMES = (
     "pad_conv", "pad_pool", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
-    "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act", "fused_matmul",
+    "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act", "fused_matmul", "layer_scale", "transpose_cancel",
     "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "rmsnorm", "skip_rmsnorm", "silu",
 )
 

@@ -4,7 +4,7 @@ Norms and GELUs claim their nodes before the Conv and MatMul chains look at them
 that belongs to a BiasGelu is not taken by matmul_add_gemm.
 """
 
-from .activation import SiLU
+from .activation import HardActivation, SiLU
 from .conv import ConvChain
 from .gelu import ErfGelu, GeluAfterBias, TanhGelu
 from .layout import LayerScale, TransposeCancel
@@ -19,13 +19,13 @@ __all__ = ["VERTICAL_RULES", "RULE_NAMES", "rule_for"]
 #: the rule units in priority order
 VERTICAL_RULES = (DecomposedLayerNorm(), SkipLayerNorm(), DecomposedRMSNorm(), SkipRMSNorm(), ErfGelu(), GeluAfterBias(),
                   TanhGelu(), TransposeCancel(), ConvChain(), PadPool(), LinearChain(), FusedMatMul(), LayerScale(),
-                  SiLU())
+                  SiLU(), HardActivation())
 
 #: every rule name, in the order the README lists them
 RULE_NAMES = (
     "pad_conv", "pad_pool", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
     "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act", "fused_matmul", "layer_scale", "transpose_cancel",
-    "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "rmsnorm", "skip_rmsnorm", "silu",
+    "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "rmsnorm", "skip_rmsnorm", "silu", "hard_sigmoid", "hard_swish",
 )
 
 

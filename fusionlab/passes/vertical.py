@@ -16,8 +16,17 @@ The rules (`fusionlab.passes.rules`, one module per family; rule names in bracke
   polynomials), with an optional bias Add before it -> ``com.microsoft:FastGelu``, or ``Gelu(approximate=
   "tanh")`` at opset 20 with standard ops only; an opset-20 tanh ``Gelu`` after a bias Add -> FastGelu
   [fast_gelu].
-- Decomposed LayerNorm -> ``LayerNormalization`` [layernorm]; Add + LayerNorm ->
-  ``com.microsoft:SkipLayerNormalization`` [skip_layernorm]; Sigmoid + Mul -> QuickGelu [silu].
+- Decomposed LayerNorm -> ``LayerNormalization`` [layernorm]; [bias Add +] residual Add + LayerNorm ->
+  ``com.microsoft:SkipLayerNormalization`` [skip_layernorm]; decomposed RMSNorm (LLaMA/T5 forms) ->
+  ``RMSNormalization`` (opset 23) or onnxruntime's ``SimplifiedLayerNormalization`` [rmsnorm]; [bias Add +]
+  residual Add + RMSNorm -> ``com.microsoft:SkipSimplifiedLayerNormalization`` [skip_rmsnorm].
+- Scalar Mul/Div on a MatMul operand or its output, and Transposes of the last two (or batch) axes of an
+  operand -> ``com.microsoft:FusedMatMul`` [fused_matmul].
+- ConvNeXt's channels-last blocks: a per-channel Mul after MatMul [+ bias] [-> Transpose] folded into the
+  weights [layer_scale]; Transpose -> elementwise ops -> inverse Transpose done untransposed [transpose_cancel].
+- Sigmoid + Mul -> QuickGelu [silu]; hard sigmoid / hard swish written out (relu6(x + 3) / 6, ...) ->
+  ``HardSigmoid`` / ``HardSwish`` [hard_sigmoid, hard_swish], a Conv before a hard sigmoid -> FusedConv.
+- Slices of one tensor that tile an axis (TorchScript's ``chunk``) -> one ``Split`` [slice_split].
 
 Every rewrite is checked first: each intermediate has a single consumer and is not a graph output,
 parameters are constants (not overridable initializers), shapes and ranks make the fused op compute the
@@ -47,10 +56,21 @@ __all__ = ["RULES", "DEFAULT_RULES", "LOWERINGS", "OPTIONS", "FUSED_CONV_ACTIVAT
            "plan", "apply"]
 
 RULES = RULE_NAMES
-#: Rules applied when none are named. `skip_layernorm` is opt-in: onnxruntime 1.31's CPU
-#: SkipLayerNormalization kernel measured ~2% *slower* than Add + LayerNormalization on BERT-base
-#: (seq 128, 1 thread, interleaved runs: ratio 0.98, 95% CI 0.976-0.981), so fusing it by default
-#: would make the model slower. A fused kernel earns its place by measurement, not by existing.
+#: Rules applied when none are named. A fused kernel earns its place by measurement, not by existing
+#: (benchmarks/bench_rules.py, results/rules.md: 1 thread, medians of paired interleaved ratios, 95% CI;
+#: the machine is shared, so the figures are noisy; speedup > 1 = fused faster; "off" = optimisations off).
+#:
+#: - `skip_layernorm` is opt-in: onnxruntime 1.31's CPU SkipLayerNormalization kernel is *slower* than
+#:   the Add(s) + LayerNormalization it replaces: 0.17x for Add + LN at 1x128x768 (off), with the projection
+#:   bias 0.81x at the corpus' BERT size 3x11x128 and 0.94x at 1x128x768; on whole corpus models 0.86-0.87x
+#:   (bert, gpt2, vit dynamo exports), and the pre-LN form that hands the sum on 0.65-0.82x at EXTENDED too.
+#:   onnxruntime EXTENDED makes this fusion itself on dynamo exports, which costs it speed.
+#: - measured faster, so on: `fused_matmul` 1.09-1.21x off (SDPA scores, YOLO11 attention), 1.00x at
+#:   EXTENDED (onnxruntime fuses the same), 1.02-1.04x on the corpus models; `rmsnorm` 1.8-3.3x;
+#:   `skip_rmsnorm` 1.23x (3x11x128) and 1.04x (1x128x768); `layer_scale` 1.01-1.08x; `hard_swish`
+#:   1.5-1.8x, `hard_sigmoid` 1.8-2.7x (a Conv + hard sigmoid as FusedConv: 1.24x); `transpose_cancel`
+#:   1.07-1.18x together with layer_scale (the first ConvNeXt block's Mul folds into its projection) --
+#:   alone it measured 0.94x off at the corpus' 3x24x24x16 (the Mul then broadcasts along the last axis).
 DEFAULT_RULES = tuple(r for r in RULES if r != "skip_layernorm")
 #: the options this pass takes, with their defaults
 OPTIONS = {"rules": None, "lower": "runtime", "dims": None, "max_group_ops": None}

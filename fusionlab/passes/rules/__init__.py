@@ -13,19 +13,20 @@ from .matmul import FusedMatMul
 from .norm import DecomposedLayerNorm, SkipLayerNorm
 from .pool import PadPool
 from .rmsnorm import DecomposedRMSNorm, SkipRMSNorm
+from .slices import SliceSplit
 
 __all__ = ["VERTICAL_RULES", "RULE_NAMES", "rule_for"]
 
 #: the rule units in priority order
 VERTICAL_RULES = (DecomposedLayerNorm(), SkipLayerNorm(), DecomposedRMSNorm(), SkipRMSNorm(), ErfGelu(), GeluAfterBias(),
                   TanhGelu(), TransposeCancel(), ConvChain(), PadPool(), LinearChain(), FusedMatMul(), LayerScale(),
-                  SiLU(), HardActivation())
+                  SiLU(), HardActivation(), SliceSplit())
 
 #: every rule name, in the order the README lists them
 RULE_NAMES = (
     "pad_conv", "pad_pool", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
     "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act", "fused_matmul", "layer_scale", "transpose_cancel",
-    "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "rmsnorm", "skip_rmsnorm", "silu", "hard_sigmoid", "hard_swish",
+    "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "rmsnorm", "skip_rmsnorm", "silu", "hard_sigmoid", "hard_swish", "slice_split",
 )
 
 

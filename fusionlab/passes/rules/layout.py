@@ -6,6 +6,8 @@
   ConvNeXt's first block ends ``Transpose -> Mul(gamma) -> Add(residual = Transpose(LN)) -> Transpose``: both
   Transposes go. Every op between must be elementwise, read only by the next, and no operand may broadcast
   the result up; an operand that is neither a constant nor a Transpose(P) would need a new Transpose: refused.
+  With ``layer_scale`` on, a layer-scale Mul first in the chain folds into the projection before the Transpose
+  (in the other layout it would scale the last axis, which onnxruntime's broadcasting does slower).
 - ``layer_scale``: MatMul(x, W) [+ b] [-> Transpose] -> Mul(gamma) with gamma per output channel (the MatMul's
   last axis, followed through the Transpose's perm) folds into W's columns and b: W' = W * gamma, b' = b * gamma
   (float64, cast back once; refused if that overflows). ConvNeXt writes ``Mul(W[C, 1, 1], Transpose(...))``.
@@ -83,15 +85,35 @@ class TransposeCancel(Rule):
         back = _perm(cx, n)
         if not chain or back is None or [perm[k] for k in back] != list(range(len(perm))):
             return None
-        return Match("transpose_cancel", t1, [t1] + chain + [n], f"Transpose {perm} and its inverse around "
-                     f"{len(chain)} elementwise op(s): constants permuted, Transposed operands read untransposed",
-                     "+".join(x.op_type for x in chain), kernels=len(chain), outputs=[n.outputs[0]],
-                     data={"steps": steps})
+        proj, fold = self._layer_scale(cx, t1, chain[0], perm)
+        ops = [x.op_type for x in chain[1 if fold else 0:]]
+        return Match("transpose_cancel", t1, proj + [t1] + chain + [n], f"Transpose {perm} and its inverse around "
+                     f"{len(chain)} elementwise op(s): constants permuted, Transposed operands read untransposed" +
+                     ("; the layer-scale Mul folded into the projection" if fold else ""),
+                     "+".join([p.op_type for p in proj] + ops), kernels=len(proj) + len(ops), outputs=[n.outputs[0]],
+                     data={"steps": steps, "proj": proj, "fold": fold})
+
+    @staticmethod
+    def _layer_scale(cx, t1: ir.Node, first: ir.Node, perm: list[int]):
+        """(projection, fold) when the first op is a layer-scale Mul that folds into the MatMul before t1."""
+        if "layer_scale" not in cx.rules or not is_op(first, "Mul"):
+            return [], None
+        proj = _projection(cx, t1.inputs[0], t1)
+        try:
+            fold = _fold_scale(cx, proj, first, t1.outputs[0], perm.index(len(perm) - 1)) if proj else None
+        except Refused:
+            fold = None
+        return (proj, fold) if fold is not None else ([], None)
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
-        cur = m.nodes[0].inputs[0]
-        out = []
-        for n, (at, extra) in zip(m.nodes[1:-1], m.data["steps"]):
+        proj, fold = m.data["proj"], m.data["fold"]
+        t1 = m.nodes[len(proj)]
+        chain, steps = m.nodes[len(proj) + 1:-1], m.data["steps"]
+        out = _emit_projection(cx, proj, fold) if fold else []
+        cur = out[-1].outputs[0] if out else t1.inputs[0]
+        if fold:
+            chain, steps = chain[1:], steps[1:]
+        for n, (at, extra) in zip(chain, steps):
             ins = list(n.inputs)
             ins[at] = cur
             for k, (kind, what) in extra:
@@ -120,6 +142,54 @@ def _per_channel(cx, mul: ir.Node, cur: ir.Value, axis: int, n: int, dtype) -> n
     return vec
 
 
+def _projection(cx, v: ir.Value, reader: ir.Node) -> list[ir.Node] | None:
+    """[MatMul(x, W), Add(b)?] computing v, each read only by the next one and the last only by `reader`."""
+    p, nodes = v.producer(), []
+    if is_op(p, "Add") and len(p.inputs) == 2:
+        nodes = [p]
+        p = next((u.producer() for u in p.inputs if u is not None and cx.constant(u) is None), None)
+    if not is_op(p, "MatMul") or len(p.inputs) != 2:
+        return None
+    nodes.insert(0, p)
+    chain = nodes + [reader]
+    if any(sole_consumer(x.outputs[0]) is not y for x, y in zip(chain, chain[1:])) or not cx.free(*nodes):
+        return None
+    return nodes
+
+
+def _fold_scale(cx, proj: list[ir.Node], mul: ir.Node, cur: ir.Value, axis: int) -> dict | None:
+    """The projection's W' = W * gamma and b' = b * gamma for Mul(cur, gamma) scaling `axis` of cur, which holds
+    the MatMul's output columns; None for a Mul by a non-constant, Refused when gamma does not fold."""
+    mm = proj[0]
+    w = cx.constant(mm.inputs[1])
+    if w is None or w.ndim != 2 or w.dtype not in FLOATS:
+        raise Refused("the MatMul's weight is not a constant 2-D float matrix")
+    g = _per_channel(cx, mul, cur, axis, w.shape[1], w.dtype)
+    if g is None:
+        return None
+    bias = None
+    if len(proj) > 1:
+        b_v = other_input(proj[1], mm.outputs[0])
+        b = cx.constant(b_v) if b_v is not None else None
+        if b is None or b.dtype != w.dtype or b.shape not in ((w.shape[1],), (1,)):
+            raise Refused(f"the Add after the MatMul is not a constant [{w.shape[1]}] bias")
+        bias = np.broadcast_to(b.astype(np.float64), (w.shape[1],)) * g
+    new_w = w.astype(np.float64) * g
+    limit = float(np.finfo(w.dtype).max)
+    if np.abs(new_w).max() > limit or (bias is not None and np.abs(bias).max() > limit):
+        raise Refused(f"folded weights overflow {w.dtype}")
+    return {"w": new_w.astype(w.dtype), "b": None if bias is None else bias.astype(w.dtype)}
+
+
+def _emit_projection(cx, proj: list[ir.Node], fold: dict) -> list[ir.Node]:
+    mm = proj[0]
+    out = [cx.node("MatMul", [mm.inputs[0], cx.initializer(f"{mm.name}_W_scaled", fold["w"])], base=f"{mm.name}_scaled")]
+    if fold["b"] is not None:
+        out.append(cx.node("Add", [out[-1].outputs[0], cx.initializer(f"{proj[1].name}_B_scaled", fold["b"])],
+                           base=f"{proj[1].name}_scaled"))
+    return out
+
+
 class LayerScale(Rule):
     """MatMul(x, W) [+ b] [-> Transpose] -> Mul(gamma per output channel) -> MatMul(x, W') [+ b'] [-> Transpose]."""
 
@@ -129,59 +199,30 @@ class LayerScale(Rule):
 
     def match(self, cx, mul: ir.Node) -> Match | None:
         cur = next((v for v in mul.inputs if v is not None and cx.constant(v) is None), None)
-        p = cur.producer() if cur is not None else None
-        chain, axis = [], None
-        if is_op(p, "Transpose"):
-            perm = _perm(cx, p)
-            if perm is None:
+        t = cur.producer() if cur is not None and len(mul.inputs) == 2 else None
+        rank = cx.rank(cur) if cur is not None else None
+        if rank is None:
+            return None
+        if is_op(t, "Transpose"):
+            perm = _perm(cx, t)
+            if perm is None or sole_consumer(cur) is not mul:
                 return None
-            chain, axis = [p], perm.index(len(perm) - 1)
-            p = p.inputs[0].producer()
-        if is_op(p, "Add"):
-            chain.insert(0, p)
-            p = next((v.producer() for v in p.inputs if v is not None and cx.constant(v) is None), None)
-        if not is_op(p, "MatMul") or len(mul.inputs) != 2:
+            proj, axis = _projection(cx, t.inputs[0], t), perm.index(rank - 1)
+        else:
+            t, proj, axis = None, _projection(cx, cur, mul), rank - 1
+        if proj is None or not cx.free(mul):
             return None
-        nodes = [p] + chain + [mul]
-        if any(sole_consumer(a.outputs[0]) is not b for a, b in zip(nodes, nodes[1:])) or not cx.free(*nodes):
+        fold = _fold_scale(cx, proj, mul, cur, axis)
+        if fold is None:
             return None
-        w = cx.constant(p.inputs[1])
-        if w is None or w.ndim != 2 or w.dtype not in FLOATS:
-            raise Refused("the MatMul's weight is not a constant 2-D float matrix")
-        rank = cx.rank(cur)
-        g = _per_channel(cx, mul, cur, rank - 1 if axis is None else axis, w.shape[1], w.dtype)
-        if g is None:
-            return None
-        bias = self._bias(cx, nodes, p, w)
-        new_w, new_b = w.astype(np.float64) * g, (None if bias is None else bias[1].astype(np.float64) * g)
-        limit = float(np.finfo(w.dtype).max)
-        if np.abs(new_w).max() > limit or (new_b is not None and np.abs(new_b).max() > limit):
-            raise Refused(f"folded weights overflow {w.dtype}")
+        nodes = proj + ([t] if t is not None else []) + [mul]
         return Match("layer_scale", mul, nodes, "per-output-channel Mul folded into the MatMul's weight columns"
-                     " (and bias)", "MatMul" + ("+Add" if bias else "") + ("+Transpose" if axis is not None else ""),
-                     kernels=len(nodes) - 1, outputs=[mul.outputs[0]],
-                     data={"w": new_w.astype(w.dtype), "b": None if bias is None else (bias[0], new_b.astype(w.dtype))})
-
-    @staticmethod
-    def _bias(cx, nodes: list, mm: ir.Node, w: np.ndarray):
-        add = next((n for n in nodes if n.op_type == "Add"), None)
-        if add is None:
-            return None
-        b_v = other_input(add, mm.outputs[0])
-        b = cx.constant(b_v) if b_v is not None else None
-        if b is None or b.dtype != w.dtype or b.shape not in ((w.shape[1],), (1,)):
-            raise Refused(f"the Add after the MatMul is not a constant [{w.shape[1]}] bias")
-        return add, np.broadcast_to(b, (w.shape[1],))
+                     " (and bias)", "+".join(n.op_type for n in nodes[:-1]), kernels=len(nodes) - 1,
+                     outputs=[mul.outputs[0]], data={"proj": proj, "fold": fold, "transpose": t})
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
-        mm = m.nodes[0]
-        out = [cx.node("MatMul", [mm.inputs[0], cx.initializer(f"{mm.name}_W_scaled", m.data["w"])],
-                       base=f"{mm.name}_scaled")]
-        if m.data["b"] is not None:
-            add = m.data["b"][0]
-            out.append(cx.node("Add", [out[-1].outputs[0], cx.initializer(f"{add.name}_B_scaled", m.data["b"][1])],
-                               base=f"{add.name}_scaled"))
-        t = next((n for n in m.nodes if n.op_type == "Transpose"), None)
+        out = _emit_projection(cx, m.data["proj"], m.data["fold"])
+        t = m.data["transpose"]
         if t is not None:
             out.append(cx.node("Transpose", [out[-1].outputs[0]], copy_attrs(t), base=f"{t.name}_scaled"))
         return out

@@ -57,20 +57,21 @@ __all__ = ["RULES", "DEFAULT_RULES", "LOWERINGS", "OPTIONS", "FUSED_CONV_ACTIVAT
 
 RULES = RULE_NAMES
 #: Rules applied when none are named. A fused kernel earns its place by measurement, not by existing
-#: (benchmarks/bench_rules.py, results/rules.md: 1 thread, medians of paired interleaved ratios, 95% CI;
-#: the machine is shared, so the figures are noisy; speedup > 1 = fused faster; "off" = optimisations off).
+#: (benchmarks/bench_rules.py -> results/rules.md: one thread, medians of paired interleaved ratios with 95% CIs,
+#: speedup = time(original) / time(fused); "off" = optimisations off. The machine is shared: figures are noisy.)
 #:
-#: - `skip_layernorm` is opt-in: onnxruntime 1.31's CPU SkipLayerNormalization kernel is *slower* than
-#:   the Add(s) + LayerNormalization it replaces: 0.17x for Add + LN at 1x128x768 (off), with the projection
-#:   bias 0.81x at the corpus' BERT size 3x11x128 and 0.94x at 1x128x768; on whole corpus models 0.86-0.87x
-#:   (bert, gpt2, vit dynamo exports), and the pre-LN form that hands the sum on 0.65-0.82x at EXTENDED too.
-#:   onnxruntime EXTENDED makes this fusion itself on dynamo exports, which costs it speed.
-#: - measured faster, so on: `fused_matmul` 1.09-1.21x off (SDPA scores, YOLO11 attention), 1.00x at
-#:   EXTENDED (onnxruntime fuses the same), 1.02-1.04x on the corpus models; `rmsnorm` 1.8-3.3x;
-#:   `skip_rmsnorm` 1.23x (3x11x128) and 1.04x (1x128x768); `layer_scale` 1.01-1.08x; `hard_swish`
-#:   1.5-1.8x, `hard_sigmoid` 1.8-2.7x (a Conv + hard sigmoid as FusedConv: 1.24x); `transpose_cancel`
-#:   1.07-1.18x together with layer_scale (the first ConvNeXt block's Mul folds into its projection) --
-#:   alone it measured 0.94x off at the corpus' 3x24x24x16 (the Mul then broadcasts along the last axis).
+#: - `skip_layernorm` is opt-in: onnxruntime 1.31's CPU SkipLayerNormalization kernel is *slower* than the
+#:   Add(s) + LayerNormalization it replaces: Add + LN at 1x128x768 0.16x off; with the projection's bias
+#:   0.63x at the corpus' BERT size 3x11x128 and 0.92x at 1x128x768; on whole corpus models 0.86-0.89x off
+#:   (bert, gpt2, vit dynamo exports); the pre-LN form that hands the sum on is slower at EXTENDED too
+#:   (0.63x, 0.91x). onnxruntime EXTENDED makes the fusion itself on dynamo exports, at that cost.
+#: - measured faster, so on: `fused_matmul` 1.09-1.18x off (SDPA scores, YOLO11 attention; 1.00x at EXTENDED,
+#:   which makes the same fusion), 1.01-1.05x on the corpus models; `rmsnorm` 1.75-3.18x; `skip_rmsnorm` 1.22x
+#:   (3x11x128), 1.03x (1x128x768); `layer_scale` 1.01-1.07x; `transpose_cancel` 1.09-1.17x with layer_scale
+#:   (the first ConvNeXt block's Mul folds into its projection; 1.01-1.02x on the corpus ConvNeXt), alone 0.95x
+#:   off at 3x24x24x16 (the Mul then broadcasts along the last axis) and 1.04x at 1x56x56x96; `hard_swish`
+#:   1.44-1.86x, `hard_sigmoid` 1.77-2.76x (Conv + hard sigmoid as FusedConv 1.24x); `slice_split` 1.02-1.06x
+#:   off, 0.97-1.01x at EXTENDED (onnxruntime makes the same Split).
 DEFAULT_RULES = tuple(r for r in RULES if r != "skip_layernorm")
 #: the options this pass takes, with their defaults
 OPTIONS = {"rules": None, "lower": "runtime", "dims": None, "max_group_ops": None}

@@ -1,7 +1,8 @@
 """The vertical fusion rules, one module per family; `VERTICAL_RULES` is their priority order.
 
 Norms and GELUs claim their nodes before the Conv and MatMul chains look at them, so a MatMul's bias Add
-that belongs to a BiasGelu is not taken by matmul_add_gemm.
+that belongs to a BiasGelu is not taken by matmul_add_gemm. transpose_cancel comes before layer_scale: the
+first ConvNeXt block loses both its Transposes (and, with layer_scale on, its Mul) in one group.
 """
 
 from .activation import HardActivation, SiLU
@@ -26,7 +27,8 @@ VERTICAL_RULES = (DecomposedLayerNorm(), SkipLayerNorm(), DecomposedRMSNorm(), S
 RULE_NAMES = (
     "pad_conv", "pad_pool", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
     "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act", "fused_matmul", "layer_scale", "transpose_cancel",
-    "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "rmsnorm", "skip_rmsnorm", "silu", "hard_sigmoid", "hard_swish", "slice_split",
+    "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "rmsnorm", "skip_rmsnorm", "silu",
+    "hard_sigmoid", "hard_swish", "slice_split",
 )
 
 

@@ -183,7 +183,8 @@ def _fold_scale(cx, proj: list[ir.Node], mul: ir.Node, cur: ir.Value, axis: int)
 
 def _emit_projection(cx, proj: list[ir.Node], fold: dict) -> list[ir.Node]:
     mm = proj[0]
-    out = [cx.node("MatMul", [mm.inputs[0], cx.initializer(f"{mm.name}_W_scaled", fold["w"])], base=f"{mm.name}_scaled")]
+    w = cx.initializer(f"{mm.name}_W_scaled", fold["w"])
+    out = [cx.node("MatMul", [mm.inputs[0], w], base=f"{mm.name}_scaled")]
     if fold["b"] is not None:
         out.append(cx.node("Add", [out[-1].outputs[0], cx.initializer(f"{proj[1].name}_B_scaled", fold["b"])],
                            base=f"{proj[1].name}_scaled"))

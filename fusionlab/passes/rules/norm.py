@@ -150,7 +150,8 @@ def _residual_nodes(res: dict) -> list[ir.Node]:
 
 
 def skip_inputs(res: dict, gamma, beta=None, *, simplified: bool = False) -> list:
-    """Inputs of SkipLayerNormalization (input, skip, gamma, beta, bias) or SkipSimplified (input, skip, gamma, bias)."""
+    """Inputs of SkipLayerNormalization (input, skip, gamma, beta, bias) or of SkipSimplifiedLayerNormalization
+    (input, skip, gamma, bias)."""
     ins = [res["input"], res["skip"], gamma]
     if not simplified:
         ins.append(beta)

@@ -140,8 +140,8 @@ def _skip_or_plain(cx, anchor: ir.Node, nodes: list, x: ir.Value, readers: list,
     if skip is not None:
         lead = ([skip["bias_add"]] if skip["bias_add"] is not None else []) + [skip["add"]]
         out = [nodes[-1].outputs[0]] + ([skip["add"].outputs[0]] if skip["sum"] else [])
-        return Match("skip_rmsnorm", anchor, lead + nodes, "residual Add" + (" with a [H] bias" if skip["bias"] is not None
-                     else "") + ", then RMSNorm over the last axis", target.op, outputs=out,
+        why = "residual Add" + (" with a [H] bias" if skip["bias"] is not None else "") + ", then RMSNorm over the last axis"
+        return Match("skip_rmsnorm", anchor, lead + nodes, why, target.op, outputs=out,
                      data={"skip": skip, "gamma": gamma, "eps": eps})
     if "rmsnorm" not in cx.rules:
         return None
@@ -180,7 +180,8 @@ class DecomposedRMSNorm(Rule):
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
         d = m.data
         if "skip" in d:
-            return [skip_node(cx, m, "SkipSimplifiedLayerNormalization", skip_inputs(d["skip"], d["gamma"], simplified=True))]
+            inputs = skip_inputs(d["skip"], d["gamma"], simplified=True)
+            return [skip_node(cx, m, "SkipSimplifiedLayerNormalization", inputs)]
         op = m.lowered_to
         return [cx.node(op, [d["x"], d["gamma"]], {"axis": -1, "epsilon": d["eps"], "stash_type": 1},
                         base=f"{m.anchor.name}_rmsnorm")]

@@ -193,3 +193,14 @@ def test_corpus_skip_layernorms(name, count):
         pytest.skip("no corpus")
     res = check(str(CORPUS / f"{name}.onnx"), ("skip_layernorm",))
     assert res.plan.rule_counts().get("skip_layernorm") == count
+
+
+@pytest.mark.parametrize("norm, rule", [("ln", "skip_layernorm"), ("rms", "skip_rmsnorm")])
+def test_a_plan_handing_the_sum_on_round_trips_through_json(norm, rule):
+    from fusionlab.passes import apply
+    from fusionlab.plan import FusionPlan
+
+    m = residual_model(norm, sum_read=True)
+    res = fuse(m, ("vertical",), rules=(rule,))
+    again = apply(m, FusionPlan.from_json(res.plan.to_json()))
+    assert again.graph.to_proto().SerializeToString() == res.graph.to_proto().SerializeToString()

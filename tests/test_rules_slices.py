@@ -57,3 +57,13 @@ def test_corpus_yolo11_chunk(name):
         pytest.skip("no corpus")
     res = check(str(CORPUS / f"{name}.onnx"), ("slice_split",))
     assert res.plan.rule_counts() == {"slice_split": 1}
+
+
+def test_a_split_plan_round_trips_through_json():
+    from fusionlab.passes import apply, fuse
+    from fusionlab.plan import FusionPlan
+
+    m = chunk([(0, 1), (1, 3), (3, 4)])
+    res = fuse(m, ("vertical",), rules=("slice_split",))
+    again = apply(m, FusionPlan.from_json(res.plan.to_json()))
+    assert again.graph.to_proto().SerializeToString() == res.graph.to_proto().SerializeToString()

@@ -23,3 +23,10 @@ def test_every_documented_command_exists():
     parser = build_parser()
     available = set(parser._subparsers._group_actions[0].choices)
     assert documented and documented <= available, documented - available
+
+
+def test_every_vertical_rule_is_listed():
+    from fusionlab.passes.vertical import RULES
+
+    listed = set(re.findall(r"`(\w+)`", README.split("### The vertical rules", 1)[1].split("\n## ", 1)[0]))
+    assert set(RULES) <= listed, set(RULES) - listed

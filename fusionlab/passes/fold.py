@@ -5,6 +5,9 @@ Exporters leave work in the graph that no kernel should do at run time:
 - **weight-only subgraphs** (`torch.onnx.export(..., do_constant_folding=False)`): `Transpose`, `Cast`,
   `Reshape`, `Unsqueeze` ... of initializers. A node whose inputs are all constants (not overridable
   initializers) is evaluated once with `onnx.reference` and replaced by an initializer;
+- **no-op arithmetic** (onnxruntime's NoopElimination): ``x + 0``, ``x - 0`` on integers and ``x * 1``, ``x / 1`` on
+  any type, with a constant that does not broadcast x (the dynamo exporter's index arithmetic adds zeros);
+  ``x + 0.0`` on floats stays (it turns -0.0 into +0.0);
 - **shape arithmetic over static dimensions**: `Shape -> Gather -> Unsqueeze -> Concat -> Reshape` chains
   computing a shape the model already knows. Shape values are evaluated symbolically (each element an int or
   unknown, from `ShapeInfo`), and an int64 value whose every element is known becomes a constant, even when
@@ -25,6 +28,7 @@ import onnx_ir as ir
 from ..graph import Graph
 from ..shapes import ShapeInfo
 from .shape_values import ShapeValues
+from .cleanup import _bypass
 
 __all__ = ["fold", "needed", "MAX_FOLD_BYTES", "HOST_OPS", "is_host_side"]
 
@@ -139,6 +143,7 @@ class _Folder:
         self.names = graph.names()
         self.folded = 0
         self.shapes = 0
+        self.noops = 0
 
 
 def _replace_by_constants(cx: _Folder, node: ir.Node, arrays: list[np.ndarray]) -> None:
@@ -155,15 +160,39 @@ def _replace_by_constants(cx: _Folder, node: ir.Node, arrays: list[np.ndarray]) 
     g.remove(node, safe=True)
 
 
+def _noop_operand(cx: "_Folder", node: ir.Node) -> ir.Value | None:
+    """x when `node` is x + 0, x - 0 (integers), x * 1 or x / 1 with a constant that leaves x's shape and dtype."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in ("Add", "Sub", "Mul", "Div") or len(node.inputs) != 2:
+        return None
+    for k in ((0, 1), (1, 0)) if node.op_type in ("Add", "Mul") else ((0, 1),):
+        x, c_v = node.inputs[k[0]], node.inputs[k[1]]
+        c = cx.graph.constant(c_v) if c_v is not None else None
+        if x is None or c is None or cx.graph.constant(x) is not None:
+            continue
+        neutral = 0 if node.op_type in ("Add", "Sub") else 1
+        dt, shape = cx.info.dtype(x), cx.info.shape(x)
+        if dt is None or c.dtype != dt or shape is None or c.ndim > len(shape) or not np.all(c == neutral):
+            continue
+        if neutral == 0 and dt.kind == "f":
+            continue  # -0.0 + 0.0 is +0.0: not the identity on floats
+        padded = (1,) * (len(shape) - c.ndim) + tuple(c.shape)
+        if all(d == 1 or d == s for d, s in zip(padded, shape)):
+            return x
+    return None
+
+
 def fold(graph: Graph) -> dict[str, int]:
-    """Fold constant subgraphs and static shape arithmetic in place; returns {"folded": n, "shape values": m}."""
+    """Fold constant subgraphs, no-op arithmetic and static shape arithmetic in place; returns the counts."""
     if graph.model.ir_version is not None and graph.model.ir_version < 4:
-        return {"folded": 0, "shape values": 0}  # before IR 4 every initializer must also be a graph input
+        return {"folded": 0, "shape values": 0, "no-op arithmetic": 0}  # before IR 4 every initializer is an input
     cx = _Folder(graph)
     for node in list(graph.topological_order()):
         if node.op_type == "Reshape" and node.domain in ("", "ai.onnx") and node.inputs and \
                 graph.constant(node.inputs[0]) is None:  # a reshape of data; its output may be a graph output
             cx.shapes += _simplify_reshape(cx, node)
+            continue
+        if node.graph is graph.graph and _noop_operand(cx, node) is not None and _bypass(graph, node):
+            cx.noops += 1
             continue
         if node.graph is not graph.graph or not _foldable_op(node):
             continue
@@ -182,7 +211,7 @@ def fold(graph: Graph) -> dict[str, int]:
                 if all(isinstance(d, int) for d in sym[0]) and dtype in _INT and node.op_type != "Identity":
                     _replace_by_constants(cx, node, [np.array(sym[0], dtype=dtype).reshape(sym[1])])
                     cx.shapes += 1
-    return {"folded": cx.folded, "shape values": cx.shapes}
+    return {"folded": cx.folded, "shape values": cx.shapes, "no-op arithmetic": cx.noops}
 
 
 def needed(graph: Graph) -> bool:

@@ -19,7 +19,7 @@ import numpy as np
 
 __all__ = ["LOWERINGS", "Target", "FUSED_CONV_ACTIVATIONS", "FUSED_GEMM_ACTIVATIONS", "ELEMENTWISE_ACTIVATIONS",
            "conv_target", "gemm_target", "gelu_target", "fast_gelu_target", "contrib_target", "layernorm_target",
-           "attention_target"]
+           "attention_target", "rmsnorm_target", "RUNTIME_ONNX_OPS"]
 
 LOWERINGS = ("runtime", "functions", "onnx")
 _F32 = np.dtype(np.float32)
@@ -110,3 +110,15 @@ def attention_target(lower: str) -> Target | None:
 
 def layernorm_target(opset: int) -> Target | None:
     return Target("LayerNormalization") if opset >= 17 else None
+
+
+#: ops onnxruntime registers in the ONNX domain although onnx has no such op (the checker does not know them)
+RUNTIME_ONNX_OPS = frozenset({"SimplifiedLayerNormalization"})
+
+
+def rmsnorm_target(opset: int, lower: str) -> Target | None:
+    """RMSNorm: the opset-23 `RMSNormalization`, else onnxruntime's `SimplifiedLayerNormalization` (an op it
+    registers in the ONNX domain, so not with standard ops only)."""
+    if opset >= 23:
+        return Target("RMSNormalization")
+    return None if lower == "onnx" else Target("SimplifiedLayerNormalization")

@@ -16,8 +16,17 @@ The rules (`fusionlab.passes.rules`, one module per family; rule names in bracke
   polynomials), with an optional bias Add before it -> ``com.microsoft:FastGelu``, or ``Gelu(approximate=
   "tanh")`` at opset 20 with standard ops only; an opset-20 tanh ``Gelu`` after a bias Add -> FastGelu
   [fast_gelu].
-- Decomposed LayerNorm -> ``LayerNormalization`` [layernorm]; Add + LayerNorm ->
-  ``com.microsoft:SkipLayerNormalization`` [skip_layernorm]; Sigmoid + Mul -> QuickGelu [silu].
+- Decomposed LayerNorm -> ``LayerNormalization`` [layernorm]; [bias Add +] residual Add + LayerNorm ->
+  ``com.microsoft:SkipLayerNormalization`` [skip_layernorm]; decomposed RMSNorm (LLaMA/T5 forms) ->
+  ``RMSNormalization`` (opset 23) or onnxruntime's ``SimplifiedLayerNormalization`` [rmsnorm]; [bias Add +]
+  residual Add + RMSNorm -> ``com.microsoft:SkipSimplifiedLayerNormalization`` [skip_rmsnorm].
+- Scalar Mul/Div on a MatMul operand or its output, and Transposes of the last two (or batch) axes of an
+  operand -> ``com.microsoft:FusedMatMul`` [fused_matmul].
+- ConvNeXt's channels-last blocks: a per-channel Mul after MatMul [+ bias] [-> Transpose] folded into the
+  weights [layer_scale]; Transpose -> elementwise ops -> inverse Transpose done untransposed [transpose_cancel].
+- Sigmoid + Mul -> QuickGelu [silu]; hard sigmoid / hard swish written out (relu6(x + 3) / 6, ...) ->
+  ``HardSigmoid`` / ``HardSwish`` [hard_sigmoid, hard_swish], a Conv before a hard sigmoid -> FusedConv.
+- Slices of one tensor that tile an axis (TorchScript's ``chunk``) -> one ``Split`` [slice_split].
 
 Every rewrite is checked first: each intermediate has a single consumer and is not a graph output,
 parameters are constants (not overridable initializers), shapes and ranks make the fused op compute the
@@ -47,10 +56,24 @@ __all__ = ["RULES", "DEFAULT_RULES", "LOWERINGS", "OPTIONS", "FUSED_CONV_ACTIVAT
            "plan", "apply"]
 
 RULES = RULE_NAMES
-#: Rules applied when none are named. `skip_layernorm` is opt-in: onnxruntime 1.31's CPU
-#: SkipLayerNormalization kernel measured ~2% *slower* than Add + LayerNormalization on BERT-base
-#: (seq 128, 1 thread, interleaved runs: ratio 0.98, 95% CI 0.976-0.981), so fusing it by default
-#: would make the model slower. A fused kernel earns its place by measurement, not by existing.
+#: Rules applied when none are named. A fused kernel earns its place by measurement, not by existing
+#: (benchmarks/bench_rules.py -> results/rules.md: one thread, medians of paired interleaved ratios with 95% CIs,
+#: speedup = time(original) / time(fused); "off" = optimisations off. The machine is shared: figures are noisy.)
+#:
+#: - `skip_layernorm` is opt-in: onnxruntime 1.31's CPU SkipLayerNormalization kernel is *slower* than the
+#:   Add(s) + LayerNormalization it replaces: Add + LN at 1x128x768 0.16x off; with the projection's bias
+#:   0.63x at the corpus' BERT size 3x11x128 and 0.92x at 1x128x768; on whole corpus models 0.86-0.89x off
+#:   (bert, gpt2, vit dynamo exports); the pre-LN form that hands the sum on is slower at EXTENDED too
+#:   (0.63x, 0.91x). onnxruntime EXTENDED makes the fusion itself on dynamo exports, at that cost.
+#: - measured faster, so on: `fused_matmul` 1.09-1.18x off (SDPA scores, YOLO11 attention; 1.00x at EXTENDED,
+#:   which makes the same fusion), 1.01-1.05x on the corpus models; `rmsnorm` 1.75-3.18x; `skip_rmsnorm` 1.22x
+#:   (3x11x128), 1.03x (1x128x768); `layer_scale` 1.01-1.07x; `transpose_cancel` 1.09-1.17x with layer_scale
+#:   (the first ConvNeXt block's Mul folds into its projection; 1.01-1.02x on the corpus ConvNeXt), alone 0.95x
+#:   off at 3x24x24x16 (the Mul then broadcasts along the last axis) and 1.04x at 1x56x56x96; `hard_swish`
+#:   1.44-1.86x, `hard_sigmoid` 1.77-2.76x (Conv + hard sigmoid as FusedConv 1.24x); `slice_split` 1.02-1.06x
+#:   off, 0.97-1.01x at EXTENDED (onnxruntime makes the same Split); `attention` (MultiHeadAttention) 1.18x
+#:   off on the corpus BERT's attention block (3x11x128), and 1.03-1.32x against the decomposed graph at
+#:   sequence 16-4096 (notebook 07); on whole BERT-base it measured 1.02x (0.96-1.06) vs onnxruntime EXTENDED.
 DEFAULT_RULES = tuple(r for r in RULES if r != "skip_layernorm")
 #: the options this pass takes, with their defaults
 OPTIONS = {"rules": None, "lower": "runtime", "dims": None, "max_group_ops": None}

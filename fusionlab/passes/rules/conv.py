@@ -7,7 +7,8 @@ rule's name says what the chain holds:
 - ``conv_bn`` / ``convtranspose_bn`` / ``conv_scale_bias``: inference BatchNormalization and per-channel
   constant Mul/Add/Sub fold into the weights and bias (float64, cast back once; refused if they overflow);
 - ``conv_act`` / ``conv_bn_act``: a trailing activation, fused as ``com.microsoft:FusedConv`` where the CPU
-  kernel supports it, SiLU (Sigmoid + Mul) as Conv + ``QuickGelu``;
+  kernel supports it, SiLU (Sigmoid + Mul) as Conv + ``QuickGelu``, a hard sigmoid written out (relu6(x + 3) / 6,
+  with ``hard_sigmoid`` on) as FusedConv(HardSigmoid);
 - ``conv_add_act``: a residual ``Add`` then an activation ride in FusedConv's 4th input Z:
   act(conv(x) + b + Z), legal only when Z has exactly the conv output's shape and dtype.
 """
@@ -21,6 +22,7 @@ from ... import derive
 from ...legality import conv_bn_legal
 from ..engine import Match, Refused, Rule, attr, copy_attrs, is_op, other_input, sole_consumer
 from ..lowering import FUSED_CONV_ACTIVATIONS, conv_activations, conv_target
+from .activation import hard_sigmoid_after
 from .common import FLOATS, F32, activation, bn_scale_shift, channel_affine, consumers, folded_pads
 
 __all__ = ["ConvChain"]
@@ -125,6 +127,9 @@ def _activation_step(cx, cur: ir.Value, head: dict, nodes: list, has_steps: bool
     silu = _silu_tail(cur)
     if silu is not None and cx.free(*silu) and head["dtype"] == F32 and cx.room(nodes + [None]):
         return list(silu), ("SiLU", {})
+    hard = hard_sigmoid_after(cx, cur) if "hard_sigmoid" in cx.rules and head["dtype"] == F32 else None
+    if hard is not None and not head["transpose"] and cx.lower != "onnx" and cx.room(nodes + hard["nodes"][1:]):
+        return hard["nodes"], ("HardSigmoid", {"alpha": hard["alpha"], "beta": hard["beta"]})
     nxt = sole_consumer(cur)
     if nxt is None or not cx.free(nxt):
         return None

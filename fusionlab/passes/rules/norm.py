@@ -1,8 +1,10 @@
 """LayerNorm as exporters write it: mean -> sub -> square -> mean -> + eps -> sqrt -> div [-> * gamma [-> + beta]].
 
 - ``layernorm``: the decomposed form -> ``LayerNormalization`` (opset 17), over the last axis only;
-- ``skip_layernorm``: a residual Add of two same-shape tensors, then LayerNorm (decomposed or the op) ->
-  ``com.microsoft:SkipLayerNormalization`` (opt-in: measured slower than Add + LayerNormalization here).
+- ``skip_layernorm``: a residual Add of two same-shape tensors, optionally after a constant [H] bias Add on one
+  of them (the projection's bias: SkipLayerNormalization's `bias` input), then LayerNorm (decomposed or the op) ->
+  ``com.microsoft:SkipLayerNormalization``; when the sum is read elsewhere too (pre-LN blocks) it is handed on
+  as the op's 4th output. Opt-in: measured slower than Add + LayerNormalization here (vertical.DEFAULT_RULES).
 
 The square must be exactly Pow(d, 2) or d * d, and epsilon a positive size-1 constant that does not
 broadcast the result up a rank.
@@ -17,10 +19,11 @@ from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, only_r
 from ..lowering import contrib_target, layernorm_target
 from .common import F32
 
-__all__ = ["DecomposedLayerNorm", "SkipLayerNorm"]
+__all__ = ["DecomposedLayerNorm", "SkipLayerNorm", "residual_add", "skip_inputs", "skip_node", "skip_outputs",
+           "reduces_last_axis", "square_of"]
 
 
-def _reduces_last_axis(cx, node: ir.Node | None, rank: int | None) -> bool:
+def reduces_last_axis(cx, node: ir.Node | None, rank: int | None) -> bool:
     if not is_op(node, "ReduceMean") or int(attr(node, "keepdims", 1)) != 1:
         return False
     if cx.graph.opset >= 18:
@@ -33,7 +36,7 @@ def _reduces_last_axis(cx, node: ir.Node | None, rank: int | None) -> bool:
     return axes == [-1] or (rank is not None and axes == [rank - 1])
 
 
-def _square_of(cx, d: ir.Value, readers: list[ir.Node]) -> ir.Node | None:
+def square_of(cx, d: ir.Value, readers: list[ir.Node]) -> ir.Node | None:
     for n in readers:
         if is_op(n, "Mul") and n.inputs[0] is d and n.inputs[1] is d:
             return n
@@ -48,7 +51,7 @@ def _core(cx, mean: ir.Node):
     """(nodes, x, eps) of mean..div of a decomposed LayerNorm whose first ReduceMean is `mean`."""
     x = mean.inputs[0] if mean.inputs else None
     rank = cx.rank(x)
-    if x is None or not _reduces_last_axis(cx, mean, rank):
+    if x is None or not reduces_last_axis(cx, mean, rank):
         return None
     sub = sole_consumer(mean.outputs[0])
     if not is_op(sub, "Sub") or sub.inputs[0] is not x or sub.inputs[1] is not mean.outputs[0]:
@@ -57,12 +60,12 @@ def _core(cx, mean: ir.Node):
     readers = consumers(d)
     if d.is_graph_output() or len(readers) != 2 or len(list(d.uses())) not in (2, 3):
         return None
-    sq = _square_of(cx, d, readers)
+    sq = square_of(cx, d, readers)
     div = next((n for n in readers if is_op(n, "Div") and n.inputs[0] is d), None)
     if sq is None or div is None:
         return None
     var = sole_consumer(sq.outputs[0])
-    if var is None or not _reduces_last_axis(cx, var, rank):
+    if var is None or not reduces_last_axis(cx, var, rank):
         return None
     add = sole_consumer(var.outputs[0])
     eps_v = other_input(add, var.outputs[0]) if is_op(add, "Add") else None
@@ -98,20 +101,91 @@ def _affine_tail(cx, nodes: list[ir.Node], x: ir.Value):
     return gamma, beta, nodes
 
 
-def _skip_add(cx, x: ir.Value, readers: list[ir.Node]):
-    """(Add, a, b) when x = a + b of two same-shape, non-constant fp32 tensors read only by `readers`."""
+def _bias_split(cx, node: ir.Node, h) -> tuple[ir.Value, ir.Value] | None:
+    """(input, bias) when `node` adds a constant [H] bias to a non-constant tensor (either operand order)."""
+    for t, b in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
+        c = cx.constant(b) if b is not None else None
+        if t is not None and c is not None and cx.constant(t) is None and c.shape == (h,) and c.dtype == cx.dtype(t):
+            return t, b
+    return None
+
+
+def residual_add(cx, x: ir.Value, readers: list[ir.Node], *, hand_on_sum: bool = True) -> dict | None:
+    """x = input + skip [+ bias] of two same-shape, non-constant fp32 tensors of rank 2 or 3 (what the CPU
+    Skip*LayerNormalization kernels take), the bias a constant [H] added to one of them first.
+
+    `sum` is True when x has readers besides `readers` (pre-LN blocks reuse the residual sum): the fused op
+    then hands x on as its 4th output (input_skip_bias_sum), if `hand_on_sum`.
+    """
     add = x.producer()
-    if not is_op(add, "Add") or len(add.inputs) != 2 or not cx.free(add) or not only_read_by(x, readers):
+    if not is_op(add, "Add") or len(add.inputs) != 2 or not cx.free(add):
+        return None
+    handed = not only_read_by(x, readers)
+    if handed and not hand_on_sum:
         return None
     a, b = add.inputs
     if a is None or b is None or cx.constant(a) is not None or cx.constant(b) is not None:
         return None
-    sa, sb = cx.shape(a), cx.shape(b)
+    shape = cx.shape(x)
+    found = {"add": add, "input": a, "skip": b, "bias": None, "bias_add": None, "sum": handed}
+    h = shape[-1] if shape else None
+    for cand, other in ((a, b), (b, a)):
+        ba = cand.producer()
+        if isinstance(h, int) and is_op(ba, "Add") and len(ba.inputs) == 2 and sole_consumer(cand) is add \
+                and cx.free(ba):
+            split = _bias_split(cx, ba, h)
+            if split is not None:
+                found.update(input=split[0], skip=other, bias=split[1], bias_add=ba)
+                break
+    sa, sb = cx.shape(found["input"]), cx.shape(found["skip"])
     if sa is None or sb is None or sa != sb or None in sa or len(sa) not in (2, 3):
         return None
     if cx.dtype(a) != F32 or cx.dtype(b) != F32:
         return None
-    return add, a, b
+    return found
+
+
+def _residual_nodes(res: dict) -> list[ir.Node]:
+    return ([res["bias_add"]] if res["bias_add"] is not None else []) + [res["add"]]
+
+
+def skip_inputs(res: dict, gamma, beta=None, *, simplified: bool = False) -> list:
+    """Inputs of SkipLayerNormalization (input, skip, gamma, beta, bias) or of SkipSimplifiedLayerNormalization
+    (input, skip, gamma, bias)."""
+    ins = [res["input"], res["skip"], gamma]
+    if not simplified:
+        ins.append(beta)
+    if res["bias"] is not None:
+        ins.append(res["bias"])
+    while ins and ins[-1] is None:
+        ins.pop()
+    return ins
+
+
+def skip_node(cx, m: Match, op: str, inputs: list) -> ir.Node:
+    """The Skip*LayerNormalization node of a match; with 4 outputs when it hands the residual sum on."""
+    res = m.data["skip"]
+    node = cx.node(op, inputs, {"epsilon": m.data["eps"]}, domain="com.microsoft", base=f"{res['add'].name}_skipln",
+                   num_outputs=4 if res["sum"] else 1)
+    for o in node.outputs[1:3]:
+        o.name = ""  # mean and inv_std_var: not computed
+    return node
+
+
+def skip_outputs(m: Match, new_nodes: list[ir.Node]) -> list[tuple[ir.Value, ir.Value]]:
+    """(old, new) value pairs: the normalised output, and the residual sum when it is handed on."""
+    pairs = [(m.handed_on()[0], new_nodes[-1].outputs[0])]
+    if m.data["skip"]["sum"]:
+        pairs.insert(0, (m.data["skip"]["add"].outputs[0], new_nodes[-1].outputs[3]))
+    return pairs
+
+
+def _skip_match(anchor: ir.Node, nodes: list, skip: dict, gamma, beta, eps: float, what: str) -> Match:
+    why = "Add of two same-shape tensors" + (" and a [H] bias" if skip["bias"] is not None else "") + \
+        f", then {what} over the last axis" + ("; the sum is handed on too" if skip["sum"] else "")
+    out = [nodes[-1].outputs[0]] + ([skip["add"].outputs[0]] if skip["sum"] else [])
+    return Match("skip_layernorm", anchor, nodes, why, "com.microsoft:SkipLayerNormalization", outputs=out,
+                 data={"skip": skip, "gamma": gamma, "beta": beta, "eps": eps})
 
 
 class DecomposedLayerNorm(Rule):
@@ -135,10 +209,9 @@ class DecomposedLayerNorm(Rule):
         if gamma is None or not cx.free(*nodes):
             return None  # plain normalisation without scale: left alone (rare; needs a ones initializer)
         target = contrib_target("SkipLayerNormalization", cx.lower)
-        skip = _skip_add(cx, x, nodes[:2]) if "skip_layernorm" in cx.rules and target else None
+        skip = residual_add(cx, x, nodes[:2]) if "skip_layernorm" in cx.rules and target else None
         if skip is not None:
-            return Match("skip_layernorm", mean, [skip[0]] + nodes, "Add of two same-shape tensors, then LayerNorm "
-                         "over the last axis", target.op, data={"skip": skip, "gamma": gamma, "beta": beta, "eps": eps})
+            return _skip_match(mean, _residual_nodes(skip) + nodes, skip, gamma, beta, eps, "LayerNorm")
         if "layernorm" not in cx.rules:
             return None
         if layernorm_target(cx.graph.opset) is None:
@@ -150,11 +223,12 @@ class DecomposedLayerNorm(Rule):
         d = m.data
         tail = [d["gamma"]] + ([d["beta"]] if d["beta"] is not None else [])
         if "skip" in d:
-            add, a, b = d["skip"]
-            return [cx.node("SkipLayerNormalization", [a, b] + tail, {"epsilon": d["eps"]}, domain="com.microsoft",
-                            base=f"{add.name}_skipln")]
+            return [skip_node(cx, m, "SkipLayerNormalization", skip_inputs(d["skip"], d["gamma"], d["beta"]))]
         return [cx.node("LayerNormalization", [d["x"]] + tail, {"axis": -1, "epsilon": d["eps"]},
                         base=f"{m.anchor.name}_layernorm")]
+
+    def outputs(self, m: Match, new_nodes: list[ir.Node]) -> list[tuple[ir.Value, ir.Value]]:
+        return skip_outputs(m, new_nodes) if "skip" in m.data else Rule.outputs(self, m, new_nodes)
 
 
 class SkipLayerNorm(Rule):
@@ -176,11 +250,11 @@ class SkipLayerNorm(Rule):
         gs = cx.shape(gamma) if gamma is not None else None
         if gs is None or len(gs) != 1 or (beta is not None and cx.shape(beta) != gs):
             return None
-        skip = _skip_add(cx, x, [ln])
+        skip = residual_add(cx, x, [ln])
         if skip is None or not cx.free(ln):
             return None
-        return Match("skip_layernorm", ln, [skip[0], ln], "Add of two same-shape tensors, then LayerNormalization "
-                     "over the last axis", "com.microsoft:SkipLayerNormalization",
-                     data={"skip": skip, "gamma": gamma, "beta": beta, "eps": float(attr(ln, "epsilon", 1e-5))})
+        return _skip_match(ln, _residual_nodes(skip) + [ln], skip, gamma, beta, float(attr(ln, "epsilon", 1e-5)),
+                           "LayerNormalization")
 
     rewrite = DecomposedLayerNorm.rewrite
+    outputs = DecomposedLayerNorm.outputs

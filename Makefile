@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.fusionlab-installed
 PORT   ?= 8888
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=900
 
-.PHONY: env lab test test-unit test-notebooks notebooks bench clean
+.PHONY: env lab test test-unit test-notebooks notebooks bench bench-exports corpus clean
 
 env: $(STAMP)
 
@@ -41,6 +41,10 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) benchmarks/run_all.py
 	$(PY) benchmarks/update_readme.py
+
+## make corpus: re-export tests/corpus/ (torch, transformers, ultralytics in their own .corpus-venv/, ~6 GB).
+corpus:
+	$(PYTHON) tools/export_corpus.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .cache

@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.fusionlab-installed
 PORT   ?= 8888
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout=900
 
-.PHONY: env lab test test-unit test-notebooks notebooks bench bench-exports corpus clean
+.PHONY: env lab test test-unit test-notebooks notebooks bench bench-exports corpus corpus-survey clean
 
 env: $(STAMP)
 
@@ -42,9 +42,14 @@ bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 	$(PY) benchmarks/update_readme.py
 
-## make corpus: re-export tests/corpus/ (torch, transformers, ultralytics in their own .corpus-venv/, ~6 GB).
-corpus:
+## make corpus: re-export tests/corpus/ (torch, transformers, ultralytics in their own .corpus-venv/, ~6 GB),
+## then rewrite docs/corpus.md from it (make corpus-survey does only the latter).
+corpus: $(STAMP)
 	$(PYTHON) tools/export_corpus.py
+	$(PY) tools/corpus_survey.py
+
+corpus-survey: $(STAMP)
+	$(PY) tools/corpus_survey.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .cache

@@ -30,6 +30,11 @@ ARCHITECTURES = {
 }
 
 
+#: the small CNNs' input size: 96 (and YOLO's 160) keep every spatial size distinct from every channel count
+#: in the survey's shapes
+SMALL_IMAGE = 96
+
+
 @dataclass
 class Built:
     """One model ready to export."""
@@ -171,7 +176,7 @@ def _vision(module: nn.Module, size: int, seed: int, config: dict) -> Built:
 
 
 def convnext(full: bool, seed: int) -> Built:
-    """torchvision ConvNeXt, stages (16, 32, 64, 128) x depths (1, 1, 2, 1), 64x64 (full: convnext_tiny, 224)."""
+    """torchvision ConvNeXt, stages (16, 32, 64, 128) x depths (1, 1, 2, 1), 96x96 (full: convnext_tiny, 224)."""
     from torchvision.models import convnext_tiny
     from torchvision.models.convnext import CNBlockConfig, ConvNeXt
 
@@ -181,21 +186,22 @@ def convnext(full: bool, seed: int) -> Built:
     model = ConvNeXt(setting, stochastic_depth_prob=0.0, num_classes=10)
     cfg = {"builder": "ConvNeXt(block_setting)", "block_setting": [[c.input_channels, c.out_channels, c.num_layers]
                                                                    for c in setting], "num_classes": 10}
-    return _vision(model, 64, seed, cfg)
+    return _vision(model, SMALL_IMAGE, seed, cfg)
 
 
 def mobilenetv3(full: bool, seed: int) -> Built:
-    """torchvision mobilenet_v3_small(width_mult=0.5, reduced_tail=True, 10 classes), 64x64 (full: defaults, 224)."""
+    """torchvision mobilenet_v3_small(width_mult=0.5, reduced_tail=True, 10 classes), 96x96 (full: defaults, 224)."""
     from torchvision.models import mobilenet_v3_small
 
     if full:
         return _vision(mobilenet_v3_small(), 224, seed, {"builder": "torchvision.models.mobilenet_v3_small()"})
     model = mobilenet_v3_small(num_classes=10, width_mult=0.5, reduced_tail=True)
-    return _vision(model, 64, seed, {"builder": "mobilenet_v3_small(num_classes=10, width_mult=0.5, reduced_tail=True)"})
+    cfg = {"builder": "mobilenet_v3_small(num_classes=10, width_mult=0.5, reduced_tail=True)"}
+    return _vision(model, SMALL_IMAGE, seed, cfg)
 
 
 def efficientnet(full: bool, seed: int) -> Built:
-    """torchvision EfficientNet on the b0 recipe, width 0.25, depth 0.34, 10 classes, 64x64 (full: b0, 224)."""
+    """torchvision EfficientNet on the b0 recipe, width 0.25, depth 0.34, 10 classes, 96x96 (full: b0, 224)."""
     from torchvision.models import efficientnet_b0
     from torchvision.models.efficientnet import EfficientNet, _efficientnet_conf
 
@@ -205,11 +211,11 @@ def efficientnet(full: bool, seed: int) -> Built:
     model = EfficientNet(setting, dropout=0.2, stochastic_depth_prob=0.0, num_classes=10, last_channel=last)
     cfg = {"builder": "EfficientNet(_efficientnet_conf('efficientnet_b0', width_mult=0.25, depth_mult=0.34))",
            "num_classes": 10}
-    return _vision(model, 64, seed, cfg)
+    return _vision(model, SMALL_IMAGE, seed, cfg)
 
 
 def yolo11(full: bool, seed: int) -> Built:
-    """ultralytics YOLO11 from yolo11n.yaml (width 0.125, 10 classes, 128x128; full: yolo11n, 80 classes, 640).
+    """ultralytics YOLO11 from yolo11n.yaml (width 0.125, 10 classes, 160x160; full: yolo11n, 80 classes, 640).
 
     Prepared as ultralytics' own ONNX exporter does: BatchNorm folded by `model.fuse()`, the Detect head
     in export mode, C2f blocks on `forward_split` (no weights can be downloaded: built from the yaml).
@@ -219,7 +225,7 @@ def yolo11(full: bool, seed: int) -> Built:
     from ultralytics.nn.tasks import DetectionModel, yaml_model_load
 
     cfg = yaml_model_load("yolo11n.yaml")
-    nc, size = (80, 640) if full else (10, 128)
+    nc, size = (80, 640) if full else (10, 160)
     if not full:
         depth, _, max_ch = cfg["scales"]["n"]
         cfg = {**cfg, "scales": {"n": [depth, 0.125, max_ch]}, "scale": "n"}

@@ -51,5 +51,14 @@ corpus: $(STAMP)
 corpus-survey: $(STAMP)
 	$(PY) tools/corpus_survey.py
 
+## make bench-exports: benchmarks/bench_exports.py on full-size exports (made once into .cache/corpus-full/ by
+## tools/export_corpus.py --full, ~4.5 GB); results in benchmarks/results/exports.md and the README.
+FULL_EXPORTS := .cache/corpus-full
+bench-exports: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	@test -f $(FULL_EXPORTS)/manifest.json || $(PYTHON) tools/export_corpus.py --full $(FULL_EXPORTS)
+	$(PY) benchmarks/bench_exports.py --full-dir $(FULL_EXPORTS)
+	$(PY) benchmarks/update_readme.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .cache

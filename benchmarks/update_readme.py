@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-ORDER = ["vertical.md", "rules.md", "horizontal.md", "elementwise.md", "profiling_fixes.md"]
+ORDER = ["vertical.md", "rules.md", "horizontal.md", "elementwise.md", "profiling_fixes.md", "exports.md"]
 
 
 def main() -> int:

@@ -124,7 +124,8 @@ def matmuls(a: Analysed) -> Counter:
             if src is not None and a.nodes[src].op_type == "Transpose":
                 kind = "weight" if a.nodes[src].input[0] in a.consts else "data"
                 via = " via Mul(scalar)" if src != a.producer.get(v) else ""
-                out[f"MatMul input {'AB'[k]} ← Transpose{attrs_str(a.nodes[src]).replace('perm=', '')} of {kind}{via}"] += 1
+                perm = attrs_str(a.nodes[src]).replace("perm=", "")
+                out[f"MatMul input {'AB'[k]} ← Transpose{perm} of {kind}{via}"] += 1
     return out
 
 

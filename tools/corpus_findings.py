@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 
 import corpus_facts as facts
-from corpus_graph import Dump, in_scope
+from corpus_graph import Dump, backward_slice, in_scope, scores_path, softmaxes
 
 TEXT = ("bert", "bert_eager", "gpt2", "vit")
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus"
@@ -107,6 +107,42 @@ def attention(by_model: dict) -> str:
             "bias, and guards the Softmax with `IsNaN → Where`; eager multiplies the scores by 1/sqrt(d) after "
             "the MatMul and has no guard. The chains, measured:")
     return "\n".join([head, *out])
+
+
+def _mask_inputs(a) -> set[str] | None:
+    """Graph inputs the first attention mask reads as data (not only through Shape); None: no mask."""
+    sms = softmaxes(a)
+    if not sms:
+        return None
+    _, _, masks = scores_path(a, sms[0])
+    if not masks:
+        return None
+    graph_inputs = {i.name for i in a.proto.graph.input}
+    region = backward_slice(a, masks[0])
+    return {v for i in region if a.nodes[i].op_type != "Shape" for v in a.nodes[i].input if v in graph_inputs}
+
+
+def _mask_ops(a) -> set[str]:
+    sms = softmaxes(a)
+    masks = scores_path(a, sms[0])[2] if sms else []
+    return {a.nodes[i].op_type for i in backward_slice(a, masks[0])} if masks else set()
+
+
+def masks(by_model: dict) -> str:
+    rows = []
+    ok = True
+    for m, s, r in _runs(by_model, models=TEXT):
+        read = _mask_inputs(r["analysed"])
+        if read:
+            ops = _mask_ops(r["analysed"])
+            ok &= {"Range", "And", "Expand", "Where"} <= ops and bool({"Gather", "GatherND"} & ops)
+        rows.append(f"{m} {s}: " + ("no mask" if read is None else
+                                    f"from {', '.join(sorted(read))}" if read else "**constant** (reads no input)"))
+    return _claim(ok, "- **Masks** (transformers 5 `masking_utils`): a boolean [B, 1, S, S] built by index arithmetic "
+            "(Range / Unsqueeze / GreaterOrEqual or LessOrEqual for causal / Gather or GatherND of the padding mask / "
+            "And / Expand), then `Where(mask, 0, -inf or finfo.min)` added to the scores; not the classic "
+            "`(1 - mask) * -10000`. What each first mask reads: " + "; ".join(rows) + ". A constant mask is an "
+            "all-zero Add on the scores that folding can remove.", "masks")
 
 
 def projections(by_model: dict) -> str:
@@ -233,6 +269,6 @@ def skip_layernorm_experiment(file: str = "bert.ts-fold.onnx") -> dict[str, int]
 
 def findings(by_model: dict[str, dict[str, dict]]) -> str:
     """Markdown bullets, each computed from `by_model` (model -> setting -> survey result)."""
-    parts = [opsets, folding, shape_arithmetic, attention, projections, norms_and_gelu, cnn_forms,
+    parts = [opsets, folding, shape_arithmetic, attention, masks, projections, norms_and_gelu, cnn_forms,
              against_onnxruntime]
     return "\n".join(fn(by_model) for fn in parts)

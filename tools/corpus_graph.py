@@ -22,7 +22,8 @@ HOST_MAX_ELEMENTS = 8
 _ATTRS = {"perm": None, "axis": None, "axes": None, "to": None, "epsilon": None, "alpha": None, "beta": None,
           "transA": 0, "transB": 0, "approximate": "none", "keepdims": 1, "group": 1, "kernel_shape": None,
           "strides": None, "pads": None, "dilations": None, "mode": None, "allowzero": 0, "split": None,
-          "num_outputs": None, "stash_type": 1, "start": 0, "end": None, "batch_dims": 0, "value": None, "value_float": None,
+          "num_outputs": None, "stash_type": 1, "start": 0, "end": None, "batch_dims": 0, "value": None,
+          "value_float": None,
           "value_int": None, "value_ints": None}
 _SHORT_DTYPES = {"float32": "", "int64": "i64", "int32": "i32", "bool": "b", "float16": "f16", "float64": "f64"}
 

@@ -252,6 +252,7 @@ def yolo11(full: bool, seed: int) -> Built:
 
 
 BUILDERS: dict[str, Callable[[bool, int], Built]] = {
-    "bert": bert, "bert_eager": lambda full, seed: bert(full, seed, "eager"), "gpt2": gpt2, "vit": vit, "convnext": convnext, "mobilenetv3": mobilenetv3,
+    "bert": bert, "bert_eager": lambda full, seed: bert(full, seed, "eager"), "gpt2": gpt2, "vit": vit,
+    "convnext": convnext, "mobilenetv3": mobilenetv3,
     "efficientnet": efficientnet, "yolo11": yolo11,
 }

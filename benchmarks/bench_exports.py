@@ -164,7 +164,8 @@ def render(rows: list[dict], min_time: float, rounds: int) -> str:
             "optimised @DISABLE_ALL vs original @EXTENDED", "optimised vs original, both @ALL", "fusions it reports"]
     return "\n\n".join([
         "# Full-size third-party exports: fusionlab, onnxscript and onnxruntime's transformers optimizer",
-        machine_line() + f"; 1 intra-op thread; inputs batch 1 (text: the exported sequence length, 128 at full size, no padding); each ratio = time(original) / "
+        machine_line() + "; 1 intra-op thread; inputs batch 1 (text: the exported sequence length, 128 at full "
+        "size, no padding); each ratio = time(original) / "
         f"time(optimised), median of paired interleaved rounds (>= {rounds} rounds, >= {min_time} s per side), "
         "95% CI; > 1: the optimised model is faster.",
         "The machine is shared (2 cores, other jobs running): read ratios whose CI includes 1 as no difference. "

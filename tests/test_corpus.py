@@ -1,7 +1,7 @@
 """The passes over real third-party exports: tests/corpus/, made by tools/export_corpus.py (`make corpus`).
 
-Seven architectures (BERT, also with eager attention, GPT-2, ViT from transformers; ConvNeXt, MobileNetV3, EfficientNet from
-torchvision; YOLO11 from ultralytics), each exported by torch's TorchScript exporter with constant folding
+Seven architectures (BERT, also with eager attention, GPT-2, ViT from transformers; ConvNeXt, MobileNetV3,
+EfficientNet from torchvision; YOLO11 from ultralytics), each exported by torch's TorchScript exporter with constant folding
 on and off and by the dynamo exporter, with trained-looking random weights (see the manifest). For every
 file: the manifest describes it truly, fusionlab loads it, onnxruntime runs it; the vertical passes and
 all passes neither crash nor change what it computes (on padded attention masks too), give a model the

@@ -79,10 +79,12 @@ def shape_arithmetic(by_model: dict) -> str:
                     f"{h['dynamo']['host']}/{h['dynamo']['nodes']} (dynamo)")
     consts = _ops(by_model, "Constant", settings=("dynamo",))
     ts_consts = _ops(by_model, "Constant", settings=("ts-fold",))
+    identities = _ops(by_model, "Identity")
     return (f"- **Host-side shape arithmetic** (int64 Shape/Gather/Unsqueeze/Concat/... nodes of ≤ 8 elements, out of "
             f"all nodes): {'; '.join(rows)}. The TorchScript exporter recomputes each Reshape target from "
             "`Shape` of the live tensor; dynamo uses `Shape(x, start, end)` slices and `Concat`, and emits "
-            f"{consts} `Constant` nodes over its {len(by_model)} exports (ts-fold: {ts_consts}).")
+            f"{consts} `Constant` nodes over its {len(by_model)} exports (ts-fold: {ts_consts}). `Identity` nodes "
+            f"in the whole corpus: {identities}.")
 
 
 def attention(by_model: dict) -> str:

@@ -104,11 +104,36 @@ def export(built, setting: str, path: Path) -> dict:
         warnings.simplefilter("always")
         torch.onnx.export(built.module, tuple(inputs.values()), str(path), **kw)
     seconds = time.perf_counter() - start
+    stripped = strip_stack_traces(path) if options["dynamo"] else 0
     said = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0][:200]}" for w in caught})
     shown = {k: v for k, v in kw.items() if k not in ("input_names", "output_names")}
     if "dynamic_shapes" in shown:
         shown["dynamic_shapes"] = {n: {a: d for a, d in built.dynamic.get(n, {}).items()} for n in names}
-    return {"export_seconds": round(seconds, 2), "torch_onnx_export": shown, "warnings": said}
+    out = {"export_seconds": round(seconds, 2), "torch_onnx_export": shown, "warnings": said}
+    if stripped:
+        out["postprocessed"] = (f"removed the node metadata {STACK_TRACE!r} from {stripped} nodes: it holds the "
+                                "exporting machine's source paths and line numbers; graph and other metadata untouched")
+    return out
+
+
+#: dynamo's per-node Python stack trace: paths and line numbers of the machine that exported
+STACK_TRACE = "pkg.torch.onnx.stack_trace"
+
+
+def strip_stack_traces(path: Path) -> int:
+    """Drop STACK_TRACE from every node, so the file depends on the model, not on where its source lived."""
+    import onnx
+
+    model = onnx.load(str(path))
+    count = 0
+    for node in model.graph.node:
+        keep = [p for p in node.metadata_props if p.key != STACK_TRACE]
+        if len(keep) != len(node.metadata_props):
+            count += 1
+            del node.metadata_props[:]
+            node.metadata_props.extend(keep)
+    onnx.save(model, str(path))
+    return count
 
 
 class Refused(Exception):

@@ -19,7 +19,7 @@ export JUPYTER_CONFIG_PATH := $(CURDIR)/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900
 
-.PHONY: env lab test test-unit test-notebooks test-browser browser-deps notebooks notebook bench fuzz clean
+.PHONY: env lab test test-unit test-notebooks test-browser browser-deps notebooks notebook bench bench-exports corpus corpus-survey fuzz clean
 
 env: $(STAMP)
 
@@ -71,6 +71,24 @@ SEED  ?= 0
 FUZZ_OUT ?= fuzz-out/seed$(SEED)
 fuzz: $(STAMP)
 	$(PY) -m fusionlab.fuzz --n $(N) --seed $(SEED) --out $(FUZZ_OUT)
+
+## make corpus: re-export tests/corpus/ (torch, transformers, ultralytics in their own .corpus-venv/, ~6 GB),
+## then rewrite docs/corpus.md from it (make corpus-survey does only the latter).
+corpus: $(STAMP)
+	$(PYTHON) tools/export_corpus.py
+	$(PY) tools/corpus_survey.py
+
+corpus-survey: $(STAMP)
+	$(PY) tools/corpus_survey.py
+
+## make bench-exports: benchmarks/bench_exports.py on full-size exports (made once into .cache/corpus-full/ by
+## tools/export_corpus.py --full, ~4.5 GB); results in benchmarks/results/exports.md and the README.
+FULL_EXPORTS := .cache/corpus-full
+bench-exports: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	@test -f $(FULL_EXPORTS)/manifest.json || $(PYTHON) tools/export_corpus.py --full $(FULL_EXPORTS)
+	$(PY) benchmarks/bench_exports.py --full-dir $(FULL_EXPORTS)
+	$(PY) benchmarks/update_readme.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .cache

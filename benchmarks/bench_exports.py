@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Full-size third-party exports: fusionlab against onnxruntime, onnxscript and onnxruntime's transformers optimizer.
+
+On the full-size models `tools/export_corpus.py --full DIR` makes (BERT-base, GPT-2 small, ViT-B/16,
+ConvNeXt-T, MobileNetV3-small, EfficientNet-b0 at 224, YOLO11n at 640; each by TorchScript with and
+without constant folding and by dynamo), for every optimiser:
+
+- nodes: original / the model onnxruntime EXTENDED runs / the optimiser's output;
+- the optimiser's model under ORT_DISABLE_ALL vs the original under ORT_ENABLE_EXTENDED: does it beat
+  onnxruntime's own fusions on its own? (issue 10's target: >= 1.0);
+- the optimiser's model vs the original, both under ORT_ENABLE_ALL (target: >= 0.99).
+
+Ratios are time(original) / time(optimised), medians of paired interleaved rounds (fusionlab.timing.compare),
+95% CI, one intra-op thread; > 1 means the optimised model is faster. Every optimised model is verified
+against the original first (fusionlab.verify, onnxruntime with optimisations off). Not run by the tests;
+`make bench-exports` makes the exports (once, into .cache/corpus-full/) and runs this.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from common import ROOT, machine_line, markdown_table, parser, write_result
+
+import fusionlab
+from fusionlab import timing
+from fusionlab.passes import fuse
+from fusionlab.runtime import make_feeds, session
+
+FULL = ROOT / ".cache" / "corpus-full"
+ORDER = ("bert", "bert_eager", "gpt2", "vit", "convnext", "mobilenetv3", "efficientnet", "yolo11")
+SETTINGS = ("ts-fold", "ts-nofold", "dynamo")
+#: the onnxruntime transformers optimizer's model_type per corpus architecture (others: not applicable)
+ORT_MODEL_TYPES = {"bert": "bert", "bert_eager": "bert", "gpt2": "gpt2", "vit": "vit"}
+
+
+def nodes_of(model) -> int:
+    import onnx
+
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+    return len(proto.graph.node)
+
+
+def ort_extended_nodes(path: Path) -> int:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "opt.onnx"
+        session(path, "extended", optimized_path=out)
+        return nodes_of(out)
+
+
+def fusionlab_tool(passes: tuple[str, ...]):
+    def run(path: Path, entry: dict):
+        res = fuse(fusionlab.load(path), passes=passes)
+        return res.graph.to_proto(), res.plan.rule_counts()
+    return run
+
+
+def onnxscript_tool(path: Path, entry: dict):
+    import onnx_ir as ir
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    model, counts = optimize_for_ort(ir.load(str(path)))
+    return ir.serde.serialize_model(model), {k: v for k, v in counts.items() if v}
+
+
+def _heads_hidden(config: dict) -> tuple[int, int]:
+    heads = config.get("num_attention_heads") or config.get("n_head") or 12
+    hidden = config.get("hidden_size") or config.get("n_embd") or 768
+    return int(heads), int(hidden)
+
+
+def ort_transformers_tool(path: Path, entry: dict):
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model_type = ORT_MODEL_TYPES.get(entry["model"])
+    if model_type is None:
+        return None, {"not applicable": "no transformer model type"}
+    heads, hidden = _heads_hidden(entry["config"])
+    # opt_level=0: its Python fusions only; the sessions below then apply onnxruntime's own levels
+    opt = optimize_model(str(path), model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0)
+    return opt.model, {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
+
+
+TOOLS = {
+    "fusionlab vertical": fusionlab_tool(("vertical",)),
+    "fusionlab vertical+horizontal": fusionlab_tool(("vertical", "horizontal")),
+    "onnxscript optimize_for_ort": onnxscript_tool,
+    "onnxruntime transformers optimizer": ort_transformers_tool,
+}
+
+
+def _ratio(c) -> str:
+    return f"{c.speedup:.2f} ({c.ci_low:.2f}-{c.ci_high:.2f})"
+
+
+def _paired(sess_a, sess_b, feeds: dict, min_time: float, rounds: int):
+    na = [o.name for o in sess_a.get_outputs()]
+    nb = [o.name for o in sess_b.get_outputs()]
+    fa = {k: v for k, v in feeds.items() if k in {i.name for i in sess_a.get_inputs()}}
+    fb = {k: v for k, v in feeds.items() if k in {i.name for i in sess_b.get_inputs()}}
+    return timing.compare(lambda: sess_a.run(na, fa), lambda: sess_b.run(nb, fb), label_a="original",
+                          label_b="optimised", min_time=min_time, min_rounds=rounds)
+
+
+def bench_tool(name: str, tool, path: Path, entry: dict, ctx: dict) -> dict:
+    """One optimiser on one model: produce, verify, count, time at both settings."""
+    start = time.perf_counter()
+    try:
+        model, fusions = tool(path, entry)
+    except Exception as exc:  # a third-party optimiser failing on a model is a result, not a crash
+        return {"tool": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
+    seconds = time.perf_counter() - start
+    if model is None:
+        return {"tool": name, "skipped": next(iter(fusions.values()))}
+    row = {"tool": name, "nodes": nodes_of(model), "fusions": fusions, "optimise_seconds": round(seconds, 1)}
+    try:
+        report = fusionlab.verify(ctx["graph"], model, feeds=ctx["feeds"])
+        row["verified"] = bool(report.ok)
+        dis, al = session(model, "disable"), session(model, "all")
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        return row
+    row["vs_extended"] = _paired(ctx["ext"], dis, ctx["feeds"], ctx["min_time"], ctx["rounds"])
+    row["vs_all"] = _paired(ctx["all"], al, ctx["feeds"], ctx["min_time"], ctx["rounds"])
+    return row
+
+
+def bench_model(entry: dict, full: Path, tools: list[str], min_time: float, rounds: int) -> list[dict]:
+    path = full / entry["file"]
+    graph = fusionlab.load(path)
+    dims = {**entry["check"]["checked_sizes"][0], "batch": 1}  # batch 1 at the exported sequence length
+    ctx = {"graph": graph, "feeds": make_feeds(graph, dims=dims), "min_time": min_time, "rounds": rounds,
+           "ext": session(path, "extended"), "all": session(path, "all")}
+    base = {"file": entry["file"], "model": entry["model"], "setting": entry["setting"],
+            "original_nodes": entry["nodes"], "ort_extended_nodes": ort_extended_nodes(path)}
+    rows = []
+    for name in tools:
+        print(f"  {entry['file']}: {name}", flush=True)
+        rows.append({**base, **bench_tool(name, TOOLS[name], path, entry, ctx)})
+    return rows
+
+
+def _cell(row: dict, key: str) -> str:
+    if "error" in row:
+        return "error" if key == "vs_all" else row["error"]
+    if "skipped" in row:
+        return "n/a"
+    return _ratio(row[key]) if key in row else "—"
+
+
+def render(rows: list[dict], min_time: float, rounds: int) -> str:
+    table = []
+    for r in rows:
+        nodes = f"{r['original_nodes']} / {r['ort_extended_nodes']} / {r.get('nodes', '—')}"
+        fus = ", ".join(f"{k} {v}" for k, v in sorted(r.get("fusions", {}).items())) or "—"
+        ok = {True: "yes", False: "**NO**"}.get(r.get("verified"), "—")
+        table.append([r["model"], r["setting"], r["tool"], nodes, ok, _cell(r, "vs_extended"), _cell(r, "vs_all"),
+                      fus if "skipped" not in r else r["skipped"]])
+    head = ["model", "export", "optimiser", "nodes: original / ORT EXTENDED / optimised", "verified",
+            "optimised @DISABLE_ALL vs original @EXTENDED", "optimised vs original, both @ALL", "fusions it reports"]
+    return "\n\n".join([
+        "# Full-size third-party exports: fusionlab, onnxscript and onnxruntime's transformers optimizer",
+        machine_line() + "; 1 intra-op thread; inputs batch 1 (text: the exported sequence length, 128 at full "
+        "size, no padding); each ratio = time(original) / "
+        f"time(optimised), median of paired interleaved rounds (>= {rounds} rounds, >= {min_time} s per side), "
+        "95% CI; > 1: the optimised model is faster.",
+        "The machine is shared (2 cores, other jobs running): read ratios whose CI includes 1 as no difference. "
+        "Made by `benchmarks/bench_exports.py` (`make bench-exports`) on the exports of `tools/export_corpus.py "
+        "--full`; the onnxruntime transformers optimizer ran with opt_level=0 (its Python fusions only) and only on "
+        "transformer models.",
+        markdown_table(head, table)])
+
+
+def main() -> int:
+    ap = parser(__doc__)
+    ap.add_argument("--full-dir", type=Path, default=FULL, help="where export_corpus.py --full put the models")
+    ap.add_argument("--only", nargs="+", help="models (bert, gpt2, ...) or files to run")
+    ap.add_argument("--tools", nargs="+", choices=sorted(TOOLS), default=list(TOOLS))
+    args = ap.parse_args()
+    manifest = json.loads((args.full_dir / "manifest.json").read_text())
+    entries = [e for e in manifest["models"] if not args.only or e["model"] in args.only or e["file"] in args.only]
+    entries.sort(key=lambda e: (ORDER.index(e["model"]) if e["model"] in ORDER else 99, SETTINGS.index(e["setting"])))
+    min_time = args.min_time or (0.2 if args.quick else 2.0)
+    rounds = 3 if args.quick else 10
+    rows = []
+    for e in entries:
+        rows += bench_model(e, args.full_dir, args.tools, min_time, rounds)
+    raw = [{k: (v.ratios if isinstance(v, timing.Comparison) else v) for k, v in r.items()} for r in rows]
+    (ROOT / "benchmarks" / "results" / "exports.json").write_text(json.dumps(raw, indent=1) + "\n")
+    write_result("exports.md", render(rows, min_time, rounds))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import html
+import io
 import logging
 import math
 import os
@@ -31,6 +32,7 @@ from typing import Iterable, Sequence
 
 import onnx_ir as ir
 
+from .files import atomic_write
 from .graph import as_graph
 from .plan import FusionGroup, FusionPlan, HORIZONTAL, MIXED, VERTICAL
 
@@ -73,9 +75,6 @@ class _Scene:
     @property
     def op_count(self) -> int:
         return sum(1 for i in self.items if i.kind == "op")
-
-
-
 
 
 def _shape_text(value: ir.Value | None) -> str:
@@ -190,24 +189,21 @@ def _subgraph_nodes(node: ir.Node) -> list[ir.Node]:
     return out
 
 
-def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0) -> _Scene:
-    g = as_graph(model, check=False)
-    graph = g.graph
-    order = g.topological_order()
-    keys = _node_keys(order)
-    key_of = {id(n): k for k, n in zip(keys, order)}
-    if nodes is not None:
-        chosen = set(neighbourhood(g, nodes, hops) if hops else _resolve_names(nodes, keys, order))
-    else:
-        chosen = set(keys)
-    member_of: dict[str, str] = {}
-    if plan is not None:  # a node drawn in the group whose kernel runs it (a later group absorbs an earlier one)
-        member_of = {k: gid for k, gid in plan.kernel_of().items() if k in chosen}
-    initializers = graph.initializers
-    # a value read inside an If/Loop body counts as read by the If/Loop node itself
+def _chosen_keys(g, nodes, hops: int, keys: list[str], order: list[ir.Node]) -> set[str]:
+    """The node keys a picture shows: all, the named ones, or the named ones and their neighbours."""
+    if nodes is None:
+        return set(keys)
+    return set(neighbourhood(g, nodes, hops) if hops else _resolve_names(nodes, keys, order))
+
+
+def _subgraph_reads(g, order: list[ir.Node], key_of: dict[int, str]):
+    """(owner, captured): each If/Loop/Scan body node -> its node; each such node -> the outer values its bodies read.
+
+    A value read inside a body counts as read by the If/Loop node itself.
+    """
     owner: dict[int, ir.Node] = {}
     captured: dict[int, list[ir.Value]] = {}
-    main_inputs = {id(v) for v in graph.inputs}
+    main_inputs = {id(v) for v in g.graph.inputs}
     for n in order:
         inner = _subgraph_nodes(n)
         if not inner:
@@ -223,23 +219,45 @@ def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0) -> _Scene:
                 if (p is not None and id(p) in key_of) or id(v) in main_inputs:
                     seen_ids.add(id(v))
                     captured.setdefault(id(n), []).append(v)
-    items: list[_Item] = []
-    inputs: dict[str, _Item] = {}
-    outputs: dict[str, _Item] = {}
-    edges: list[tuple[str, str, str]] = []
-    edge_seen: set[tuple[str, str]] = set()
+    return owner, captured
 
-    def add_edge(a: str, b: str, label: str) -> None:
-        if (a, b) not in edge_seen:
-            edge_seen.add((a, b))
-            edges.append((a, b, label))
 
-    for i, (k, n) in enumerate(zip(keys, order)):
-        if k not in chosen:
-            continue
-        slot_names = _input_names(n, g.opset)
+def _terminal(kind: str, v: ir.Value, order: int) -> _Item:
+    """The ellipse of a value entering ("input") or leaving ("output") the drawn part."""
+    shape = _shape_text(v)
+    return _Item(f"{kind}:{v.name}", kind, kind, _clip(v.name), [shape] if shape else [], order=order)
+
+
+class _SceneBuilder:
+    """Collects op boxes, input/output ellipses and de-duplicated edges, one chosen node at a time."""
+
+    def __init__(self, g, order: list[ir.Node], keys: list[str], chosen: set[str]):
+        self.g, self.chosen = g, chosen
+        self.key_of = {id(n): k for k, n in zip(keys, order)}
+        self.owner, self.captured = _subgraph_reads(g, order, self.key_of)
+        self.items: list[_Item] = []
+        self.terminals: dict[str, dict[str, _Item]] = {"input": {}, "output": {}}
+        self.edges: list[tuple[str, str, str]] = []
+        self._edge_seen: set[tuple[str, str]] = set()
+
+    def edge(self, a: str, b: str, label: str) -> None:
+        """Add an edge once."""
+        if (a, b) not in self._edge_seen:
+            self._edge_seen.add((a, b))
+            self.edges.append((a, b, label))
+
+    def terminal(self, kind: str, v: ir.Value, i: int) -> str:
+        """The key of the input/output ellipse for `v`, made on first use."""
+        tk = f"{kind}:{v.name}"
+        self.terminals[kind].setdefault(tk, _terminal(kind, v, i))
+        return tk
+
+    def _reads(self, i: int, k: str, n: ir.Node) -> list[str]:
+        """Edges into node `n` (from a drawn producer or an input ellipse); returns its weight labels."""
+        slot_names = _input_names(n, self.g.opset)
+        initializers = self.g.graph.initializers
         weights = []
-        for slot, v in enumerate(list(n.inputs) + captured.get(id(n), [])):
+        for slot, v in enumerate(list(n.inputs) + self.captured.get(id(n), [])):
             if v is None:
                 continue
             if slot >= len(n.inputs) and v.const_value is not None:
@@ -249,35 +267,61 @@ def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0) -> _Scene:
                 weights.append(f"{slot_name} {_shape_text(v)}".rstrip())
                 continue
             p = v.producer()
-            if p is not None and key_of.get(id(p)) in chosen:
-                add_edge(key_of[id(p)], k, _shape_text(v))
+            if p is not None and self.key_of.get(id(p)) in self.chosen:
+                self.edge(self.key_of[id(p)], k, _shape_text(v))
             else:
-                tk = f"input:{v.name}"
-                if tk not in inputs:
-                    inputs[tk] = _Item(tk, "input", "input", _clip(v.name), [_shape_text(v)] if _shape_text(v) else [],
-                                       order=i)
-                add_edge(tk, k, "")
+                self.edge(self.terminal("input", v, i), k, "")
+        return weights
+
+    def _writes(self, i: int, k: str, n: ir.Node) -> None:
+        """Edges to an output ellipse for each output of `n` that is a graph output or read outside the part."""
         for v in n.outputs:
-            users = [owner.get(id(u), u) for u in g.consumers(v)]
-            external = [u for u in users if key_of.get(id(u)) not in chosen]
+            users = [self.owner.get(id(u), u) for u in self.g.consumers(v)]
+            external = [u for u in users if self.key_of.get(id(u)) not in self.chosen]
             if v.is_graph_output() or external:
-                tk = f"output:{v.name}"
-                if tk not in outputs:
-                    outputs[tk] = _Item(tk, "output", "output", _clip(v.name),
-                                        [_shape_text(v)] if _shape_text(v) else [], order=i)
-                add_edge(k, tk, "")
-        weights = _merge_weights(weights)
-        items.append(_Item(k, "op", n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}:{n.op_type}",
-                           _short_name(n.name, n.op_type), weights, order=i, group=member_of.get(k)))
+                self.edge(k, self.terminal("output", v, i), "")
+
+    def add_op(self, i: int, k: str, n: ir.Node, group: str | None) -> None:
+        """The box of node `n` (op type, short name, merged weight shapes) and its edges."""
+        weights = self._reads(i, k, n)
+        self._writes(i, k, n)
+        title = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}:{n.op_type}"
+        self.items.append(_Item(k, "op", title, _short_name(n.name, n.op_type), _merge_weights(weights), order=i,
+                                group=group))
+
+    def all_items(self) -> list[_Item]:
+        """Input ellipses, op boxes, output ellipses, in that order."""
+        return list(self.terminals["input"].values()) + self.items + list(self.terminals["output"].values())
+
+
+def _visible_groups(plan: FusionPlan | None, items: list[_Item], member_of: dict[str, str]):
+    """Each plan group with at least one drawn member, and those members' keys in drawing order."""
+    if plan is None:
+        return []
+    op_keys = [it.key for it in items]
     groups: list[tuple[FusionGroup, list[str]]] = []
-    if plan is not None:
-        op_keys = [it.key for it in items]
-        for grp in plan:
-            members = [k for k in op_keys if member_of.get(k) == grp.id]
-            if members:
-                groups.append((grp, members))
-    all_items = list(inputs.values()) + items + list(outputs.values())
-    return _Scene(name=graph.name or "model", items=all_items, edges=edges, groups=groups)
+    for grp in plan:
+        members = [k for k in op_keys if member_of.get(k) == grp.id]
+        if members:
+            groups.append((grp, members))
+    return groups
+
+
+def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0) -> _Scene:
+    """The boxes, edges and visible groups of a picture of `model` (or of `nodes` plus `hops` neighbours)."""
+    g = as_graph(model, check=False)
+    order = g.topological_order()
+    keys = _node_keys(order)
+    chosen = _chosen_keys(g, nodes, hops, keys, order)
+    member_of: dict[str, str] = {}
+    if plan is not None:  # a node drawn in the group whose kernel runs it (a later group absorbs an earlier one)
+        member_of = {k: gid for k, gid in plan.kernel_of().items() if k in chosen}
+    b = _SceneBuilder(g, order, keys, chosen)
+    for i, (k, n) in enumerate(zip(keys, order)):
+        if k in chosen:
+            b.add_op(i, k, n, member_of.get(k))
+    return _Scene(name=g.graph.name or "model", items=b.all_items(), edges=b.edges,
+                  groups=_visible_groups(plan, b.items, member_of))
 
 
 def _group_colors(groups: Sequence[FusionGroup]) -> dict[str, str]:
@@ -414,11 +458,16 @@ class Layout:
         return y1 - y0
 
 
-def _item_size(it: _Item) -> tuple[float, float]:
+def _item_label(it: _Item) -> tuple[str, str]:
+    """(head, sub) lines of a box: op type and short name, or "input x" and the value's shape."""
     if it.kind == "op":
-        title, sub = it.title, (it.subtitle if it.subtitle != it.title else "")
-    else:
-        title, sub = it.title + " " + it.subtitle, (it.detail[0] if it.detail else "")
+        return it.title, (it.subtitle if it.subtitle != it.title else "")
+    return it.title + " " + it.subtitle, (it.detail[0] if it.detail else "")
+
+
+def _item_size(it: _Item) -> tuple[float, float]:
+    """(width, height) of a box, from the lengths of its two lines."""
+    title, sub = _item_label(it)
     w = max(0.7, len(title) * _CHAR_TITLE + 0.26, len(sub) * _CHAR_SUB + 0.26)
     h = 0.44 if sub else 0.30
     return w, h
@@ -452,30 +501,49 @@ def _place(order: list[str], desired: dict[str, float], size: dict[str, float]) 
     return {k: (left[i] + right[i]) / 2 for i, k in enumerate(order)}
 
 
-def _layout_scene(sc: _Scene, direction: str = "TB") -> Layout:
-    if direction not in ("TB", "LR"):
-        raise ValueError(f"direction must be 'TB' or 'LR', not {direction!r}")
+def _longest_path_layers(sc: _Scene) -> dict[str, int]:
+    """Layer of each item: longest path from the sources; then sources sink to just above their first consumer."""
     keys = [it.key for it in sc.items]
-    order_of = {it.key: idx for idx, it in enumerate(sc.items)}
     preds: dict[str, list[str]] = {k: [] for k in keys}
     succs: dict[str, list[str]] = {k: [] for k in keys}
     for a, b, _ in sc.edges:
         preds[b].append(a)
         succs[a].append(b)
-    # 1. layers: longest path from the sources; then sources sink to just above their first consumer
     layer: dict[str, int] = {}
     for k in keys:  # items are in topological order
         layer[k] = max((layer[p] + 1 for p in preds[k]), default=0)
     for k in reversed(keys):
         if not preds[k] and succs[k]:
             layer[k] = max(0, min(layer[s] for s in succs[k]) - 1)
-    # 2. dummy points split edges that span several layers
-    chains: list[tuple[str, str, list[str]]] = []
-    nodes_in: dict[int, list[str]] = {}
+    return layer
+
+
+@dataclass
+class _Ranked:
+    """Items and dummy points (which split edges spanning several layers) by layer, and their links."""
+
+    rank_of: dict[str, int]
+    size: dict[str, tuple[float, float]]
+    up: dict[str, list[str]]  # neighbours in the layer above
+    down: dict[str, list[str]]  # neighbours in the layer below
+    chains: list[tuple[str, str, list[str]]]  # each edge: (from, to, its path through dummy points)
+    layers: list[list[str]]
+    pair_edges: list[list[tuple[str, str]]]  # links between layer r and r + 1
+
+    def crossings(self, layers: list[list[str]]) -> int:
+        """Edge crossings of an ordering of the layers."""
+        return sum(_crossings(layers[r], layers[r + 1], self.pair_edges[r]) for r in range(len(layers) - 1))
+
+
+def _ranked(sc: _Scene, layer: dict[str, int]) -> _Ranked:
+    """Split every edge that spans several layers with dummy points; list each layer's keys in item order."""
+    keys = [it.key for it in sc.items]
+    order_of = {it.key: idx for idx, it in enumerate(sc.items)}
     size: dict[str, tuple[float, float]] = {it.key: _item_size(it) for it in sc.items}
     rank_of = dict(layer)
-    adj_up: dict[str, list[str]] = {k: [] for k in keys}
-    adj_down: dict[str, list[str]] = {k: [] for k in keys}
+    up: dict[str, list[str]] = {k: [] for k in keys}
+    down: dict[str, list[str]] = {k: [] for k in keys}
+    chains: list[tuple[str, str, list[str]]] = []
     for a, b, _ in sc.edges:
         path = [a]
         for r in range(layer[a] + 1, layer[b]):
@@ -483,59 +551,70 @@ def _layout_scene(sc: _Scene, direction: str = "TB") -> Layout:
             rank_of[d] = r
             order_of[d] = order_of[a] + 0.5
             size[d] = (0.02, 0.02)
-            adj_up[d], adj_down[d] = [], []
+            up[d], down[d] = [], []
             path.append(d)
         path.append(b)
         for u, v in zip(path, path[1:]):
-            adj_down[u].append(v)
-            adj_up[v].append(u)
+            down[u].append(v)
+            up[v].append(u)
         chains.append((a, b, path))
+    nodes_in: dict[int, list[str]] = {}
     for k, r in sorted(rank_of.items(), key=lambda kv: (kv[1], order_of[kv[0]], kv[0])):
         nodes_in.setdefault(r, []).append(k)
     n_layers = max(nodes_in) + 1 if nodes_in else 0
     layers = [nodes_in.get(r, []) for r in range(n_layers)]
-    pair_edges = [[(u, v) for u in layers[r] for v in adj_down[u]] for r in range(max(0, n_layers - 1))]
+    pair_edges = [[(u, v) for u in layers[r] for v in down[u]] for r in range(max(0, n_layers - 1))]
+    return _Ranked(rank_of, size, up, down, chains, layers, pair_edges)
 
-    def total_crossings(ls: list[list[str]]) -> int:
-        return sum(_crossings(ls[r], ls[r + 1], pair_edges[r]) for r in range(len(ls) - 1))
 
-    member_of = {k: g.id for g, ks in sc.groups for k in ks}
+def _by_barycenter(layer: list[str], ref: list[str], neigh: dict[str, list[str]]) -> list[str]:
+    """A layer sorted by the mean position of each key's neighbours in `ref` (its own index where it has none)."""
+    pos = {k: i for i, k in enumerate(ref)}
 
-    def keep_groups_together(layer_keys: list[str]) -> list[str]:
-        first: dict[str, int] = {}
-        for i, k in enumerate(layer_keys):
-            gid = member_of.get(k)
-            if gid is not None:
-                first.setdefault(gid, i)
-        return sorted(layer_keys, key=lambda k: (first.get(member_of.get(k), layer_keys.index(k)), layer_keys.index(k)))
+    def bary(k: str, i: int) -> tuple[float, int]:
+        ps = [pos[p] for p in neigh[k] if p in pos]
+        return (sum(ps) / len(ps) if ps else float(i), i)
 
-    # 3. ordering: barycenter sweeps, keeping the best ordering seen
-    best = [list(l) for l in layers]
-    best_cross = total_crossings(best)
-    current = [list(l) for l in layers]
+    return [k for _, k in sorted((bary(k, i), k) for i, k in enumerate(layer))]
+
+
+def _groups_together(layer_keys: list[str], member_of: dict[str, str]) -> list[str]:
+    """A layer reordered so that members of one group sit next to each other, where the group first appears."""
+    first: dict[str, int] = {}
+    for i, k in enumerate(layer_keys):
+        gid = member_of.get(k)
+        if gid is not None:
+            first.setdefault(gid, i)
+    return sorted(layer_keys, key=lambda k: (first.get(member_of.get(k), layer_keys.index(k)), layer_keys.index(k)))
+
+
+def _ordered_layers(rk: _Ranked, member_of: dict[str, str]) -> list[list[str]]:
+    """Barycenter sweeps down and up (six rounds) keeping the best ordering; then groups kept together if no worse."""
+    n_layers = len(rk.layers)
+    best = [list(l) for l in rk.layers]
+    best_cross = rk.crossings(best)
+    current = [list(l) for l in rk.layers]
     sweeps = [(r, True) for r in range(1, n_layers)] + [(r, False) for r in range(n_layers - 2, -1, -1)]
     for _ in range(6):
         for r, down in sweeps:
-            ref = current[r - 1] if down else current[r + 1]
-            pos = {k: i for i, k in enumerate(ref)}
-            neigh = adj_up if down else adj_down
-
-            def bary(k: str, i: int) -> tuple[float, int]:
-                ps = [pos[p] for p in neigh[k] if p in pos]
-                return (sum(ps) / len(ps) if ps else float(i), i)
-
-            current[r] = [k for _, k in sorted((bary(k, i), k) for i, k in enumerate(current[r]))]
-        c = total_crossings(current)
+            current[r] = _by_barycenter(current[r], current[r - 1] if down else current[r + 1],
+                                        rk.up if down else rk.down)
+        c = rk.crossings(current)
         if c < best_cross:
             best, best_cross = [list(l) for l in current], c
-    final = [keep_groups_together(l) for l in best]
-    if total_crossings(final) > best_cross:  # grouping must not make it messier
-        final = best
-    # 4. coordinates: along the layer (order axis) and across layers (rank axis)
-    along = (lambda k: size[k][0]) if direction == "TB" else (lambda k: size[k][1])
-    across = (lambda k: size[k][1]) if direction == "TB" else (lambda k: size[k][0])
+    final = [_groups_together(l, member_of) for l in best]
+    return best if rk.crossings(final) > best_cross else final  # grouping must not make it messier
+
+
+def _pulled(layer: list[str], x: dict[str, float], neigh: dict[str, list[str]]) -> dict[str, float]:
+    """Where each key of a layer would like to be: the mean position of its neighbours (else where it is)."""
+    return {k: (sum(x[p] for p in neigh[k]) / len(neigh[k]) if neigh[k] else x[k]) for k in layer}
+
+
+def _along_positions(layers: list[list[str]], rk: _Ranked, along) -> dict[str, float]:
+    """Centres along the layers: packed and centred, pulled toward their neighbours (4 rounds), from 0."""
     x: dict[str, float] = {}
-    for l in final:
+    for l in layers:
         cur = 0.0
         for k in l:
             x[k] = cur + along(k) / 2
@@ -545,49 +624,60 @@ def _layout_scene(sc: _Scene, direction: str = "TB") -> Layout:
             x[k] -= shift
     sizes_along = {k: along(k) for k in x}
     for _ in range(4):
-        for r in range(1, n_layers):
-            desired = {k: (sum(x[p] for p in adj_up[k]) / len(adj_up[k]) if adj_up[k] else x[k]) for k in final[r]}
-            x.update(_place(final[r], desired, sizes_along))
-        for r in range(n_layers - 2, -1, -1):
-            desired = {k: (sum(x[s] for s in adj_down[k]) / len(adj_down[k]) if adj_down[k] else x[k]) for k in final[r]}
-            x.update(_place(final[r], desired, sizes_along))
+        for r in range(1, len(layers)):
+            x.update(_place(layers[r], _pulled(layers[r], x, rk.up), sizes_along))
+        for r in range(len(layers) - 2, -1, -1):
+            x.update(_place(layers[r], _pulled(layers[r], x, rk.down), sizes_along))
     lo = min((x[k] - along(k) / 2 for k in x), default=0.0)
     for k in x:
         x[k] -= lo
+    return x
+
+
+def _rank_positions(layers: list[list[str]], across, gap: float) -> list[float]:
+    """Centre of each layer across the layers: each as deep as its deepest box, `gap` apart."""
     rank_pos: list[float] = []
     cur = 0.0
-    for l in final:
+    for l in layers:
         depth = max((across(k) for k in l), default=0.0)
         rank_pos.append(cur + depth / 2)
-        cur += depth + _GAP_RANK[direction]
+        cur += depth + gap
+    return rank_pos
 
-    def centre(k: str) -> tuple[float, float]:
-        r = rank_of[k]
-        return (x[k], -rank_pos[r]) if direction == "TB" else (rank_pos[r], -x[k])
 
-    positions = {k: centre(k) for k in keys}
-    edges_out = []
-    for a, b, path in chains:
-        (ax_, ay), (bx, by) = positions[a], positions[b]
-        (_, ah), (_, bh) = size[a], size[b]
-        (aw, _), (bw, _) = size[a], size[b]
-        if direction == "TB":
-            pts = [(ax_, ay - ah / 2)] + [centre(d) for d in path[1:-1]] + [(bx, by + bh / 2)]
-        else:
-            pts = [(ax_ + aw / 2, ay)] + [centre(d) for d in path[1:-1]] + [(bx - bw / 2, by)]
-        edges_out.append((a, b, pts))
+def _edge_points(a: str, b: str, path: list[str], centre: dict, size: dict, direction: str) -> list:
+    """An edge's polyline: from the side of box `a`, through its dummy points, to the side of box `b`."""
+    (ax_, ay), (bx, by) = centre[a], centre[b]
+    (aw, ah), (bw, bh) = size[a], size[b]
+    inner = [centre[d] for d in path[1:-1]]
+    if direction == "TB":
+        return [(ax_, ay - ah / 2)] + inner + [(bx, by + bh / 2)]
+    return [(ax_ + aw / 2, ay)] + inner + [(bx - bw / 2, by)]
+
+
+def _layout_scene(sc: _Scene, direction: str = "TB") -> Layout:
+    """Lay a scene out in layers: rank, split long edges, order to cut crossings, then place the boxes."""
+    if direction not in ("TB", "LR"):
+        raise ValueError(f"direction must be 'TB' or 'LR', not {direction!r}")
+    rk = _ranked(sc, _longest_path_layers(sc))
+    final = _ordered_layers(rk, {k: g.id for g, ks in sc.groups for k in ks})
+    # coordinates: along the layer (order axis) and across layers (rank axis)
+    along_i, across_i = (0, 1) if direction == "TB" else (1, 0)
+    x = _along_positions(final, rk, lambda k: rk.size[k][along_i])
+    rank_pos = _rank_positions(final, lambda k: rk.size[k][across_i], _GAP_RANK[direction])
+    centre = {k: ((x[k], -rank_pos[r]) if direction == "TB" else (rank_pos[r], -x[k])) for k, r in rk.rank_of.items()}
+    keys = [it.key for it in sc.items]
     real = set(keys)
     return Layout(
-        positions=positions,
-        sizes={k: size[k] for k in keys},
+        positions={k: centre[k] for k in keys},
+        sizes={k: rk.size[k] for k in keys},
         layers=[[k for k in l if k in real] for l in final],
-        edges=edges_out,
+        edges=[(a, b, _edge_points(a, b, path, centre, rk.size, direction)) for a, b, path in rk.chains],
         kinds={it.key: it.kind for it in sc.items},
-        labels={it.key: ((it.title, it.subtitle if it.subtitle != it.title else "") if it.kind == "op"
-                         else (f"{it.title} {it.subtitle}", it.detail[0] if it.detail else "")) for it in sc.items},
+        labels={it.key: _item_label(it) for it in sc.items},
         groups=sc.groups,
         direction=direction,
-        crossings=total_crossings(final),
+        crossings=rk.crossings(final),
         name=sc.name,
     )
 
@@ -762,19 +852,11 @@ def save_picture(model, path, plan: FusionPlan | None = None, **kw) -> Path:
     if fmt not in ("png", "svg"):
         raise ValueError(f"{path}: save_picture writes .png or .svg, not {path.suffix or 'no suffix'!r}")
     fig = model if isinstance(model, Figure) else draw(model, plan, **kw)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp.{fmt}", dir=path.parent)
-    os.close(fd)
     metadata = {"Date": None} if fmt == "svg" else {"Software": None}
-    try:
-        with matplotlib.rc_context({"svg.hashsalt": "fusionlab", "svg.fonttype": "path"}):
-            fig.savefig(tmp, format=fmt, metadata=metadata, bbox_inches="tight", dpi=120, facecolor="white")
-        os.chmod(tmp, 0o644 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    buf = io.BytesIO()
+    with matplotlib.rc_context({"svg.hashsalt": "fusionlab", "svg.fonttype": "path"}):
+        fig.savefig(buf, format=fmt, metadata=metadata, bbox_inches="tight", dpi=120, facecolor="white")
+    return atomic_write(path, buf.getvalue(), mode=0o644 & ~_umask())
 
 
 def _umask() -> int:

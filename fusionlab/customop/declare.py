@@ -331,11 +331,10 @@ def _name_covers(name: str, op_types: Sequence[str]) -> list[str]:
     return missing
 
 
-def problems(decl: OpDecl, end_name: str | None = None) -> list[str]:
-    """Every rule the declaration breaks, as human sentences (empty: valid)."""
+def _macro_problems(decl: OpDecl, end_name: str | None) -> list[str]:
+    """What the C++ macros reject: identifiers, a mismatched OP_END_FACTORY_REG, duplicates, no output."""
     out: list[str] = []
     name = decl.name
-    # -- the C++ macros ----------------------------------------------------------------------------
     if not _IDENT.match(name) or keyword.iskeyword(name):
         out.append(f"op name {name!r} is not a C++ identifier")
     if end_name is not None and end_name != name:
@@ -351,7 +350,12 @@ def problems(decl: OpDecl, end_name: str | None = None) -> list[str]:
             seen.add(it.name)
     if not decl.outputs:
         out.append("the op declares no OUTPUT")
-    # -- rule 1: every input and output declares its types ----------------------------------------
+    return out
+
+
+def _tensor_type_problems(decl: OpDecl) -> list[str]:
+    """Rule 1: every input and output declares known tensor types."""
+    out: list[str] = []
     for kind, items in (("INPUT", decl.inputs), ("OUTPUT", decl.outputs)):
         for t in items:
             if not t.types:
@@ -360,7 +364,12 @@ def problems(decl: OpDecl, end_name: str | None = None) -> list[str]:
             for ty in t.types:
                 if ty not in DTYPES:
                     out.append(f"rule 1: {kind}({t.name}) has unknown type {ty!r}")
-    # -- attribute types and defaults -------------------------------------------------------------
+    return out
+
+
+def _attr_type_problems(decl: OpDecl) -> list[str]:
+    """Attribute types fusionlab can generate, and defaults of the declared type."""
+    out: list[str] = []
     for a in decl.attrs:
         if a.type in _OTHER_CANN_ATTR_TYPES:
             out.append(f"attribute {a.name!r}: type {a.type} exists in CANN but fusionlab cannot generate it")
@@ -372,12 +381,17 @@ def problems(decl: OpDecl, end_name: str | None = None) -> list[str]:
             bad = _default_problem(a)
             if bad:
                 out.append(f"attribute {a.name!r}: {bad}")
-    # -- rule 2: attribute names match the built-in op they come from ------------------------------
+    return out
+
+
+def _attr_name_problems(decl: OpDecl) -> list[str]:
+    """Rule 2: attribute names (and types) match the built-in ops the declaration fuses."""
     sources = [BUILTINS[t] for t in decl.fused if t in BUILTINS]
     allowed: dict[str, Builtin] = {}
     for b in sources:
         for n in b.attrs:
             allowed.setdefault(n, b)
+    out: list[str] = []
     for a in decl.attrs:
         if a.name in allowed:
             want = allowed[a.name].attrs[a.name]
@@ -394,7 +408,13 @@ def problems(decl: OpDecl, end_name: str | None = None) -> list[str]:
                        f"did you mean `{hint}`?")
         else:
             out.append(f"rule 2: attribute {a.name!r} matches no attribute of the fused built-ins ({owners})")
-    # -- rule 3: the name reflects the fused ops ---------------------------------------------------
+    return out
+
+
+def _op_name_problems(decl: OpDecl) -> list[str]:
+    """Rule 3: the name says what the op fuses; and every fused op maps to a CANN built-in."""
+    out: list[str] = []
+    name = decl.name
     if name.lower() in _GENERIC_NAMES or re.fullmatch(r"(my|custom|fused|new)?_?op_?\d*", name.lower()):
         suggestion = name_for(decl.fused) if decl.fused else "e.g. ConvRelu"
         out.append(f"rule 3: {name!r} does not say what it fuses; name it after the fused ops, "
@@ -410,6 +430,12 @@ def problems(decl: OpDecl, end_name: str | None = None) -> list[str]:
     if unknown_ops:
         out.append(f"fused op(s) {unknown_ops} have no CANN built-in mapping in fusionlab")
     return out
+
+
+def problems(decl: OpDecl, end_name: str | None = None) -> list[str]:
+    """Every rule the declaration breaks, as human sentences (empty: valid)."""
+    return (_macro_problems(decl, end_name) + _tensor_type_problems(decl) + _attr_type_problems(decl)
+            + _attr_name_problems(decl) + _op_name_problems(decl))
 
 
 def _default_problem(a: AttrDesc) -> str | None:
@@ -464,33 +490,40 @@ class OpBuilder:
         self._folded: tuple = ()
         self._body: list[Step] | None = None
 
-    def INPUT(self, name: str, types=None) -> "OpBuilder":
-        self._inputs.append(TensorDesc(name, _types(types), "required"))
+    def _tensor(self, into: list[TensorDesc], name: str, types, param_type: str) -> "OpBuilder":
+        """Append one input or output description and continue the chain."""
+        into.append(TensorDesc(name, _types(types), param_type))
         return self
+
+    def INPUT(self, name: str, types=None) -> "OpBuilder":
+        """A required input and its tensor types."""
+        return self._tensor(self._inputs, name, types, "required")
 
     def OPTIONAL_INPUT(self, name: str, types=None) -> "OpBuilder":
-        self._inputs.append(TensorDesc(name, _types(types), "optional"))
-        return self
+        """An input that may be absent."""
+        return self._tensor(self._inputs, name, types, "optional")
 
     def DYNAMIC_INPUT(self, name: str, types=None) -> "OpBuilder":
-        self._inputs.append(TensorDesc(name, _types(types), "dynamic"))
-        return self
+        """A variadic input (any number of tensors)."""
+        return self._tensor(self._inputs, name, types, "dynamic")
 
     def OUTPUT(self, name: str, types=None) -> "OpBuilder":
-        self._outputs.append(TensorDesc(name, _types(types), "required"))
-        return self
+        """A required output and its tensor types."""
+        return self._tensor(self._outputs, name, types, "required")
 
     def DYNAMIC_OUTPUT(self, name: str, types=None) -> "OpBuilder":
-        self._outputs.append(TensorDesc(name, _types(types), "dynamic"))
-        return self
+        """A variadic output."""
+        return self._tensor(self._outputs, name, types, "dynamic")
 
     def ATTR(self, name: str, type: str, default) -> "OpBuilder":
+        """An optional attribute with its CANN type token and default."""
         if isinstance(default, tuple):
             default = list(default)
         self._attrs.append(AttrDesc(name, type, default, False))
         return self
 
     def REQUIRED_ATTR(self, name: str, type: str) -> "OpBuilder":
+        """An attribute every node must set."""
         self._attrs.append(AttrDesc(name, type, None, True))
         return self
 

@@ -91,8 +91,8 @@ _CONV_DECL = [("strides", "ListInt", None), ("pads", "ListInt", None), ("dilatio
               ("groups", "Int", 1), ("data_format", "String", "NCHW")]
 
 
-def declare_group(graph: Graph, group: FusionGroup, name: str | None = None) -> CustomOp:
-    """Derive the custom-op declaration for a fusion group (UnsupportedGroup if it cannot be one)."""
+def _members(graph: Graph, group: FusionGroup) -> list[ir.Node]:
+    """The group's nodes in topological order, each a standard single-output op with a kernel."""
     gid = group.id
     try:
         members = [graph.node(n) for n in group.covers]
@@ -100,7 +100,6 @@ def declare_group(graph: Graph, group: FusionGroup, name: str | None = None) -> 
         raise UnsupportedGroup(f"group {gid}: node {exc.args[0]!r} is not in the model") from None
     order = {id(n): i for i, n in enumerate(graph.topological_order())}
     members.sort(key=lambda n: order[id(n)])
-    member_ids = {id(n) for n in members}
     for n in members:
         if n.domain not in ("", "ai.onnx"):
             raise UnsupportedGroup(f"group {gid}: {n.domain}:{n.op_type} is not a standard ONNX op")
@@ -108,47 +107,66 @@ def declare_group(graph: Graph, group: FusionGroup, name: str | None = None) -> 
             raise UnsupportedGroup(f"group {gid}: no kernel for {n.op_type} (supported: {', '.join(BUILTINS)})")
         if len([o for o in n.outputs if o is not None and o.name]) != 1:
             raise UnsupportedGroup(f"group {gid}: {n.op_type} {n.name!r} has more than one output")
+    return members
 
-    # ---- fold BatchNormalization into the Conv before it ------------------------------------------
-    alias: dict[int, ir.Value] = {}  # BN output -> conv output (after folding)
-    folded: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # conv node id -> (W', b')
-    folded_types: list[str] = []
-    kernel_nodes: list[ir.Node] = []
+
+@dataclass
+class _Folded:
+    """The group once BatchNormalization is folded into its Conv: the nodes the kernel computes."""
+
+    kernel_nodes: list[ir.Node] = field(default_factory=list)
+    weights: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # conv node id -> (W', b')
+    alias: dict[int, ir.Value] = field(default_factory=dict)  # BN output -> conv output
+    types: list[str] = field(default_factory=list)  # op types folded away
+
+    def resolve(self, v: ir.Value) -> ir.Value:
+        """The value that stands for `v` after folding (a BN output becomes its Conv's output)."""
+        return self.alias.get(id(v), v)
+
+
+def _fold_one_bn(graph: Graph, gid: str, bn: ir.Node, member_ids: set[int]):
+    """(the Conv before `bn`, the folded weights) when folding is provably legal; else UnsupportedGroup."""
+    src = bn.inputs[0]
+    conv = src.producer() if src is not None else None
+    if conv is None or id(conv) not in member_ids or conv.op_type != "Conv":
+        raise UnsupportedGroup(f"group {gid}: BatchNormalization {bn.name!r} does not follow a Conv of the group")
+    if len(Graph.consumers(src)) != 1 or graph.is_graph_output(src):
+        raise UnsupportedGroup(f"group {gid}: the Conv output feeding {bn.name!r} is also used elsewhere")
+    if int(_attr(bn, "training_mode", 0)):
+        raise UnsupportedGroup(f"group {gid}: BatchNormalization {bn.name!r} is in training mode; never fold it")
+    params = [graph.constant(v) for v in bn.inputs[1:5]]
+    weight = graph.constant(conv.inputs[1])
+    has_bias = len(conv.inputs) > 2 and conv.inputs[2] is not None
+    bias = graph.constant(conv.inputs[2]) if has_bias else None
+    if any(p is None for p in params) or weight is None or (has_bias and bias is None):
+        raise UnsupportedGroup(f"group {gid}: weights or BN statistics of {bn.name!r} are not constants")
+    f = fold_conv_bn(weight, bias, *params, eps=float(_attr(bn, "epsilon", 1e-5)), group=int(_attr(conv, "group", 1)))
+    if f.overflow:
+        raise UnsupportedGroup(f"group {gid}: folded weights overflow {weight.dtype}")
+    return conv, f
+
+
+def _fold_batchnorms(graph: Graph, gid: str, members: list[ir.Node]) -> _Folded:
+    """Fold every BatchNormalization of the group into the Conv before it; at least two ops must remain."""
+    member_ids = {id(n) for n in members}
+    out = _Folded()
     for n in members:
         if n.op_type != "BatchNormalization":
-            kernel_nodes.append(n)
+            out.kernel_nodes.append(n)
             continue
-        src = n.inputs[0]
-        conv = src.producer() if src is not None else None
-        if conv is None or id(conv) not in member_ids or conv.op_type != "Conv":
-            raise UnsupportedGroup(f"group {gid}: BatchNormalization {n.name!r} does not follow a Conv of the group")
-        if len(Graph.consumers(src)) != 1 or graph.is_graph_output(src):
-            raise UnsupportedGroup(f"group {gid}: the Conv output feeding {n.name!r} is also used elsewhere")
-        if int(_attr(n, "training_mode", 0)):
-            raise UnsupportedGroup(f"group {gid}: BatchNormalization {n.name!r} is in training mode; never fold it")
-        params = [graph.constant(v) for v in n.inputs[1:5]]
-        weight = graph.constant(conv.inputs[1])
-        bias = graph.constant(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] is not None else None
-        if any(p is None for p in params) or weight is None or (len(conv.inputs) > 2 and conv.inputs[2] is not None
-                                                                 and bias is None):
-            raise UnsupportedGroup(f"group {gid}: weights or BN statistics of {n.name!r} are not constants")
-        f = fold_conv_bn(weight, bias, *params, eps=float(_attr(n, "epsilon", 1e-5)),
-                         group=int(_attr(conv, "group", 1)))
-        if f.overflow:
-            raise UnsupportedGroup(f"group {gid}: folded weights overflow {weight.dtype}")
-        folded[id(conv)] = (f.weight, f.bias)
-        alias[id(n.outputs[0])] = conv.outputs[0]
-        folded_types.append("BatchNormalization")
-
-    def resolve(v: ir.Value) -> ir.Value:
-        return alias.get(id(v), v)
-
-    kernel_ids = {id(n) for n in kernel_nodes}
-    if len(kernel_nodes) < 2:
+        conv, f = _fold_one_bn(graph, gid, n, member_ids)
+        out.weights[id(conv)] = (f.weight, f.bias)
+        out.alias[id(n.outputs[0])] = conv.outputs[0]
+        out.types.append("BatchNormalization")
+    if len(out.kernel_nodes) < 2:
         kinds = "+".join(n.op_type for n in members)
         raise UnsupportedGroup(f"group {gid}: {kinds} is a single op after folding; no custom op is needed")
+    return out
 
-    # ---- the group's single output ---------------------------------------------------------------
+
+def _single_output(graph: Graph, gid: str, members: list[ir.Node]) -> ir.Value:
+    """The one value that leaves the group (read outside it or a graph output)."""
+    member_ids = {id(n) for n in members}
     outs = []
     for n in members:
         v = n.outputs[0]
@@ -156,106 +174,124 @@ def declare_group(graph: Graph, group: FusionGroup, name: str | None = None) -> 
             outs.append(v)
     if len(outs) != 1:
         raise UnsupportedGroup(f"group {gid}: {len(outs)} values leave the group; a custom op here needs exactly one")
-    out_value = outs[0]
+    return outs[0]
 
-    # ---- inputs, attributes and body -------------------------------------------------------------
-    in_names: list[str] = []  # declaration input names
-    in_values: list[str] = []  # graph value names ("" for new initializers)
-    new_inits: dict[str, np.ndarray] = {}
-    env: dict[int, str] = {}  # id(graph value) -> body name
-    attrs: dict = {}
-    steps: list[Step] = []
-    acts = consts = 0
-    dtype_seen = set()
 
-    def external(v: ir.Value, role: str | None) -> str:
-        nonlocal acts, consts
-        if id(v) in env:
-            return env[id(v)]
+class _Body:
+    """The declaration's inputs, attributes and body steps, built one kernel node at a time."""
+
+    def __init__(self, graph: Graph, gid: str, folded: _Folded, out_value: ir.Value):
+        self.graph, self.gid, self.folded = graph, gid, folded
+        self.out_value = folded.resolve(out_value)
+        self.in_names: list[str] = []  # declaration input names
+        self.in_values: list[str] = []  # graph value names ("" for new initializers)
+        self.new_inits: dict[str, np.ndarray] = {}
+        self.env: dict[int, str] = {}  # id(graph value) -> body name
+        self.attrs: dict = {}
+        self.steps: list[Step] = []
+        self.dtypes: set = set()
+        self._acts = self._consts = 0
+
+    def external(self, v: ir.Value, role: str | None = None) -> str:
+        """The body name of a value from outside the group, declared as an input on first use."""
+        if id(v) in self.env:
+            return self.env[id(v)]
         if role is None:
-            if graph.constant(v) is not None:
-                role = f"const{consts}"
-                consts += 1
+            if self.graph.constant(v) is not None:
+                role = f"const{self._consts}"
+                self._consts += 1
             else:
-                role = "x" if acts == 0 else f"x{acts}"
-                acts += 1
-        env[id(v)] = role
-        in_names.append(role)
-        in_values.append(v.name)
-        dtype_seen.add(v.dtype)
+                role = "x" if self._acts == 0 else f"x{self._acts}"
+                self._acts += 1
+        self.env[id(v)] = role
+        self.in_names.append(role)
+        self.in_values.append(v.name)
+        self.dtypes.add(v.dtype)
         return role
 
-    for i, n in enumerate(kernel_nodes):
-        names = []
+    def new_initializer(self, role: str, arr: np.ndarray) -> str:
+        """An input the rewrite creates as a fresh initializer (folded weights, a stand-in zero bias)."""
+        self.in_names.append(role)
+        self.in_values.append("")
+        self.new_inits[role] = arr
+        return role
+
+    def _claim_attr(self, name: str, op_type: str) -> None:
+        """Refuse a second op of the same type: both would read one attribute name."""
+        if name in self.attrs:
+            raise UnsupportedGroup(f"group {self.gid}: two {op_type}s in one group would share attribute names")
+
+    def _conv_inputs(self, n: ir.Node) -> list[str]:
+        """x, filter and bias of a Conv (folded weights, or a zero bias where the Conv has none)."""
+        names = [self.external(self.folded.resolve(n.inputs[0]))]
+        if id(n) in self.folded.weights:
+            w, bias = self.folded.weights[id(n)]
+            return names + [self.new_initializer("filter", w), self.new_initializer("bias", bias)]
+        names.append(self.external(n.inputs[1], "filter"))
+        if len(n.inputs) > 2 and n.inputs[2] is not None:
+            return names + [self.external(n.inputs[2], "bias")]
+        # the PyOp bridge has a fixed arity: an all-zero bias stands in for the absent one
+        c_out = n.inputs[1].shape[0] if n.inputs[1].shape is not None else None
+        if not isinstance(c_out, int):
+            raise UnsupportedGroup(f"group {self.gid}: Conv {n.name!r} weight shape unknown")
+        return names + [self.new_initializer("bias", np.zeros(c_out, dtype=np.float32))]
+
+    def add(self, n: ir.Node) -> None:
+        """One body step for a kernel node, with the inputs and attributes it reads."""
         if n.op_type == "Conv":
-            if "strides" in attrs:
-                raise UnsupportedGroup(f"group {gid}: two Convs in one group would share attribute names")
-            attrs.update(_conv_attrs(n, gid))
-            x = resolve(n.inputs[0])
-            names.append(env[id(x)] if id(x) in env else external(x, None))
-            if id(n) in folded:
-                w, bias = folded[id(n)]
-                for role, arr in (("filter", w), ("bias", bias)):
-                    in_names.append(role)
-                    in_values.append("")
-                    new_inits[role] = arr
-                    names.append(role)
-            else:
-                names.append(external(n.inputs[1], "filter"))
-                if len(n.inputs) > 2 and n.inputs[2] is not None:
-                    names.append(external(n.inputs[2], "bias"))
-                else:  # the PyOp bridge has a fixed arity: an all-zero bias stands in for the absent one
-                    c_out = n.inputs[1].shape[0] if n.inputs[1].shape is not None else None
-                    if not isinstance(c_out, int):
-                        raise UnsupportedGroup(f"group {gid}: Conv {n.name!r} weight shape unknown")
-                    in_names.append("bias")
-                    in_values.append("")
-                    new_inits["bias"] = np.zeros(c_out, dtype=np.float32)
-                    names.append("bias")
-            step_attrs = tuple(k for k, _, _ in _CONV_DECL)
+            self._claim_attr("strides", "Conv")
+            self.attrs.update(_conv_attrs(n, self.gid))
+            names = self._conv_inputs(n)
+            step_attrs: tuple = tuple(k for k, _, _ in _CONV_DECL)
         else:
-            for v in n.inputs:
-                if v is None:
-                    continue
-                v = resolve(v)
-                p = v.producer()
-                if p is not None and id(p) in kernel_ids and id(v) in env:
-                    names.append(env[id(v)])
-                else:
-                    names.append(external(v, None))
+            names = [self.external(self.folded.resolve(v)) for v in n.inputs if v is not None]
             step_attrs = ()
             if n.op_type == "LeakyRelu":
-                if "negative_slope" in attrs:
-                    raise UnsupportedGroup(f"group {gid}: two LeakyRelus in one group would share attribute names")
-                attrs["negative_slope"] = float(_attr(n, "alpha", 0.01))
+                self._claim_attr("negative_slope", "LeakyRelu")
+                self.attrs["negative_slope"] = float(_attr(n, "alpha", 0.01))
                 step_attrs = ("negative_slope",)
-        is_last = resolve(n.outputs[0]) is resolve(out_value)
-        body_name = "y" if is_last else f"t{len(steps)}"
-        env[id(resolve(n.outputs[0]))] = body_name
-        steps.append(Step(n.op_type, tuple(names), body_name, step_attrs))
+        out = self.folded.resolve(n.outputs[0])
+        body_name = "y" if out is self.out_value else f"t{len(self.steps)}"
+        self.env[id(out)] = body_name
+        self.steps.append(Step(n.op_type, tuple(names), body_name, step_attrs))
 
-    if any(d is not None and d != ir.DataType.FLOAT for d in dtype_seen):
-        raise UnsupportedGroup(f"group {gid}: the onnxruntime prototype runs float32 tensors only")
-    kernel_types = tuple(n.op_type for n in kernel_nodes)
-    op_name = name or name_for(kernel_types)
+
+def _declaration(op_name: str, body: _Body, kernel_types: tuple, folded_types: list[str]) -> OpDecl:
+    """The REG_OP declaration of the fused op: float inputs, output y, the inherited attributes."""
     b = reg_op(op_name)
-    for role in in_names:
+    for role in body.in_names:
         if role == "bias":
             b.OPTIONAL_INPUT(role, FLOAT_TYPES)
         else:
             b.INPUT(role, FLOAT_TYPES)
     b.OUTPUT("y", FLOAT_TYPES)
-    if "strides" in attrs:
+    if "strides" in body.attrs:
         for a, t, default in _CONV_DECL:
             if default is None:
                 b.REQUIRED_ATTR(a, t)
             else:
                 b.ATTR(a, t, default)
-    if "negative_slope" in attrs:
+    if "negative_slope" in body.attrs:
         b.ATTR("negative_slope", "Float", 0.01)
-    b.fuses(*kernel_types, folded=tuple(folded_types)).body(steps)
-    decl = b.OP_END_FACTORY_REG(op_name)
-    return CustomOp(gid, decl, in_values, attrs, out_value.name, [n.name for n in members], new_inits,
+    b.fuses(*kernel_types, folded=tuple(folded_types)).body(body.steps)
+    return b.OP_END_FACTORY_REG(op_name)
+
+
+def declare_group(graph: Graph, group: FusionGroup, name: str | None = None) -> CustomOp:
+    """Derive the custom-op declaration for a fusion group (UnsupportedGroup if it cannot be one)."""
+    gid = group.id
+    members = _members(graph, group)
+    folded = _fold_batchnorms(graph, gid, members)
+    out_value = _single_output(graph, gid, members)
+    body = _Body(graph, gid, folded, out_value)
+    for n in folded.kernel_nodes:
+        body.add(n)
+    if any(d is not None and d != ir.DataType.FLOAT for d in body.dtypes):
+        raise UnsupportedGroup(f"group {gid}: the onnxruntime prototype runs float32 tensors only")
+    kernel_types = tuple(n.op_type for n in folded.kernel_nodes)
+    op_name = name or name_for(kernel_types)
+    decl = _declaration(op_name, body, kernel_types, folded.types)
+    return CustomOp(gid, decl, body.in_values, body.attrs, out_value.name, [n.name for n in members], body.new_inits,
                     node_name=f"{op_name}_{gid}")
 
 

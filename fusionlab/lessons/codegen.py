@@ -404,9 +404,8 @@ def _pow_expr(x: str, p: float, lit) -> str:
 # building kernels
 # --------------------------------------------------------------------------------------------------
 
-def compile_chain(graph_or_nodes, shapes: dict[str, tuple] | None = None, name: str = "fused_kernel") -> FusedKernel:
-    """A FusedKernel for a set of ONNX elementwise nodes (a whole Graph/model, or a list of its nodes)."""
-    graph = None
+def _chain_nodes(graph_or_nodes) -> list[ir.Node]:
+    """The nodes to fuse (a whole Graph/model in topological order, or a list), Constants left out."""
     if isinstance(graph_or_nodes, (Graph, onnx.ModelProto, str, bytes)) or hasattr(graph_or_nodes, "__fspath__"):
         graph = graph_or_nodes if isinstance(graph_or_nodes, Graph) else load(graph_or_nodes)
         nodes = graph.topological_order()
@@ -419,72 +418,92 @@ def compile_chain(graph_or_nodes, shapes: dict[str, tuple] | None = None, name: 
         if n.domain not in ("", "ai.onnx") or n.op_type not in SUPPORTED:
             raise ValueError(f"node {n.name!r} ({n.op_type}) is not an elementwise op this generator supports "
                              f"({', '.join(sorted(SUPPORTED))})")
+    return nodes
+
+
+@dataclass
+class _Operands:
+    """What the chain reads from outside: runtime inputs (with known shapes and dtype) and constants."""
+
+    produced: set[str]  # values computed inside the chain
+    inputs: list[str] = field(default_factory=list)
+    input_shapes: dict[str, tuple] = field(default_factory=dict)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    dtype: np.dtype | None = None
+
+    def arg(self, n: ir.Node, v: ir.Value | None) -> tuple[str, object]:
+        """One operand of node `n`: ("val"|"in"|"const", name) or ("scalar", float)."""
+        if v is None:
+            raise ValueError(f"node {n.name!r} has a missing input")
+        if v.name in self.produced:
+            return ("val", v.name)
+        c = _const_of(v)
+        if c is not None:
+            if c.dtype.kind != "f":
+                raise ValueError(f"node {n.name!r}: constant {v.name!r} is {c.dtype}, not floating point")
+            if c.size == 1:
+                return ("scalar", float(c.reshape(())))
+            self.constants.setdefault(v.name, c)
+            return ("const", v.name)
+        if v.name not in self.inputs:
+            self._add_input(v)
+        return ("in", v.name)
+
+    def _add_input(self, v: ir.Value) -> None:
+        """Record a runtime input, its static shape if known, and the chain's floating-point dtype."""
+        self.inputs.append(v.name)
+        if v.shape is not None and all(isinstance(d, int) for d in v.shape):
+            self.input_shapes[v.name] = tuple(v.shape)
+        if v.dtype is not None:
+            dt = np.dtype(v.dtype.numpy())
+            if dt.kind != "f":
+                raise ValueError(f"input {v.name!r} is {dt}: only floating-point chains are fused")
+            self.dtype = self.dtype or dt
+
+
+def _constant_params(op: _Op, n: ir.Node, extra: list) -> None:
+    """Clip bounds (attributes before opset 11, else constant inputs) and the Pow exponent, onto `op`."""
+    if n.op_type == "Clip":
+        if "min" in n.attributes or "max" in n.attributes:  # opset < 11
+            op.lo = n.attributes["min"].value if "min" in n.attributes else None
+            op.hi = n.attributes["max"].value if "max" in n.attributes else None
+        else:
+            bounds = [None if (v is None or v.name == "") else v for v in extra] + [None, None]
+            op.lo = _scalar(_const_of(bounds[0]), f"Clip min of {n.name!r}") if bounds[0] is not None else None
+            op.hi = _scalar(_const_of(bounds[1]), f"Clip max of {n.name!r}") if bounds[1] is not None else None
+    if n.op_type == "Pow":
+        if not extra or extra[0] is None:
+            raise ValueError(f"Pow {n.name!r} has no exponent")
+        op.exponent = _scalar(_const_of(extra[0]), f"the exponent of Pow {n.name!r}")
+
+
+def _chain_outputs(nodes: list[ir.Node]) -> list[str]:
+    """Values read outside the chain or graph outputs (else the last node's first output)."""
     inside = {id(n) for n in nodes}
-    produced = {o.name for n in nodes for o in n.outputs}
-    inputs: list[str] = []
-    input_shapes: dict[str, tuple] = {}
-    constants: dict[str, np.ndarray] = {}
+    outputs = [o.name for n in nodes for o in n.outputs
+               if o.is_graph_output() or any(id(u.node) not in inside for u in o.uses())]
+    return outputs or [nodes[-1].outputs[0].name]
+
+
+def compile_chain(graph_or_nodes, shapes: dict[str, tuple] | None = None, name: str = "fused_kernel") -> FusedKernel:
+    """A FusedKernel for a set of ONNX elementwise nodes (a whole Graph/model, or a list of its nodes)."""
+    nodes = _chain_nodes(graph_or_nodes)
+    operands = _Operands(produced={o.name for n in nodes for o in n.outputs})
     ops: list[_Op] = []
-    dtype = None
     for n in nodes:
-        args: list[tuple[str, object]] = []
-        operands = [v for v in n.inputs]
         n_tensors = SUPPORTED[n.op_type]
-        extra = operands[n_tensors:]
-        for v in operands[:n_tensors]:
-            if v is None:
-                raise ValueError(f"node {n.name!r} has a missing input")
-            if v.name in produced:
-                args.append(("val", v.name))
-                continue
-            c = _const_of(v)
-            if c is not None:
-                if c.dtype.kind != "f":
-                    raise ValueError(f"node {n.name!r}: constant {v.name!r} is {c.dtype}, not floating point")
-                if c.size == 1:
-                    args.append(("scalar", float(c.reshape(()))))
-                else:
-                    constants.setdefault(v.name, c)
-                    args.append(("const", v.name))
-                continue
-            if v.name not in inputs:
-                inputs.append(v.name)
-                if v.shape is not None and all(isinstance(d, int) for d in v.shape):
-                    input_shapes[v.name] = tuple(v.shape)
-                if v.dtype is not None:
-                    dt = np.dtype(v.dtype.numpy())
-                    if dt.kind != "f":
-                        raise ValueError(f"input {v.name!r} is {dt}: only floating-point chains are fused")
-                    dtype = dtype or dt
-            args.append(("in", v.name))
-        op = _Op(n.op_type, n.outputs[0].name, args)
-        if n.op_type == "Clip":
-            if "min" in n.attributes or "max" in n.attributes:  # opset < 11
-                op.lo = n.attributes["min"].value if "min" in n.attributes else None
-                op.hi = n.attributes["max"].value if "max" in n.attributes else None
-            else:
-                bounds = [None if (v is None or v.name == "") else v for v in extra] + [None, None]
-                op.lo = _scalar(_const_of(bounds[0]), f"Clip min of {n.name!r}") if bounds[0] is not None else None
-                op.hi = _scalar(_const_of(bounds[1]), f"Clip max of {n.name!r}") if bounds[1] is not None else None
-        if n.op_type == "Pow":
-            if not extra or extra[0] is None:
-                raise ValueError(f"Pow {n.name!r} has no exponent")
-            op.exponent = _scalar(_const_of(extra[0]), f"the exponent of Pow {n.name!r}")
+        op = _Op(n.op_type, n.outputs[0].name, [operands.arg(n, v) for v in list(n.inputs)[:n_tensors]])
+        _constant_params(op, n, list(n.inputs)[n_tensors:])
         ops.append(op)
-    if not inputs:
+    if not operands.inputs:
         raise ValueError("the chain has no runtime input (everything is constant: fold it instead)")
-    outputs = []
-    for n in nodes:
-        for o in n.outputs:
-            if o.is_graph_output() or any(id(u.node) not in inside for u in o.uses()):
-                outputs.append(o.name)
-    if not outputs:
-        outputs = [nodes[-1].outputs[0].name]
-    dtype = np.dtype(dtype or np.float32)
+    outputs = _chain_outputs(nodes)
+    dtype = np.dtype(operands.dtype or np.float32)
+    input_shapes = operands.input_shapes
     if shapes:
         input_shapes.update({k: tuple(v) for k, v in shapes.items()})
-    return FusedKernel(name=name, inputs=inputs, outputs=outputs, ops=ops,
-                       constants={k: v.astype(dtype) for k, v in constants.items()}, dtype=dtype,
+    return FusedKernel(name=name, inputs=operands.inputs, outputs=outputs, ops=ops,
+                       constants={k: v.astype(dtype) for k, v in operands.constants.items()}, dtype=dtype,
                        input_shapes=input_shapes)
 
 

@@ -37,49 +37,10 @@ DIMS = {"batch": 2, "sequence": 16}
 #: the second sequence of a text batch ends in this many padding positions (attention_mask 0)
 PADDING = 5
 
-_UNTYPED = ("onnx full_check: the local functions the mixed pass makes hold com.microsoft ops "
-            "({ops}) that onnx cannot type, and their call outputs carry no value_info, so every "
-            "consumer fails shape inference ('Input 0 expected to have type but instead is null')")
-
-#: (check, file, passes) -> the failure measured on the current passes; each becomes a strict xfail
-KNOWN: dict[tuple[str, str, str], str] = {
-    # the mixed pass's local functions, on TorchScript exports (no value_info): dynamo exports carry value_info
-    ("checker", "bert.ts-fold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::BiasGelu"),
-    ("checker", "bert.ts-nofold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::BiasGelu"),
-    ("checker", "bert_eager.ts-fold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::BiasGelu"),
-    ("checker", "bert_eager.ts-nofold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::BiasGelu"),
-    ("checker", "convnext.ts-fold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::BiasGelu"),
-    ("checker", "convnext.ts-nofold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::BiasGelu"),
-    ("checker", "efficientnet.ts-fold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::QuickGelu"),
-    ("checker", "efficientnet.ts-nofold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::QuickGelu"),
-    ("checker", "gpt2.ts-fold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::FastGelu"),
-    ("checker", "gpt2.ts-nofold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::FastGelu"),
-    ("checker", "vit.ts-fold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::BiasGelu"),
-    ("checker", "vit.ts-nofold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::BiasGelu"),
-    ("checker", "yolo11.ts-fold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::QuickGelu"),
-    ("checker", "yolo11.ts-nofold.onnx", "all"): _UNTYPED.format(ops="com.microsoft::QuickGelu"),
-    # constant folding (issue 10): weight Transposes/Unsqueezes of do_constant_folding=False, static Shape chains
-    ("folded", "bert.ts-fold.onnx", "all"): "constant-only nodes left: ConstantOfShape 2, Shape 1",
-    ("folded", "bert.ts-nofold.onnx", "all"): (
-        "constant-only nodes left: Transpose 12, "
-        "ConstantOfShape 2, Unsqueeze 1, Shape 1"),
-    ("folded", "bert_eager.ts-fold.onnx", "all"): "constant-only nodes left: ConstantOfShape 2, Shape 1",
-    ("folded", "bert_eager.ts-nofold.onnx", "all"): (
-        "constant-only nodes left: Transpose 12, "
-        "ConstantOfShape 2, Unsqueeze 1, Shape 1"),
-    ("folded", "convnext.ts-nofold.onnx", "all"): "constant-only nodes left: Transpose 10",
-    ("folded", "gpt2.ts-fold.onnx", "all"): "constant-only nodes left: ConstantOfShape 2, Shape 1",
-    ("folded", "gpt2.ts-nofold.onnx", "all"): (
-        "constant-only nodes left: Unsqueeze 14, "
-        "ConstantOfShape 2, Shape 1"),
-    ("folded", "vit.ts-fold.onnx", "all"): "constant-only nodes left: Shape 1, ConstantOfShape 1",
-    ("folded", "vit.ts-nofold.onnx", "all"): (
-        "constant-only nodes left: Transpose 12, "
-        "Shape 1, ConstantOfShape 1"),
-    ("folded", "yolo11.ts-nofold.onnx", "all"): (
-        "constant-only nodes left: Concat 2, UnsqueezeConcat_0 1, UnsqueezeConcat_1 1, "
-        "UnsqueezeConcat_2 1, UnsqueezeConcat_3 1"),
-}
+#: (check, file, passes) -> the failure measured on the current passes; each becomes a strict xfail.
+#: Empty now: the mixed pass's functions type-check under full_check and constant folding (issue 10)
+#: leaves no constant-only node in any export.
+KNOWN: dict[tuple[str, str, str], str] = {}
 
 
 def _known(check: str, file: str, passes: str):

@@ -191,11 +191,62 @@ def _producer_weights(graph: Graph, node: ir.Node, bn_node: ir.Node, ops: tuple[
     return _weights(graph, node, node.op_type)
 
 
-def _with_bn(graph: Graph, bn_node: ir.Node, channels: int, shared: bool) -> Verdict:
+#: per-dtype (rtol, atol) a fold's rounding must stay within (fusionlab.runtime.TOLERANCES)
+_FOLD_TOLERANCE = {np.dtype(np.float16): (1e-3, 2.5e-3)}
+
+
+def fold_rounding(w: np.ndarray, b: np.ndarray | None, params: list[np.ndarray], eps: float) -> Verdict:
+    """Does storing the folded weights in w's dtype keep the result within the dtype's tolerance?
+
+    The folded conv computes s·(W·x) + (β + s·(b - μ)) with s = γ/σ, σ = sqrt(var + ε). Rounding W' = s·W
+    to the dtype costs a relative u (half its machine epsilon) on s·(W·x), whose size is |s|·|W·x| ≈
+    |γ|·(κ + 3) when BN's statistics describe the data (|W·x + b - μ| within 3σ), where κ = |μ - b|/σ is
+    how many standard deviations the folded bias must cancel. The output itself is about |β| + 3|γ|. The
+    fold is kept when u·|γ|·(κ + 3) <= rtol·(|β| + 3|γ|) + atol on every channel.
+
+    Checked for float16 only: there onnxruntime's CPU kernels compute the unfolded Conv -> BN chain in
+    float32 (it inserts the casts itself), so the unfolded model never rounds s·W and the fold's rounding
+    is new error; it refuses channels with near-zero variance and a mean far from the bias (a zero-variance
+    channel with ε = 1e-5 has s ≈ 300: the folded model was off by 0.08 where the unfolded one was off by
+    2e-4). In float32 and float64 the unfolded model rounds W·x in the same dtype before scaling it, so the
+    fold's rounding is of the same size as the original's, and folding is kept (a zero-variance channel
+    with ε = 1e-9 folds and verifies).
+    """
+    dtype = np.dtype(w.dtype)
+    if dtype != np.float16:
+        return Verdict(True, "legal")
+    with np.errstate(all="ignore"):
+        s_max = float(np.max(np.abs(np.asarray(params[0], np.float64)) / np.sqrt(np.asarray(params[3], np.float64) + eps)))
+        if not s_max * float(np.abs(w).max(initial=0.0)) < float(np.finfo(dtype).max):
+            return _no("overflow", f"folded weights overflow {dtype}")
+    gamma, beta, mean, var = (np.asarray(p, np.float64) for p in params)
+    with np.errstate(all="ignore"):
+        sigma = np.sqrt(var + eps)
+        kappa = np.abs(mean - (np.asarray(b, np.float64) if b is not None else 0.0)) / sigma
+        u = float(np.finfo(dtype).eps) / 2
+        rtol, atol = _FOLD_TOLERANCE[dtype]
+        error = u * np.abs(gamma) * (kappa + 3)
+        budget = rtol * (np.abs(beta) + 3 * np.abs(gamma)) + atol
+    bad = ~(error <= budget)
+    if not bad.any():
+        return Verdict(True, "legal")
+    c = int(np.argmax(np.where(bad, error / np.maximum(budget, 1e-300), -np.inf)))
+    return _no("precision", f"folding would lose {dtype} precision: channel {c} has variance {var[c]:.3g} and "
+                            f"its mean is {kappa[c]:.3g} standard deviations from the bias, so the folded "
+                            f"weights' rounding (~{error[c]:.2g}) exceeds the tolerance (~{budget[c]:.2g})")
+
+
+def _with_bn(graph: Graph, bn_node: ir.Node, channels: int, shared: bool, w: np.ndarray | None = None,
+             b: np.ndarray | None = None) -> Verdict:
     """The verdict once the producer is fine: BN's parameters decide, and a shared weight means a copy."""
     params = _bn_params(graph, bn_node, channels)
     if isinstance(params, Verdict):
         return params
+    if w is not None:
+        attr = bn_node.attributes.get("epsilon")
+        rounding = fold_rounding(w, b, params, float(attr.value) if attr is not None else 1e-5)
+        if not rounding.ok:
+            return rounding
     if shared:
         return Verdict(True, "legal; the weight is shared with other nodes, so fold into a copy", "ok", True)
     return Verdict(True, "legal")
@@ -216,7 +267,7 @@ def conv_bn_legal(graph: Graph, conv_node: ir.Node, bn_node: ir.Node) -> Verdict
         return _no("channel_mismatch", f"ConvTranspose weight {tuple(w.shape)} does not split into {group} groups")
     if b is not None and (b.ndim != 1 or b.shape[0] != channels):
         return _no("channel_mismatch", f"{conv_node.op_type} bias has shape {tuple(b.shape)}, expected ({channels},)")
-    return _with_bn(graph, bn_node, channels, shared)
+    return _with_bn(graph, bn_node, channels, shared, w, b)
 
 
 def _rank(graph: Graph, value: ir.Value, shapes: dict | None) -> int | None:
@@ -251,4 +302,4 @@ def matmul_bn_legal(graph: Graph, mm_node: ir.Node, bn_node: ir.Node, shapes: di
         channels = w.shape[0] if trans_b else w.shape[1]
         if b is not None and b.size not in (1, channels):
             return _no("channel_mismatch", f"Gemm C has shape {tuple(b.shape)}, not broadcast per output column")
-    return _with_bn(graph, bn_node, channels, shared)
+    return _with_bn(graph, bn_node, channels, shared, w, b)

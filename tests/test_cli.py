@@ -47,6 +47,11 @@ def test_verify_dims_and_tolerances(models, capsys):
     assert main(["verify", str(a), str(b), "--dim", "batch=3", "--seed", "7"]) == 0
     assert "3x8x16x16" in capsys.readouterr().out
     assert main(["verify", str(a), str(b), "--rtol", "0", "--atol", "0"]) in (0, 1)  # exact or not: no crash
+    capsys.readouterr()
+    assert main(["verify", str(a), str(b), "--draws", "5"]) == 0
+    assert "equivalent on 5 input draws" in capsys.readouterr().out
+    assert main(["verify", str(a), str(b), "--draws", "0"]) == 2
+    assert "--draws" in capsys.readouterr().err
 
 
 def test_bench_one_and_two_models(models, capsys):

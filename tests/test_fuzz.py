@@ -26,7 +26,7 @@ from fusionlab.fuzz.compare import judge_output
 from fusionlab.fuzz.diagnose import diagnose
 from fusionlab.fuzz.feeds import draws
 from fusionlab.fuzz.oracle import PASS_SETS, Case, Outcome, check_fused, interface_problems, judge, normalize
-from fusionlab.fuzz.reference import Reference, to_float64
+from fusionlab.precision import Reference, to_float64
 from fusionlab.fuzz.shrink import same_failure, shrink
 from fusionlab.plan import VERTICAL, FusionGroup, FusionPlan
 

@@ -158,3 +158,72 @@ def test_random_sources_are_found_in_every_form_of_model(tmp_path):
     path.write_bytes(m.SerializeToString())
     for form in (m, m.SerializeToString(), path, str(path), load(m)):
         assert random_sources(form) == {"y": ["drop"]}, type(form)
+
+
+def _threshold_model(threshold: float | None):
+    """y = x + 0, or (with a threshold) y = x + 1 wherever max(x) > threshold: wrong only on some draws."""
+    if threshold is None:
+        nodes = [helper.make_node("Add", ["x", "zero"], ["y"])]
+        inits = [tensor("zero", np.array([0.0], np.float32))]
+    else:
+        nodes = [helper.make_node("ReduceMax", ["x"], ["m"], keepdims=1),
+                 helper.make_node("Greater", ["m", "t"], ["big"]),
+                 helper.make_node("Add", ["x", "one"], ["x1"]),
+                 helper.make_node("Where", ["big", "x1", "x"], ["y"])]
+        inits = [tensor("t", np.array([threshold], np.float32)), tensor("one", np.array([1.0], np.float32))]
+    return make_model(nodes, [value_info("x", shape=[1, 8])], [value_info("y", shape=[1, 8])], inits)
+
+
+def test_several_draws_catch_a_rewrite_that_is_wrong_only_on_some_inputs():
+    original = _threshold_model(None)
+    peaks = [float(make_feeds(original, seed=k)["x"].max()) for k in range(3)]
+    assert peaks[1] > peaks[0] or peaks[2] > peaks[0]  # the draws differ
+    # wrong exactly where max(x) exceeds draw 0's peak: draw 0 cannot see it
+    wrong = _threshold_model(peaks[0])
+    one = verify(original, wrong, draws=1)
+    assert one.ok and one.draws == 1 and "on 1 input draw" in one.table()
+    three = verify(original, wrong)
+    assert three.draws == 3 and not three.ok
+    assert three.outputs[0].draw == (1 if peaks[1] > peaks[0] else 2)
+    assert "NOT equivalent on 3 input draws" in three.summary()
+
+
+def _fp16_layernorm(decomposed: bool, scale: float = 1.0):
+    """LayerNormalization(x + 100) in float16, as the op or (decomposed) as ReduceMean/Sub/Mul/Sqrt/Div.
+
+    onnxruntime runs float16 LayerNormalization natively, so the original stores x + 100 in float16
+    (ulp 0.0625 against x's spread 0.05) and is far from the float32 result; the decomposed ops it runs
+    in float32 throughout, which the float32 reference shows to be the more accurate of the two.
+    """
+    f16 = np.float16
+    if decomposed:
+        nodes = [helper.make_node("Add", ["x", "c"], ["s"]),
+                 helper.make_node("ReduceMean", ["s"], ["mu"], axes=[-1]), helper.make_node("Sub", ["s", "mu"], ["d"]),
+                 helper.make_node("Mul", ["d", "d"], ["d2"]), helper.make_node("ReduceMean", ["d2"], ["var"], axes=[-1]),
+                 helper.make_node("Add", ["var", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
+                 helper.make_node("Div", ["d", "sd"], ["n"]), helper.make_node("Mul", ["n", "g"], ["y"])]
+    else:
+        nodes = [helper.make_node("Add", ["x", "c"], ["s"]), helper.make_node("LayerNormalization", ["s", "g"], ["y"])]
+    inits = [tensor("c", np.array([100.0], f16)), tensor("g", np.full(256, scale, f16)),
+             tensor("eps", np.array([1e-5], f16))][:3 if decomposed else 2]
+    return make_model(nodes, [value_info("x", f16, [4, 256])], [value_info("y", f16, [4, 256])], inits, opset=17)
+
+
+def test_fp16_outputs_are_judged_against_a_float32_run_too():
+    # the decomposed LayerNorm differs from the fp16 op beyond the tolerance, and is closer to float32
+    feeds = {"x": (np.random.default_rng(0).standard_normal((4, 256)) * 0.05).astype(np.float16)}
+    report = verify(_fp16_layernorm(False), _fp16_layernorm(True), feeds=feeds)
+    check = report.outputs[0]
+    assert report.ok and check.accepted_by_reference and report.reference.startswith("float32")
+    assert check.max_abs > 0.1 and check.fused_vs_reference < check.original_vs_reference / 2
+    assert "as accurate" in report.table()
+    # a changed function is not rescued: a gamma of 1.01 is further from the float32 run than the original
+    wrong = verify(_fp16_layernorm(False), _fp16_layernorm(True, 1.01), feeds=feeds)
+    assert not wrong.ok and not wrong.outputs[0].accepted_by_reference
+    # without the reference the first comparison fails: the tolerance alone cannot tell them apart
+    assert not verify(_fp16_layernorm(False), _fp16_layernorm(True), feeds=feeds, reference="never").ok
+    # float32 outputs get no reference run unless asked
+    assert verify(scale_model(2.0), scale_model(2.0)).reference == ""
+    assert verify(scale_model(2.0), scale_model(2.0), reference="always").outputs[0].fused_vs_reference == 0.0
+    with pytest.raises(ValueError, match="reference"):
+        verify(scale_model(2.0), scale_model(2.0), reference="fp32")

@@ -110,7 +110,7 @@ def _plain_initializers(m: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _float32(m: onnx.ModelProto) -> onnx.ModelProto:
-    from .reference import convert
+    from ..precision import convert
 
     kinds = {i.type.tensor_type.elem_type for i in m.graph.input}
     if TensorProto.FLOAT16 not in kinds and TensorProto.DOUBLE not in kinds:

@@ -41,7 +41,7 @@ import onnx
 
 from .compare import judge_output
 from .feeds import draws, feeds_for, overridable
-from .reference import Reference
+from ..precision import Reference
 
 __all__ = ["PASS_SETS", "FAILURES", "Outcome", "Case", "judge", "check_fused", "blame", "Blame", "normalize", "interface_problems"]
 

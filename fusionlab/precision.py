@@ -1,4 +1,7 @@
-"""The higher-precision reference: the original model converted to float64 and run.
+"""The higher-precision reference: the original model converted to float64 (or float32) and run.
+
+Used by the fuzzer's oracle (float64) and by `fusionlab.verify` (float32, for fp16/bf16 models) to tell a
+rewrite that only rounds differently from one that computes something else.
 
 `to_float64` rewrites every floating-point tensor type in the model to double: initializers, `Constant`
 values (including ``value_float(s)``), `Cast`/`EyeLike`/`ConstantOfShape`/random-op target types, graph
@@ -101,10 +104,15 @@ def _erf64():
 
 
 class Reference:
-    """A runnable float64 copy of a model (onnxruntime if it can, else onnx.reference)."""
+    """A runnable higher-precision copy of a model (onnxruntime if it can, else onnx.reference).
 
-    def __init__(self, model: onnx.ModelProto):
-        self.model = to_float64(model)
+    `elem_type` is the float type it computes in: float64 by default, TensorProto.FLOAT for a float32
+    reference of a half-precision model (better supported by onnxruntime's kernels, and enough there).
+    """
+
+    def __init__(self, model: onnx.ModelProto, elem_type: int = TensorProto.DOUBLE):
+        self.model = convert(model, elem_type)
+        self.dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
         self.names = [o.name for o in self.model.graph.output]
         self.engine = None
         self._sess = None
@@ -124,8 +132,8 @@ class Reference:
             self.engine = "onnx.reference"
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        f64 = {k: (v.astype(np.float64) if v.dtype.kind == "f" else v) for k, v in feeds.items()}
-        return dict(zip(self.names, self._sess.run(None, f64)))
+        wide = {k: (v.astype(self.dtype) if v.dtype.kind == "f" else v) for k, v in feeds.items()}
+        return dict(zip(self.names, self._sess.run(None, wide)))
 
 
 def run_float64(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -30,3 +30,30 @@ def test_every_vertical_rule_is_listed():
 
     listed = set(re.findall(r"`(\w+)`", README.split("### The vertical rules", 1)[1].split("\n## ", 1)[0]))
     assert set(RULES) <= listed, set(RULES) - listed
+
+
+def _modules() -> set[str]:
+    root = Path(__file__).resolve().parent.parent / "fusionlab"
+    names = set()
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if parts[-1] == "__main__":
+            continue
+        names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_every_module_is_in_the_module_table():
+    """Each module appears by its dotted name, or by its short name in the row of its package."""
+    table = README.split("| stage | module | holds |", 1)[1].split("\n\n", 1)[0]
+    rows = table.splitlines()
+    missing = []
+    for name in sorted(_modules()):
+        if f"`{name}`" in table or name == "fusionlab":
+            continue
+        parent, short = name.rsplit(".", 1)
+        if not any(f"`{parent}`" in row and f"`{short}`" in row for row in rows):
+            missing.append(name)
+    assert not missing, missing
+    listed = set(re.findall(r"`(fusionlab(?:\.\w+)*)`", table))
+    assert listed <= _modules(), listed - _modules()  # nothing listed that does not exist

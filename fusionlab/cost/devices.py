@@ -60,6 +60,11 @@ class Device:
         return self.mem_bandwidth_gbs * 1e9
 
     @property
+    def ub_bytes(self) -> int:
+        """One AI core's Unified Buffer: what one fused kernel's tiles share (the cost model's default budget)."""
+        return int(self.ub_kb * 1024)
+
+    @property
     def buffer_bytes(self) -> int:
         """On-chip capacity a fused kernel can keep intermediates in: (UB + L1) x cores."""
         return int((self.ub_kb + self.l1_kb) * 1024 * self.ai_cores)

@@ -192,3 +192,15 @@ def test_shapes_onnx_cannot_infer_are_taken_from_a_run():
                         [tensor("w", np.ones(64, np.float32)), tensor("zero", np.array([0], np.int64))]))
     costs = {c.name: c for c in cost.node_costs(g, dims={"n": 16})}
     assert costs["add"].known and costs["add"].bytes_out == 16 * 4
+
+
+def test_as_launched_drops_function_groups_and_one_kernel_per_group_merges_lowerings():
+    g = chain(5000)
+    plan = FusionPlan([FusionGroup("v0", "vertical", "t", ["n0", "n1"], ["Relu", "Neg"], kernels=2, saved_launches=0),
+                       FusionGroup("m0", "mixed", "fuse_ops", ["n2"], ["Exp"], lowered_to="function")])
+    launched = cost.as_launched(plan)
+    assert [grp.id for grp in launched] == ["v0"]  # onnxruntime inlines the function: m0 runs unfused
+    assert cost.plan_cost(g, launched, DEV).kernels == 3
+    one = cost.one_kernel_per_group(plan)
+    assert [grp.kernels for grp in one] == [1, 1] and plan[0].kernels == 2  # a copy; the plan is unchanged
+    assert cost.plan_cost(g, one, DEV).kernels == 2

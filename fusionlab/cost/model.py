@@ -41,7 +41,7 @@ from ..shapes import ShapeInfo
 from ..text import text_table
 
 __all__ = ["NodeCost", "KernelCost", "PlanCost", "CostTable", "node_costs", "plan_cost", "compare",
-           "predicted_speedup", "VIEW_OPS", "ELEMENTWISE_COST", "Analysis"]
+           "predicted_speedup", "as_launched", "one_kernel_per_group", "VIEW_OPS", "ELEMENTWISE_COST", "Analysis"]
 
 #: ops that only relabel a tensor (no data moved by the kernel)
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size", "Dropout"})
@@ -467,7 +467,7 @@ def _kernel_cost(a: Analysis, ks: schedule.Kernels, k: str, group, device: Devic
     emitted = _emitted_bytes(a, group, ns, produced, outs) if group is not None else 0
     moved = sum(b.bytes for b in ws.transfers())
     traffic = 0 if views or host else moved + 2 * spill + 2 * emitted
-    factor = ws.transfer_time_factor(tile)
+    factor = ws.transfer_time_factor(tile, device.efficient_transfer_kb)
     launches = 0 if host else (group.kernels if group is not None else 1)
     dtype = a.compute_dtype(ns[-1])
     return KernelCost(
@@ -478,6 +478,28 @@ def _kernel_cost(a: Analysis, ks: schedule.Kernels, k: str, group, device: Devic
         memory_s=traffic * factor / device.bandwidth, launch_s=device.launch_overhead_us * 1e-6 * launches,
         grouped=group is not None, launches=launches, tile=tile, transfer_factor=factor,
         recomputed=sum(1 for n in ns if group is not None and n.name in group.recompute))
+
+
+def as_launched(plan: FusionPlan | None) -> FusionPlan:
+    """The plan as onnxruntime runs the emitted model: groups lowered to model-local functions run unfused.
+
+    onnxruntime inlines an ONNX function when it loads the model, so a mixed group (or a vertical group
+    lowered to a function) launches its member ops one by one; every other group launches what its
+    lowering emits (`FusionGroup.kernels`). Cost this plan to predict what onnxruntime measures.
+    """
+    plan = plan or FusionPlan()
+    kept = [g for g in plan if g.lowered_to != "function" and "function" not in g.extra]
+    return FusionPlan(kept, model=plan.model, notes=list(plan.notes), options=dict(plan.options))
+
+
+def one_kernel_per_group(plan: FusionPlan | None) -> FusionPlan:
+    """The plan as a fusing backend lowers it: every group one kernel (CANN's UB fusion, a custom op, a codegen)."""
+    from dataclasses import replace
+
+    plan = plan or FusionPlan()
+    groups = [replace(g, kernels=1, saved_launches=len(g.nodes) - 1, covers=list(g.covers), nodes=list(g.nodes))
+              for g in plan]
+    return FusionPlan(groups, model=plan.model, notes=list(plan.notes), options=dict(plan.options))
 
 
 def predicted_speedup(graph, plan: FusionPlan, device: Device | str, dims: dict | None = None, **kw) -> float:

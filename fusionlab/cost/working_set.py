@@ -140,16 +140,21 @@ class WorkingSet:
     def intermediates(self) -> list[Buffer]:
         return [b for b in self.buffers if b.role == "mid"]
 
-    def transfer_time_factor(self, tile: int | None) -> float:
-        """Traffic-weighted 1/efficiency of the UB transfers at this tile (1.0: the device's full bandwidth)."""
+    def transfer_time_factor(self, tile: int | None, efficient_kb: float | None = DEFAULT_TILE_KB) -> float:
+        """Traffic-weighted 1/efficiency of the UB transfers at this tile (1.0: the device's full bandwidth).
+
+        `efficient_kb` is the transfer size that reaches the full bandwidth (None: every size does).
+        """
         moved = [b for b in self.transfers() if b.bytes > 0]
         total = sum(b.bytes for b in moved)
-        if not total:
+        if not total or efficient_kb is None:
             return 1.0
+        efficient = int(efficient_kb * 1024)
+        overhead = efficient // 9
         slow = 0.0
         for b in moved:
             size = b.bytes if b.role == "l1" or tile is None else min(b.bytes, tile)
-            slow += b.bytes / (1.0 if b.role == "l1" else transfer_efficiency(size))
+            slow += b.bytes / (1.0 if b.role == "l1" else transfer_efficiency(size, efficient, overhead))
         return slow / total
 
 

@@ -281,6 +281,7 @@ class KernelCost:
     tile: int = 0
     transfer_factor: float = 1.0
     recomputed: int = 0
+    buffers: ws_model.WorkingSet | None = field(default=None, repr=False, compare=False)
 
     @property
     def time_s(self) -> float:
@@ -477,7 +478,7 @@ def _kernel_cost(a: Analysis, ks: schedule.Kernels, k: str, group, device: Devic
         compute_s=sum(c.flops for c in costs) / device.peak_flops(dtype),
         memory_s=traffic * factor / device.bandwidth, launch_s=device.launch_overhead_us * 1e-6 * launches,
         grouped=group is not None, launches=launches, tile=tile, transfer_factor=factor,
-        recomputed=sum(1 for n in ns if group is not None and n.name in group.recompute))
+        recomputed=sum(1 for n in ns if group is not None and n.name in group.recompute), buffers=ws)
 
 
 def as_launched(plan: FusionPlan | None) -> FusionPlan:

@@ -277,12 +277,13 @@ for title, r in runs.items():
           f"{m.speedup:.2f}x (95% CI {m.ci_low:.2f}-{m.ci_high:.2f})  {m.verdict()}")
 
 # %% [markdown]
-# The answer: a few percent, not 2×. In earlier runs on this machine our fused model was about 1.05× faster than
-# the unfused one with optimisations off, onnxruntime's own EXTENDED fusions gave the same (the "ours vs theirs"
-# ratio is about 1.00: the same 142 kernels), and the layout transform of ALL gave more than either (about 1.2×),
-# without fusing anything new. With both at ALL our rewrite leaves onnxruntime nothing to do and costs nothing.
-# On this CPU a 3×3 convolution costs far more than its BN and SiLU (see §8), so removing the elementwise passes
-# and 114 launches of about 0.3 µs each (notebook 10 §3) is a small share of the run.
+# The answer: a few percent at most, within the noise of this shared machine, not 2×. Our fused model and
+# onnxruntime's own EXTENDED fusions each gain a few percent or nothing measurable over the unfused model, and
+# against each other they are level: they run the same 142 kernels. The one large, clear effect is the layout
+# transform of ALL (1.2–1.4× over EXTENDED in the runs made for this notebook), and it fuses nothing new. With both
+# at ALL our rewrite leaves onnxruntime nothing to do and costs nothing. On this CPU a 3×3 convolution costs far
+# more than its BN and SiLU (see §8), so removing the elementwise passes and 114 launches of about 0.3 µs each
+# (notebook 10 §3) is a small share of the run.
 #
 # ### One step further than onnxruntime: the residual Add
 #
@@ -403,7 +404,7 @@ for launch in (0.0, 1.0, 2.0, 5.0, 10.0):
 #   makes: predicted **1.00×**, nothing to gain. If the seed's baseline was a model converted by ATC with its
 #   defaults, the 23 % came from something else (a better kernel than ATC's, or a different model).
 # * **Against a model without those fusions** (every op a kernel, or BN folded but SiLU left as two ops), the model
-#   predicts **1.6× or more at any launch cost**, even at zero: at this size the elementwise passes alone are
+#   predicts **1.58× or more at any launch cost**, even at zero: at this size the elementwise passes alone are
 #   worth more than 23 %. Notebook 05 §4 finds the same for its 320-pixel detector (2.9× against the unfused model,
 #   1.00× against ATC's default).
 # * The figure may be end-to-end latency, including image pre-processing, host-device copies and post-processing,
@@ -423,8 +424,8 @@ for launch in (0.0, 1.0, 2.0, 5.0, 10.0):
 #   fusion and must be measured apart. A plan can go further than the runtime when the runtime's kernel allows it
 #   (the residual `Add` + `Relu` of ResNet in `FusedConv`'s `Z`), and a fused kernel has to earn its place by
 #   measurement (`SkipLayerNormalization` did not, here).
-# * The seed's 23 % depends on its baseline: the cost model predicts 1.00× against ATC's default fusions and more
-#   than 1.6× against a model without them.
+# * The seed's 23 % depends on its baseline: the cost model predicts 1.00× against ATC's default fusions and 1.58×
+#   or more against a model without them.
 #
 # **Try next:** run `fusionlab fuse` on a model of your own, then `fusionlab verify`, and
 # `fusionlab bench --level extended --level-b disable original.onnx fused.onnx` for the "ours vs theirs"

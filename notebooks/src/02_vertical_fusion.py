@@ -153,7 +153,7 @@ print(f"whole model: the emitted graph moves {whole / 2**20:.2f} MiB less; the p
 # BN's output and writes 800 KiB, and the Mul reads **both** the BN's output and the Sigmoid's (1600 KiB) and
 # writes 800 KiB. The emitted model writes the Conv's output once, QuickGelu reads it and writes the result: the
 # Conv output is the one intermediate left, written once and read once. Between the two, 4000 KiB of traffic
-# disappears (five 800 KiB passes), plus the BN's parameters.
+# disappears (five 800 KiB passes).
 #
 # The plan's `saved KiB` says 3200: it counts every intermediate as written once and read once, and subtracts what
 # the emitted lowering still writes and reads (the Conv output). The BN output is read twice, so the plan's figure

@@ -202,7 +202,8 @@ for dev in devices.load_devices().values():
 # the group's output, two each. The mixed pass and the cost model compute the same number because they call the
 # same function (`tests/test_working_set.py` checks it on every group of this model). It fits every preset's UB
 # with room to spare, so its tiles (the largest that fit, at fp16) stay far above 16 KiB and its transfers run at
-# the full bandwidth (`x1.00`). Keep this in mind for §5.
+# nearly the full bandwidth: the 1 % (`x1.01`) is the BN's tiny parameter tensors, which move in small transfers
+# whatever the tile. Keep this in mind for §5.
 #
 # ## 4. A plan's cost on every device
 #

@@ -44,8 +44,9 @@ class FusionGroup:
     - `kind`: vertical (a producer-consumer chain), horizontal (siblings sharing an input), mixed.
     - `rule`: the pattern or pass that formed it, e.g. ``"conv_bn"`` or ``"fuse_ops"``.
     - `op_types`: member op types, parallel to `nodes`.
-    - `saved_bytes`: intermediate bytes no longer written and read back (write + read counted).
-    - `saved_launches`: kernels no longer launched (members - 1 for a single fused kernel).
+    - `saved_bytes`: intermediate traffic the emitted lowering removes (each intermediate counted written once
+      and read once; an intermediate read by two members is read twice unfused, so this is a lower bound).
+    - `saved_launches`: kernels no longer launched: members - `kernels`.
     - `lowered_to`: what the group became (``"Conv"``, ``"com.microsoft:FusedConv"``, a function name...).
     - `reason`: why the group stopped growing or why it is legal, in words.
     - `anchor`: the node the rule is anchored on; `apply` re-checks the rule there (default: the first node).
@@ -213,8 +214,9 @@ class FusionPlan:
                 "rule": g.rule,
                 "pattern": g.pattern,
                 "nodes": len(g.nodes),
-                "saved KiB": round(g.saved_bytes / 1024, 1),
+                "kernels": g.kernels,
                 "launches saved": g.saved_launches,
+                "saved KiB": round(g.saved_bytes / 1024, 1),
                 "lowered to": g.lowered_to,
             }
             for g in self.groups
@@ -227,14 +229,15 @@ class FusionPlan:
             shown = rows[:max_rows]
         else:
             shown = rows
-        header = ["id", "kind", "rule", "pattern", "nodes", "saved KiB", "launches saved", "lowered to"]
+        header = ["id", "kind", "rule", "pattern", "nodes", "kernels", "launches saved", "saved KiB", "lowered to"]
         cells = [[str(r[h]) for h in header] for r in shown]
         out = text_table(header, cells)
         if len(shown) < len(rows):
             out.append(f"... {len(rows) - len(shown)} more groups")
         out.append(
-            f"{len(self.groups)} groups, {sum(g.size for g in self.groups)} nodes fused, "
-            f"{self.saved_launches} launches and {self.saved_bytes / 2**20:.2f} MiB of intermediate traffic saved"
+            f"{len(self.groups)} groups: {sum(g.size for g in self.groups)} nodes run as "
+            f"{sum(g.kernels for g in self.groups)} kernels, {self.saved_launches} launches and "
+            f"{self.saved_bytes / 2**20:.2f} MiB of intermediate traffic saved"
         )
         return "\n".join(out)
 
@@ -244,7 +247,7 @@ class FusionPlan:
     def _repr_html_(self) -> str:
         import html
 
-        header = ["id", "kind", "rule", "pattern", "nodes", "saved KiB", "launches saved", "lowered to"]
+        header = ["id", "kind", "rule", "pattern", "nodes", "kernels", "launches saved", "saved KiB", "lowered to"]
         head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
         body = "".join(
             "<tr>" + "".join(f"<td>{html.escape(str(r[h]))}</td>" for h in header) + "</tr>" for r in self.rows()

@@ -26,14 +26,14 @@ KINDS = ("vertical", "horizontal", "mixed")
 
 
 def make_plan(model, kinds=KINDS, max_group_ops: int | None = 5, buffer_kb: float | None = None,
-              dims: dict | None = None) -> FusionPlan:
+              dims: dict | None = None, *, allow_recompute: bool = False) -> FusionPlan:
     """The plan of the chosen passes in order (`fusionlab.passes.plan`, the one planner), under these thresholds."""
     for kind in kinds:
         if kind not in KINDS:
             raise ValueError(f"unknown fusion kind {kind!r}; choose from {', '.join(KINDS)}")
     graph = as_graph(model)
     return plan_passes(graph, list(kinds), **options_for(kinds, max_group_ops=max_group_ops, buffer_kb=buffer_kb,
-                                                          dims=dims))
+                                                          dims=dims, allow_recompute=allow_recompute))
 
 
 @dataclass
@@ -129,25 +129,32 @@ def what_each_control_governs(plan: FusionPlan) -> str:
 
 def sweep_group_size(model, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16), device: str | Device = "Atlas 300I Pro", *,
                      kinds=("mixed",), buffer_kb: float | None = None, dims: dict | None = None,
-                     chip_buffer_kb: float | None = None) -> list[dict]:
-    """Predicted cost for each largest-group size: groups, kernels, latency, traffic, spill, peak memory.
+                     ub_kb: float | None = None, allow_recompute: bool = False) -> list[dict]:
+    """Predicted cost for each largest-group size: groups, kernels, latency, traffic, UB footprint, peak memory.
 
-    `buffer_kb` is the mixed pass's per-group budget; `chip_buffer_kb` overrides the device's on-chip
-    capacity in the cost model (what decides spills).
+    `buffer_kb` is the mixed pass's per-group budget (it splits a group that does not fit at 16 KiB tiles);
+    `ub_kb` overrides the UB one kernel's tiles share in the cost model (default: one core's UB);
+    `allow_recompute` lets the mixed pass copy cheap multi-consumer ops into each consumer's group.
+    `ub_KiB` is the largest group's UB footprint at 16 KiB tiles, `DMA_x` how much longer the plan's transfers
+    take than at full bandwidth (tiles below 16 KiB), `recomputed` the node copies the plan runs.
     """
     graph = as_graph(model)
     dev = get_device(device)
     a = cost.Analysis(graph, dims, dev.precision)
-    base = cost.plan_cost(graph, None, dev, analysis=a, buffer_kb=chip_buffer_kb)
+    base = cost.plan_cost(graph, None, dev, analysis=a, buffer_kb=ub_kb)
     rows = []
     for size in sizes:
-        plan = make_plan(graph, kinds, size, buffer_kb, dims)
-        c = cost.plan_cost(graph, plan, dev, analysis=a, buffer_kb=chip_buffer_kb)
+        plan = make_plan(graph, kinds, size, buffer_kb, dims, allow_recompute=allow_recompute)
+        c = cost.plan_cost(graph, plan, dev, analysis=a, buffer_kb=ub_kb)
+        moved = sum(k.bytes for k in c.kernels_detail) or 1
         rows.append({
             "max_group_ops": size, "groups": len(plan), "largest": max((g.size for g in plan), default=1),
             "kernels": c.kernels, "latency_us": round(c.latency_s * 1e6, 2),
             "speedup": round(base.latency_s / c.latency_s, 3), "MiB_moved": round(c.bytes_moved / 2**20, 3),
-            "spill_MiB": round(c.spill_bytes / 2**20, 3), "peak_MiB": round(c.peak_memory_bytes / 2**20, 3),
+            "ub_KiB": round(max((k.working_set for k in c.groups()), default=0) / 1024, 1),
+            "DMA_x": round(sum(k.bytes * k.transfer_factor for k in c.kernels_detail) / moved, 3),
+            "recomputed": sum(k.recomputed for k in c.kernels_detail),
+            "peak_MiB": round(c.peak_memory_bytes / 2**20, 3),
             "peak_vs_unfused": round(c.peak_memory_bytes / base.peak_memory_bytes, 3),
         })
     return rows
@@ -174,6 +181,7 @@ def plot_sweep(rows: list[dict], ax=None, title: str | None = None):
     ax.set_ylabel("predicted latency (us)", color="tab:blue")
     ax2 = ax.twinx()
     ax2.plot(xs, [r["peak_MiB"] for r in rows], "s--", color="tab:red", label="peak memory")
+    ax.set_xticks(xs)
     ax2.set_ylabel("predicted peak memory (MiB)", color="tab:red")
     if title:
         ax.set_title(title)

@@ -48,15 +48,21 @@ print("anything else (Softmax, control flow, custom domains): OPAQUE")
 #
 # - elementwise and broadcast ops can be fused into almost anything — they are computed on the fly;
 # - injective ops (reshape, transpose, concat) move data; they join when every path stays injective;
-# - a reduction can *end* a group (its inputs are computed on the fly) but nothing is fused after it.
-#   This is TVM's rule, and it is conservative: a reduction's consumers need the finished result, so fusing
-#   them means a kernel that reduces first and then reuses the result on chip, which TVM's FuseOps does not
-#   generate. Other compilers do: XLA's GPU backend fuses the elementwise ops after a reduction into it
-#   (reduction epilogue fusion, on by default: `--xla_gpu_enable_reduction_epilogue_fusion`) and its Triton
-#   softmax rewriter makes a whole softmax one kernel, PyTorch Inductor writes softmax or LayerNorm (reductions
-#   and the elementwise ops around them) as one kernel, and CANN's graph fusion replaces ONNX's decomposed LayerNorm
-#   (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) by one `LayerNorm` kernel
-#   (`LayerNormONNXFusionPass`). Notebook 07 fuses reductions with their consumers;
+# - a reduction can *end* a group (its elementwise inputs are computed on the fly) but nothing is fused after it.
+#   This is the rule of TVM's graph partitioner (`graph_partitioner.cc`, which this pass follows: a `kCommReduce`
+#   group never fuses into its post-dominator), and it is conservative: a reduction's consumers need the finished
+#   result, so fusing them means a kernel that reduces first and then reuses the result on chip. TVM itself does
+#   that in its newer Relax pipeline: in TVM 0.27, a `ReduceMean` takes its elementwise *consumers* into its
+#   group (`mean + exp`, `mean + sub + square`), but not the elementwise op that *produces* its input, which stays
+#   alone (`tests/test_compilers_tvm.py` checks both on TVM; notebook 08 §5 meets the difference on BERT). The
+#   legalised `mean` is a sum followed by a division, and Relax treats it like a Conv: an anchor that absorbs
+#   elementwise ops after it. Other compilers fuse on both sides: XLA's GPU backend fuses the elementwise ops
+#   after a reduction into it (reduction epilogue fusion, on by default:
+#   `--xla_gpu_enable_reduction_epilogue_fusion`) and its Triton softmax rewriter makes a whole softmax one
+#   kernel, PyTorch Inductor writes softmax or LayerNorm (reductions and the elementwise ops around them) as one
+#   kernel, and CANN's graph fusion replaces ONNX's decomposed LayerNorm (ReduceMean, Sub, Pow, ReduceMean, Add,
+#   Sqrt, Div, Mul, Add) by one `LayerNorm` kernel (`LayerNormONNXFusionPass`). Notebook 07 fuses reductions with
+#   their consumers;
 # - Conv/MatMul (out-elementwise-fusable) can absorb elementwise ops into their output, never another
 #   Conv/MatMul;
 # - opaque ops stand alone.
@@ -144,9 +150,9 @@ viz.draw(g, plan, title="FuseOps groups, no thresholds")
 # %% [markdown]
 # Read the picture with the trace: `conv1` takes the whole diamond (everything between it and `join` is
 # elementwise or broadcast), but stops at `conv2` — one Conv per group. `center` cannot join `normalise`:
-# one of its paths runs through a reduction (`variance`), which may only *end* a group. Under TVM's rule the
-# decomposed LayerNorm takes three or more kernels; a compiler that fuses reductions with their consumers
-# (XLA, Inductor, CANN's `LayerNormONNXFusionPass`) runs it as one.
+# one of its paths runs through a reduction (`variance`), which may only *end* a group. Under the partitioner's
+# rule the decomposed LayerNorm takes three or more kernels; a compiler that fuses reductions with their
+# consumers (XLA, Inductor, CANN's `LayerNormONNXFusionPass`) runs it as one.
 #
 # ## 5. Thresholds
 #
@@ -172,15 +178,19 @@ viz.draw(g, p3, title="max_group_ops=3")
 # %% [markdown]
 # **On-chip buffer budget.** A fused kernel keeps its intermediates on chip. On an Ascend AI core that is
 # the Unified Buffer: 192 KB on Ascend 910B, 256 KB on 310P3, according to the published specifications
-# (`cann_facts.md` §3.3 in the reference notes). `fusionlab` uses a simple tile model:
+# (`cann_facts.md` §3.3 in the reference notes). A kernel streams its tensors through the UB in tiles, and
+# `fusionlab.cost.working_set` models that, once, for this pass and for the cost model of notebook 05:
 #
-# - every tensor the group touches takes a tile of `min(size, 16 KB)`;
-# - group inputs and outputs are double-buffered (copy-in and copy-out overlap compute);
+# - every tensor the group touches takes a tile of `min(size, 16 KB)`: 16 KB is the efficient transfer size
+#   (Huawei's Ascend C best-practice guide: transfers of more than 16 KB reach the best bandwidth);
+# - group inputs and outputs are double-buffered (copy-in and copy-out overlap compute): two tiles each;
 # - an intermediate takes one tile from the op that makes it to its last reader;
 # - Conv/MatMul inputs travel through L1/L0 to the cube unit, not through the UB.
 #
-# The group's working set must fit the budget. (Each feature map here is 16 channels of 32x32 fp32,
-# 64 KB, so every tensor takes a full 16 KB tile.)
+# With `buffer_kb`, a group's working set at 16 KB tiles must fit the budget; a group that does not is split.
+# (Each feature map here is 16 channels of 32x32 fp32, 64 KB, so every tensor takes a full 16 KB tile.) The cost
+# model asks the converse question, what tile a group gets in a real core's UB and what small tiles cost
+# (notebook 05 §3).
 
 # %%
 for kb in (None, 96, 64, 48):
@@ -247,14 +257,22 @@ print("why a left-over Sigmoid cannot join its Mul at 64 KB:",
       next(s for s in steps if s.node == "/model.1/act/Sigmoid").reason)
 
 # %% [markdown]
-# It is a cliff, not a slope. In this tile model most whole Conv + BN + SiLU groups need a little more than 64 KB
-# (the Conv's inputs travel through L1, its output and the SiLU's intermediate through the UB, double-buffered
-# 16 KB tiles), so at 192 KB every Conv takes its BN, Sigmoid and Mul, and the residual `Add`s ride along. A 64 KB
-# budget is just under that: 51 of the 57 groups stop after the BN. The Sigmoid and Mul left behind cannot even pair up, because their input now arrives in the
-# UB, double-buffered, and their working set is larger than the whole group's was. So each Conv group that stopped
-# leaves two single-op kernels behind, and the residual `Add`s run alone too: 80 + 2 × 51 + 7 = 189. A budget
-# that sits just below the working set of a common pattern changes the plan of the whole network at once; the
-# seed's "split above 5 ops" is the same kind of step, set by one device's buffer.
+# It is a cliff, not a slope. In this tile model a whole Conv + BN + SiLU group holds four 16 KB tiles at once: the
+# Conv's inputs travel through L1, so the UB holds at most two intermediates at a time (the BN's output stays live
+# until both the Sigmoid and the Mul have read it) and the group's output (two tiles, double-buffered), plus the
+# BN's per-channel parameters (small, double-buffered too) and, in the 5-op groups, the residual input (two more
+# tiles): 54–114 KB, and 52 of the 57 groups need more than 64 KB. At
+# 192 KB every Conv takes its BN, Sigmoid and Mul, and the residual `Add`s ride along. A 64 KB budget is just under
+# that: 51 of the 57 groups stop after the BN. The Sigmoid and Mul left behind cannot even pair up, because their
+# input now arrives from memory, double-buffered (two tiles instead of one), and the pair needs 80 KB, more than
+# the budget. So each Conv group that stopped leaves two single-op kernels behind, and the residual `Add`s run
+# alone too: 80 + 2 × 51 + 7 = 189. A budget that sits just below the working set of a common pattern changes the
+# plan of the whole network at once.
+#
+# No Ascend core has a 64 KB UB, though: at the real 192 KB (910B) or 256 KB (310P3) every group of this network
+# fits at 16 KB tiles, and the pass forms the same 80 kernels as without a budget. Is the seed's "split above 5
+# ops" a step like this one, set by one device's buffer? Not on these networks: notebook 05 §5 finds no group of
+# YOLOv5 or BERT that outgrows a real core's UB.
 
 # %%
 yp = mixed.plan(yolo, max_group_ops=5, buffer_kb=192)
@@ -281,10 +299,12 @@ print(len(yolo), "->", len(yres.graph), "nodes;", "equivalent" if verify(yolo, y
 #   node in between, so groups have one exit and never form cycles.
 # - Phases order the work: Conv/MatMul groups first, injective ops later.
 # - Backend limits reshape the groups: a cap on ops per group (the seed's 5 on Atlas 800I A2), the on-chip
-#   buffer, recompute of multi-consumer results. Each group records why it stopped. A budget just below the
-#   working set of a common pattern is a cliff: YOLOv5n goes from 80 to 189 kernels.
-# - TVM's rule that a reduction only ends a group is conservative; XLA, Inductor and CANN fuse reductions with
-#   their consumers (notebook 07).
+#   buffer (the tile model shared with the cost model), recompute of multi-consumer results. Each group records
+#   why it stopped. A budget just below the working set of a common pattern is a cliff: YOLOv5n goes from 80 to
+#   189 kernels at 64 KB, a budget below any real Ascend core's UB.
+# - The partitioner's rule that a reduction only ends a group is conservative; TVM's own Relax pipeline fuses a
+#   reduction with its elementwise consumers, and XLA, Inductor and CANN fuse reductions with the ops around them
+#   (notebook 07).
 # - Lowered to ONNX functions, the model still verifies against the original.
 #
 # **Try next:** change `tile_kb` and `buffer_kb` together (256 KB for a 310P3 core); plan BERT-tiny

@@ -10,9 +10,9 @@ from fusionlab.cost.devices import Device
 from fusionlab.graph import load
 from fusionlab.plan import FusionGroup, FusionPlan
 
-# a device with round numbers: 1 TFLOP/s, 100 GB/s, 1 us per launch, a 4 KiB on-chip buffer
+# a device with round numbers: 1 TFLOP/s, 100 GB/s, 1 us per launch, a 256 KiB Unified Buffer
 DEV = Device(name="toy", chip="toy", peak_fp16_tflops=1.0, peak_int8_tops=None, peak_fp32_tflops=1.0,
-             mem_bandwidth_gbs=100.0, ub_kb=4, l1_kb=0, ai_cores=1, power_w=None, launch_overhead_us=1.0,
+             mem_bandwidth_gbs=100.0, ub_kb=256, l1_kb=0, ai_cores=1, power_w=None, launch_overhead_us=1.0,
              source="test", uncertain=[], precision="fp32")
 
 
@@ -67,47 +67,102 @@ def test_empty_plan_is_the_sum_of_nodes_on_their_own():
 
 
 def test_fused_group_removes_intermediate_traffic_and_launches():
-    g = chain(1000)
-    base = cost.plan_cost(g, None, DEV, buffer_kb=1024)
-    fused = cost.plan_cost(g, group(["n0", "n1", "n2"], ["Relu", "Neg", "Exp"]), DEV, buffer_kb=1024)
-    assert base.bytes_moved == 6 * 4000 and fused.bytes_moved == 2 * 4000
+    g = chain(5000)  # 20 000-byte tensors: larger than the efficient 16 KiB transfer
+    base = cost.plan_cost(g, None, DEV)
+    fused = cost.plan_cost(g, group(["n0", "n1", "n2"], ["Relu", "Neg", "Exp"]), DEV)
+    assert base.bytes_moved == 6 * 20000 and fused.bytes_moved == 2 * 20000
     assert (base.kernels, fused.kernels) == (3, 1)
     assert fused.latency_s < base.latency_s
     (k,) = fused.kernels_detail
-    assert k.unfused_bytes == 6 * 4000 and k.spill_bytes == 0 and k.working_set == 8000
+    # UB at 16 KiB tiles: x and y double-buffered, t0 and t1 both live while n1 runs
+    assert k.unfused_bytes == 6 * 20000 and k.spill_bytes == 0 and k.working_set == 6 * 16384
+    assert k.transfer_factor == 1.0 and k.memory_s == pytest.approx(2 * 20000 / 100e9)
 
 
-def test_peak_memory_from_liveness_exact_bytes():
-    g = chain(1000)  # every tensor is 4000 bytes
-    # unfused: at each step one input and one output are live (x dies after n0, t0 after n1, ...)
-    assert cost.plan_cost(g, None, DEV).peak_memory_bytes == 8000
-    # fused, intermediates on chip: only x and y exist in memory
-    fused = group(["n0", "n1", "n2"], ["Relu", "Neg", "Exp"])
-    assert cost.plan_cost(g, fused, DEV, buffer_kb=1024).peak_memory_bytes == 8000
-    # a graph output produced early stays live to the end: t0 also an output raises the peak
-    nodes = [helper.make_node("Relu", ["x"], ["a"], name="r"), helper.make_node("Neg", ["a"], ["b"], name="n"),
-             helper.make_node("Exp", ["b"], ["y"], name="e")]
-    g2 = load(make_model(nodes, [value_info("x", np.float32, [1000])],
-                         [value_info("y", np.float32, [1000]), value_info("a", np.float32, [1000])]))
-    # step r: x,a = 8000; step n: a,b = 8000; step e: a,b,y = 12000
-    assert cost.plan_cost(g2, None, DEV).peak_memory_bytes == 12000
+def test_a_fused_elementwise_group_moves_exactly_its_reads_and_writes():
+    """The issue-12 check: no spill, no working-set charge; traffic = external reads + writes, exactly."""
+    n = 1 << 16
+    h = helper.make_node
+    nodes = [h("Add", ["x", "bias"], ["a"], name="add"), h("Sigmoid", ["a"], ["s"], name="sig"),
+             h("Mul", ["a", "s"], ["m"], name="mul"), h("Mul", ["m", "x"], ["y"], name="gate")]
+    g = load(make_model(nodes, [value_info("x", np.float32, [4, n])], [value_info("y", np.float32, [4, n])],
+                        [tensor("bias", np.ones(n, np.float32))]))
+    fused = cost.plan_cost(g, group(["add", "sig", "mul", "gate"], ["Add", "Sigmoid", "Mul", "Mul"]), DEV)
+    (k,) = fused.kernels_detail
+    x, bias, y = 4 * n * 4, n * 4, 4 * n * 4  # x is read by two members, once from memory
+    assert k.bytes == x + bias + y and k.spill_bytes == 0
+    for dev in ("Atlas 300I Pro", "Atlas 800I A2"):  # at fp16, on the presets: the same count in 2-byte values
+        (k16,) = cost.plan_cost(g, group(["add", "sig", "mul", "gate"], ["Add", "Sigmoid", "Mul", "Mul"]), dev).kernels_detail
+        assert k16.bytes == (x + bias + y) // 2 and k16.spill_bytes == 0
 
 
-def test_spill_when_the_working_set_exceeds_the_buffer():
-    g = chain(1000)
-    fused = group(["n0", "n1", "n2"], ["Relu", "Neg", "Exp"])
-    # while n1 runs, t0 and t1 are both live inside the group: working set 8000 bytes
-    small = cost.plan_cost(g, fused, DEV, buffer_kb=5)  # 5120 bytes of buffer: 2880 spill
-    (k,) = small.kernels_detail
-    assert k.working_set == 8000
-    assert k.spill_bytes == 2 * (8000 - 5120)
-    assert small.bytes_moved == 8000 + 2 * 2880
-    # the spilled part needs a workspace in device memory while the kernel runs
-    assert small.peak_memory_bytes == 8000 + 2880
-    none = cost.plan_cost(g, fused, DEV, buffer_kb=0)
-    assert none.bytes_moved == 8000 + 16000 and none.peak_memory_bytes == 16000
-    # spilling everything costs as much traffic as not fusing, but still saves two launches
-    assert none.bytes_moved > cost.plan_cost(g, None, DEV).bytes_moved - 1
+def test_a_tensor_the_cube_and_the_vector_unit_both_read_travels_twice():
+    n = 256
+    h = helper.make_node
+    nodes = [h("MatMul", ["a", "b"], ["c"], name="mm"), h("Add", ["c", "a"], ["d"], name="add"),
+             h("Relu", ["d"], ["y"], name="relu")]
+    g = load(make_model(nodes, [value_info("a", np.float32, [n, n]), value_info("b", np.float32, [n, n])],
+                        [value_info("y", np.float32, [n, n])]))
+    fused = cost.plan_cost(g, group(["mm", "add", "relu"], ["MatMul", "Add", "Relu"]), DEV)
+    t = n * n * 4
+    assert fused.bytes_moved == t + t + t + t  # a and b to the cube through L1, a again to the UB, y out
+    assert cost.plan_cost(g, None, DEV).bytes_moved == 3 * t + 3 * t + 2 * t
+
+
+def test_a_group_that_holds_many_tensors_gets_smaller_tiles_and_slower_transfers():
+    n = 1 << 15  # 128 KiB fp32 tensors
+    h = helper.make_node
+    names = [f"x{i}" for i in range(6)]
+    nodes = [h("Add", [names[0], names[1]], ["s1"], name="a1")]
+    for i in range(2, 6):
+        nodes.append(h("Add", [f"s{i - 1}", names[i]], [f"s{i}" if i < 5 else "y"], name=f"a{i}"))
+    g = load(make_model(nodes, [value_info(x, np.float32, [n]) for x in names], [value_info("y", np.float32, [n])]))
+    plan = group([f"a{i}" for i in range(1, 6)], ["Add"] * 5)
+    roomy = cost.plan_cost(g, plan, DEV).kernels_detail[0]
+    tight = cost.plan_cost(g, plan, DEV, buffer_kb=64).kernels_detail[0]
+    # 6 inputs and 1 output double-buffered, and while a member runs its input and output intermediates: 16 tiles
+    assert roomy.working_set == 16 * 16384 and roomy.tile == 16 * 1024  # 256 KiB / 16: just the efficient size
+    assert roomy.transfer_factor == 1.0
+    assert tight.tile == 4096 and tight.transfer_factor > 1.0  # 64 KiB / 16
+    assert tight.bytes == roomy.bytes == 7 * n * 4  # the same traffic, moved in smaller, less efficient transfers
+    assert tight.memory_s == pytest.approx(tight.bytes * tight.transfer_factor / 100e9)
+    assert tight.spill_bytes == 0
+    # only when not even one 32-byte block per buffer fits does anything spill to device memory
+    (spilled,) = cost.plan_cost(g, plan, DEV, buffer_kb=0.25).kernels_detail
+    assert spilled.spill_bytes == 2 * 4 * n * 4 and spilled.bytes == 7 * n * 4 + 2 * 4 * n * 4  # s1..s4 out and back
+
+
+def test_the_emitted_lowering_counts_its_kernels_and_what_it_still_writes():
+    g = chain(5000, ("Relu", "Neg", "Exp"))
+    two = FusionPlan([FusionGroup("g0", "vertical", "test", ["n0", "n1", "n2"], ["Relu", "Neg", "Exp"], kernels=2)])
+    pc = cost.plan_cost(g, two, DEV)
+    (k,) = pc.kernels_detail
+    assert pc.kernels == 2 and k.launches == 2 and k.launch_s == pytest.approx(2e-6)
+    assert k.bytes == 2 * 20000 + 2 * 20000  # x in, y out, and one output-sized intermediate written and read back
+
+
+def test_a_recomputed_node_runs_in_every_group_that_recomputes_it():
+    n = 5000
+    h = helper.make_node
+    nodes = [h("Neg", ["x"], ["t"], name="neg"), h("Exp", ["t"], ["e"], name="exp"), h("Abs", ["t"], ["b"], name="abs"),
+             h("Sigmoid", ["e"], ["y1"], name="s1"), h("Relu", ["b"], ["y2"], name="s2")]
+    g = load(make_model(nodes, [value_info("x", np.float32, [n])],
+                        [value_info("y1", np.float32, [n]), value_info("y2", np.float32, [n])]))
+    plan = FusionPlan([FusionGroup("g0", "mixed", "t", ["neg", "exp", "s1"], ["Neg", "Exp", "Sigmoid"], recompute=["neg"]),
+                       FusionGroup("g1", "mixed", "t", ["neg", "abs", "s2"], ["Neg", "Abs", "Relu"], recompute=["neg"])])
+    pc = cost.plan_cost(g, plan, DEV)
+    assert [k.id for k in pc.kernels_detail] == ["g0", "g1"] and pc.kernels == 2
+    assert [k.recomputed for k in pc.kernels_detail] == [1, 1]
+    t = n * 4
+    assert [k.bytes for k in pc.kernels_detail] == [2 * t, 2 * t]  # each reads x, writes its output; t never written
+    neg = {c.name: c for c in cost.node_costs(g)}["neg"].flops
+    assert pc.flops == sum(c.flops for c in cost.node_costs(g)) + neg  # Neg computed twice
+    # x stays live until the second group has read it
+    assert pc.peak_memory_bytes == 3 * t
+    # a consumer outside the recomputing groups still needs the node's own kernel
+    part = FusionPlan([plan[0]])
+    ids = [k.id for k in cost.plan_cost(g, part, DEV).kernels_detail]
+    assert "neg" in ids and "g0" in ids
 
 
 def test_weights_count_once_and_plans_must_match_the_model():
@@ -137,3 +192,15 @@ def test_shapes_onnx_cannot_infer_are_taken_from_a_run():
                         [tensor("w", np.ones(64, np.float32)), tensor("zero", np.array([0], np.int64))]))
     costs = {c.name: c for c in cost.node_costs(g, dims={"n": 16})}
     assert costs["add"].known and costs["add"].bytes_out == 16 * 4
+
+
+def test_as_launched_drops_function_groups_and_one_kernel_per_group_merges_lowerings():
+    g = chain(5000)
+    plan = FusionPlan([FusionGroup("v0", "vertical", "t", ["n0", "n1"], ["Relu", "Neg"], kernels=2, saved_launches=0),
+                       FusionGroup("m0", "mixed", "fuse_ops", ["n2"], ["Exp"], lowered_to="function")])
+    launched = cost.as_launched(plan)
+    assert [grp.id for grp in launched] == ["v0"]  # onnxruntime inlines the function: m0 runs unfused
+    assert cost.plan_cost(g, launched, DEV).kernels == 3
+    one = cost.one_kernel_per_group(plan)
+    assert [grp.kernels for grp in one] == [1, 1] and plan[0].kernels == 2  # a copy; the plan is unchanged
+    assert cost.plan_cost(g, one, DEV).kernels == 2

@@ -37,18 +37,14 @@ def test_parse_percent_format():
     assert cells == [("markdown", "# Title\ntext"), ("code", "x = 1"), ("code", "print(x)")]
 
 
-# 02 is being rewritten on main (the engine and its accounting); it drops its blanket filter there.
-_NOT_YET = {"02_vertical_fusion"}
-
-
-@pytest.mark.parametrize("src", [s for s in SOURCES if s.stem not in _NOT_YET], ids=lambda p: p.stem)
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
 def test_no_blanket_warning_filter(src):
     text = src.read_text()
     assert 'filterwarnings("ignore")' not in text and "simplefilter(\"ignore\")" not in text, (
         "silence only named, explained warnings")
 
 
-@pytest.mark.parametrize("src", [s for s in SOURCES if s.stem not in _NOT_YET], ids=lambda p: p.stem)
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
 def test_the_learner_is_asked_to_predict_before_a_measurement(src):
     assert "**Predict" in src.read_text(), "ask for a prediction before at least one measurement, then show it"
 

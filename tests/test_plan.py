@@ -39,7 +39,8 @@ def test_table_is_deterministic_text():
     text = plan.table()
     assert text == sample_plan().table()
     assert "Conv+BatchNormalization+Relu" in text and "com.microsoft:FusedConv" in text
-    assert text.splitlines()[-1].startswith("2 groups, 6 nodes fused, 4 launches")
+    assert text.splitlines()[-1].startswith("2 groups: 6 nodes run as 2 kernels, 4 launches")
+    assert "kernels" in text.splitlines()[0]
     assert "<table>" in plan._repr_html_()
 
 

@@ -2,15 +2,19 @@
 
 - `model`: the roofline cost of a plan (FLOPs and bytes per node, kernels, peak memory); its functions are
   re-exported here (`fusionlab.cost.plan_cost`, `fusionlab.cost.compare`, ...);
+- `working_set`: the tile model of a fused kernel's on-chip buffer (shared with the mixed pass);
+- `schedule`: which kernels a plan launches, their order, and tensor lifetimes;
 - `devices`: the device presets (published Ascend specifications, and this machine measured);
 - `calibrate`: what this machine measures (matmul GFLOP/s, streaming bandwidth, launch overhead);
 - `metrics`: utilisation against the roofline, measured or modelled.
 """
 
 from . import calibrate, devices
-from .model import (ELEMENTWISE_COST, VIEW_OPS, Analysis, CostTable, KernelCost, NodeCost, PlanCost, compare, node_costs,
-                    plan_cost, predicted_speedup)
+from .model import (ELEMENTWISE_COST, VIEW_OPS, Analysis, CostTable, KernelCost, NodeCost, PlanCost, as_launched,
+                    compare, node_costs, one_kernel_per_group, plan_cost, predicted_speedup)
+from . import schedule, working_set  # noqa: E402
 from . import metrics  # noqa: E402  (metrics reads the model)
 
 __all__ = ["Analysis", "NodeCost", "KernelCost", "PlanCost", "CostTable", "node_costs", "plan_cost", "compare",
-           "predicted_speedup", "VIEW_OPS", "ELEMENTWISE_COST", "calibrate", "devices", "metrics"]
+           "predicted_speedup", "as_launched", "one_kernel_per_group", "VIEW_OPS", "ELEMENTWISE_COST", "calibrate",
+           "devices", "metrics", "working_set", "schedule"]

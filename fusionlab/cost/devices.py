@@ -23,7 +23,7 @@ THIS_MACHINE = "this machine"
 
 _FIELDS = ("name", "chip", "peak_fp16_tflops", "peak_int8_tops", "peak_fp32_tflops", "mem_bandwidth_gbs", "ub_kb",
            "l1_kb", "ai_cores", "power_w", "launch_overhead_us", "source", "uncertain")
-_OPTIONAL = ("precision",)
+_OPTIONAL = ("precision", "efficient_transfer_kb")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,9 @@ class Device:
     uncertain: list[str] = field(default_factory=list)
     #: precision the device runs a float model in: "fp16" (ATC converts fp32 models for inference) or "fp32"
     precision: str = "fp16"
+    #: transfers of at least this many KiB reach the full bandwidth; smaller ones pay a modelled per-transfer
+    #: overhead (`fusionlab.cost.working_set`). 16 KB is Huawei's Ascend C best-practice figure; None: not modelled
+    efficient_transfer_kb: float | None = 16.0
 
     def peak_flops(self, dtype: str = "float32") -> float:
         """Peak FLOP/s for a tensor dtype (fp32 without a published fp32 peak runs at the fp16 cube rate)."""
@@ -58,6 +61,11 @@ class Device:
     def bandwidth(self) -> float:
         """Memory bandwidth in bytes/s."""
         return self.mem_bandwidth_gbs * 1e9
+
+    @property
+    def ub_bytes(self) -> int:
+        """One AI core's Unified Buffer: what one fused kernel's tiles share (the cost model's default budget)."""
+        return int(self.ub_kb * 1024)
 
     @property
     def buffer_bytes(self) -> int:
@@ -121,7 +129,7 @@ def this_machine(calibrate: bool = False) -> Device:
         power_w=None, launch_overhead_us=c.launch_overhead_us,
         source=("measured by fusionlab.cost.calibrate, one thread: numpy fp32 matmul, DRAM streaming copy/add bandwidth "
                 "(arrays >= 4 x L3), onnxruntime per-kernel cost with the profiler off; buffer = L2 + L1d of one core"),
-        uncertain=[], precision="fp32",
+        uncertain=[], precision="fp32", efficient_transfer_kb=None,
     )
 
 

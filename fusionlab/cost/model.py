@@ -1,18 +1,23 @@
 """A roofline cost model of a fusion plan: predicted latency, bytes moved and peak memory per device.
 
-The model, in four rules (each a simplification, stated so it can be checked against measurement):
+The model, in five rules (each a simplification, stated so it can be checked against measurement):
 
 1. **Per node**: FLOPs and bytes from static shapes (`node_costs`). Reshape-like views move no data.
 2. **Per kernel** (a fusion group, or an ungrouped node on its own): time = max(FLOPs / peak,
-   bytes / bandwidth) + launch overhead. A group reads its external inputs and weights once and writes
-   its outputs once; its internal intermediates stay on chip and cost no traffic.
-3. **Spills**: a group's *working set* is the most intermediate bytes that are live at once inside it.
-   What exceeds the on-chip buffer ((UB + L1) x cores, or a given budget) is written to device memory
-   and read back (2x the excess in traffic) and needs a workspace there while the kernel runs.
-4. **Peak memory**: kernels run in topological order; a tensor lives from the kernel that writes it
+   bytes / bandwidth) + launch overhead x the kernels its lowering launches. A group reads its external
+   inputs and weights once per path (a tensor read by the cube through L1 *and* by the vector unit through
+   the UB travels twice) and writes its outputs once; its intermediates stay on chip, tile by tile, and
+   cost no traffic, except those its emitted lowering still writes (Conv + QuickGelu writes the Conv's
+   output and reads it back: `FusionGroup.kernels`).
+3. **Tiles** (`fusionlab.cost.working_set`, the model the mixed pass uses too): a kernel streams its tensors
+   through one core's Unified Buffer in tiles; the more tensors it holds at once, the smaller its tiles.
+   Transfers below 16 KiB waste bandwidth (a modelled per-transfer overhead), so a group that holds many
+   live tensors moves its bytes more slowly. Nothing spills unless not even one 32-byte block per buffer fits.
+4. **Recompute**: a node a group recomputes (the mixed pass's `allow_recompute`) runs, and reads its inputs,
+   in every group that recomputes it.
+5. **Peak memory**: kernels run in topological order; a tensor lives from the kernel that writes it
    to the last kernel that reads it (graph inputs from the start, graph outputs to the end). A fused
-   kernel needs all its inputs, outputs and spill workspace at once, so fusing can *raise* the peak
-   even though fewer intermediates are written. Weights are always resident and added on top.
+   kernel needs all its inputs and outputs at once. Weights are always resident and added on top.
 
 Float models run at the device's `precision` (Ascend presets: fp16, as ATC converts fp32 models for
 inference; this machine: as stored).
@@ -26,15 +31,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from . import schedule, working_set as ws_model
 from .devices import Device, get as get_device, load_devices
 from ..graph import Graph, as_graph
+from ..opclass import OpKind, classify
 from ..plan import FusionPlan
 from ..passes.fold import is_host_side
 from ..shapes import ShapeInfo
 from ..text import text_table
 
 __all__ = ["NodeCost", "KernelCost", "PlanCost", "CostTable", "node_costs", "plan_cost", "compare",
-           "predicted_speedup", "VIEW_OPS", "ELEMENTWISE_COST", "Analysis"]
+           "predicted_speedup", "as_launched", "one_kernel_per_group", "VIEW_OPS", "ELEMENTWISE_COST", "Analysis"]
 
 #: ops that only relabel a tensor (no data moved by the kernel)
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size", "Dropout"})
@@ -250,7 +257,13 @@ def node_costs(graph, dims: dict | None = None, precision: str | None = None) ->
 
 @dataclass
 class KernelCost:
-    """One launched kernel: a fusion group or a single node."""
+    """One kernel of the plan: a fusion group (its lowering may launch several) or a single node.
+
+    `bytes` is the traffic to device memory: what its transfers move (`working_set.WorkingSet.transfers`) plus
+    what its emitted lowering still writes and reads back. `working_set` is its UB footprint at the efficient
+    16 KiB tile; `tile` the largest tile it fits in one core's UB; `transfer_factor` how much longer its
+    transfers take than at full bandwidth (1.0: tiles of 16 KiB or more).
+    """
 
     id: str
     nodes: list[str]
@@ -264,6 +277,11 @@ class KernelCost:
     memory_s: float
     launch_s: float
     grouped: bool
+    launches: int = 1  # 0 for host-side shape arithmetic
+    tile: int = 0
+    transfer_factor: float = 1.0
+    recomputed: int = 0
+    buffers: ws_model.WorkingSet | None = field(default=None, repr=False, compare=False)
 
     @property
     def time_s(self) -> float:
@@ -302,7 +320,8 @@ class PlanCost:
 
     @property
     def kernels(self) -> int:
-        return len(self.kernels_detail)
+        """Kernels launched: a group counts what its emitted lowering launches (Conv + QuickGelu: 2)."""
+        return sum(k.launches for k in self.kernels_detail)
 
     @property
     def bytes_moved(self) -> int:
@@ -338,10 +357,12 @@ class PlanCost:
         }
 
     def table(self, max_rows: int | None = 20) -> str:
-        """Per fusion group: traffic before/after, working set, spill, time and bound; then the totals."""
-        header = ["group", "pattern", "MiB unfused", "MiB fused", "work set KiB", "spill KiB", "time", "bound"]
-        rows = [[k.id, k.pattern[:40], f"{k.unfused_bytes / 2**20:.3f}", f"{k.bytes / 2**20:.3f}",
-                 f"{k.working_set / 1024:.1f}", f"{k.spill_bytes / 1024:.1f}", _fmt_time(k.time_s), k.bound]
+        """Per fusion group: kernels, traffic before/after, UB footprint, tile, transfer slowdown, time, bound."""
+        header = ["group", "pattern", "kernels", "MiB unfused", "MiB fused", "UB KiB @16K", "tile KiB", "DMA x",
+                  "time", "bound"]
+        rows = [[k.id, k.pattern[:40], str(k.launches), f"{k.unfused_bytes / 2**20:.3f}", f"{k.bytes / 2**20:.3f}",
+                 f"{k.working_set / 1024:.1f}", f"{k.tile / 1024:.1f}", f"{k.transfer_factor:.2f}",
+                 _fmt_time(k.time_s), k.bound]
                 for k in self.groups()]
         shown = rows if max_rows is None else rows[:max_rows]
         out = [f"device: {self.device}"]
@@ -350,49 +371,14 @@ class PlanCost:
         if len(shown) < len(rows):
             out.append(f"... {len(rows) - len(shown)} more groups")
         s = self.summary()
-        out.append(f"{s['kernels']} kernels ({len(self.groups())} fused), predicted {_fmt_time(self.latency_s)} "
+        out.append(f"{s['kernels']} kernels ({len(self.groups())} groups), predicted {_fmt_time(self.latency_s)} "
                    f"(launch {_fmt_time(self.launch_s)}), {s['MiB_moved']:.2f} MiB moved, "
-                   f"spill {s['spill_MiB']:.2f} MiB, peak memory {s['peak_MiB']:.2f} MiB "
-                   f"(activations {s['peak_activation_MiB']:.2f})")
+                   + (f"spill {s['spill_MiB']:.2f} MiB, " if self.spill_bytes else "")
+                   + f"peak memory {s['peak_MiB']:.2f} MiB (activations {s['peak_activation_MiB']:.2f})")
         return "\n".join(out)
 
     def __str__(self) -> str:
         return self.table()
-
-
-def _kernel_order(a: Analysis, members: dict[str, list[ir.Node]]) -> list[str]:
-    """Kernel ids in a topological order of the contracted graph (ties broken by first member)."""
-    import heapq
-
-    pos = {id(n): i for i, n in enumerate(a.order)}
-    kernel_of = {id(n): k for k, ns in members.items() for n in ns}
-    first = {k: min(pos[id(n)] for n in ns) for k, ns in members.items()}
-    preds: dict[str, set[str]] = {k: set() for k in members}
-    for k, ns in members.items():
-        for n in ns:
-            for v in n.inputs:
-                p = v.producer() if v is not None else None
-                if p is not None and id(p) in kernel_of and kernel_of[id(p)] != k:
-                    preds[k].add(kernel_of[id(p)])
-    succ: dict[str, list[str]] = {k: [] for k in members}
-    for k, ps in preds.items():
-        for p in ps:
-            succ[p].append(k)
-    indeg = {k: len(ps) for k, ps in preds.items()}
-    ready = [(first[k], k) for k in members if indeg[k] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, k = heapq.heappop(ready)
-        order.append(k)
-        for s in succ[k]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(ready, (first[s], s))
-    if len(order) != len(members):
-        stuck = sorted(k for k in members if k not in order)
-        raise ValueError(f"plan groups {stuck[:3]} form a cycle with the rest of the graph: not schedulable")
-    return order
 
 
 def _emitted_bytes(a: "Analysis", group, ns, produced: dict, outs: dict) -> int:
@@ -413,116 +399,108 @@ def _emitted_bytes(a: "Analysis", group, ns, produced: dict, outs: dict) -> int:
 def plan_cost(graph, plan: FusionPlan | None, device: Device | str, dims: dict | None = None, *,
               buffer_kb: float | None = None, precision: str | None = None,
               analysis: Analysis | None = None) -> PlanCost:
-    """Predicted latency, traffic and peak memory of `graph` run under `plan` on `device`."""
+    """Predicted latency, traffic and peak memory of `graph` run under `plan` on `device`.
+
+    `buffer_kb` is the on-chip buffer one kernel's tiles share (default: one core's UB, `Device.ub_kb`).
+    """
     device = get_device(device)
     graph = as_graph(graph)
     a = analysis or Analysis(graph, dims, precision or device.precision)
     plan = plan or FusionPlan()
-    buffer = int(buffer_kb * 1024) if buffer_kb is not None else device.buffer_bytes
-    by_name = {n.name: n for n in a.order}
-    group_of = plan.kernel_of()  # a group that absorbed earlier groups (a mixed group over a FusedConv) wins
-    for g in plan:
-        for name in g.covers:
-            if name not in by_name:
-                raise ValueError(f"plan group {g.id!r} names node {name!r}, which is not in the model")
+    budget = int(buffer_kb * 1024) if buffer_kb is not None else device.ub_bytes
+    ks = schedule.kernels_of(a.order, plan)
     group_by_id = {g.id: g for g in plan}
-    members: dict[str, list[ir.Node]] = {}
-    for n in a.order:
-        if n.op_type == "Constant" and n.name not in group_of:
-            continue
-        members.setdefault(group_of.get(n.name, n.name), []).append(n)
-    order = _kernel_order(a, members)
-    grouped_ids = {g.id for g in plan}
-    kernel_index = {k: i for i, k in enumerate(order)}
-    kernel_of = {id(n): k for k, ns in members.items() for n in ns}
-
-    kernels: list[KernelCost] = []
-    workspace = [0] * len(order)
-    for step, k in enumerate(order):
-        ns = members[k]
-        inside = {id(n) for n in ns}
-        produced = {o.name: o for n in ns for o in n.outputs}
-        ext_in: dict[str, ir.Value] = {}
-        for n in ns:
-            for v in n.inputs:
-                if v is not None and v.name not in produced:
-                    ext_in[v.name] = v
-        outs = {name: v for name, v in produced.items()
-                if v.is_graph_output() or any(id(u.node) not in inside for u in v.uses())}
-        act = sum(a.nbytes(v) or 0 for v in ext_in.values() if not _is_const(v))
-        weights = sum(a.nbytes(v) or 0 for v in ext_in.values() if _is_const(v))
-        out_b = sum(a.nbytes(v) or 0 for v in outs.values())
-        costs = [a.costs[n.name] for n in ns if n.name in a.costs]
-        flops = sum(c.flops for c in costs)
-        unfused = sum(c.bytes for c in costs)
-        all_views = all(n.op_type in VIEW_OPS for n in ns)
-        # working set: most internal-intermediate bytes live at once while the members run in order
-        ws = live = 0
-        last_use = {}
-        for i, n in enumerate(ns):
-            for v in n.inputs:
-                if v is not None and v.name in produced and v.name not in outs:
-                    last_use[v.name] = i
-        for i, n in enumerate(ns):
-            for o in n.outputs:
-                if o.name in produced and o.name not in outs:
-                    live += a.nbytes(o) or 0
-            ws = max(ws, live)
-            for name, last in last_use.items():
-                if last == i:
-                    live -= a.nbytes(produced[name]) or 0
-        spill = max(0, ws - buffer) if len(ns) > 1 else 0
-        workspace[step] = spill
-        group = group_by_id.get(k)
-        emitted = _emitted_bytes(a, group, ns, produced, outs) if group is not None else 0
-        traffic = 0 if all_views else act + weights + out_b + 2 * spill + 2 * emitted
-        dtype = a.compute_dtype(ns[-1])
-        kernels.append(KernelCost(
-            id=k, nodes=[n.name for n in ns], pattern="+".join(n.op_type for n in ns), flops=flops, bytes=traffic,
-            unfused_bytes=unfused, working_set=ws if len(ns) > 1 else 0, spill_bytes=2 * spill,
-            compute_s=flops / device.peak_flops(dtype), memory_s=traffic / device.bandwidth,
-            launch_s=0.0 if costs and all(c.host for c in costs) else
-            device.launch_overhead_us * 1e-6 * (group.kernels if group is not None else 1),
-            grouped=k in grouped_ids))
-
-    # liveness of materialised activations over the kernel order
-    last = len(order) - 1
-    delta = [0] * (len(order) + 1)
-    values: dict[str, tuple[int, int, int]] = {}
-
-    def interval(v: ir.Value, start: int) -> None:
-        size = a.nbytes(v) or 0
-        end = last if v.is_graph_output() else start
-        for u in v.uses():
-            k = kernel_of.get(id(u.node))
-            if k is not None:
-                end = max(end, kernel_index[k])
-        values[v.name] = (start, end, size)
-
-    for v in graph.inputs():
-        interval(v, 0)
-    for step, k in enumerate(order):
-        inside = {id(n) for n in members[k]}
-        for n in members[k]:
-            for o in n.outputs:
-                if o.is_graph_output() or any(id(u.node) not in inside for u in o.uses()):
-                    interval(o, step)
-    for start, end, size in values.values():
-        delta[start] += size
-        delta[end + 1] -= size
-    peak = peak_step = running = 0
-    for step in range(len(order)):
-        running += delta[step]
-        if running + workspace[step] > peak:
-            peak, peak_step = running + workspace[step], step
+    kernels = [_kernel_cost(a, ks, k, group_by_id.get(k), device, budget) for k in ks.order]
+    workspace = [k.spill_bytes // 2 for k in kernels]
+    peak, peak_step = schedule.peak_live(ks, graph.inputs(), a.nbytes, workspace)
     weight_values = {}
     for n in a.order:
         for v in n.inputs:
             if v is not None and _is_const(v):
                 weight_values[v.name] = a.nbytes(v) or 0
     return PlanCost(device=device.name, kernels_detail=kernels, peak_activation_bytes=peak,
-                    weight_bytes=sum(weight_values.values()), buffer_bytes=buffer, peak_step=peak_step,
+                    weight_bytes=sum(weight_values.values()), buffer_bytes=budget, peak_step=peak_step,
                     unknown_nodes=[c.name for c in a.costs.values() if not c.known])
+
+
+def _members(a: Analysis, ks: schedule.Kernels, k: str) -> tuple[list[ws_model.Member], dict, dict]:
+    """The kernel's members for the working-set model, its external inputs and the values it writes."""
+    ns = ks.members[k]
+    inside = ks.inside(k)
+    pos = {id(n): i for i, n in enumerate(ns)}
+    ext_in: dict[str, ir.Value] = {}
+    outs: dict[str, ir.Value] = {}
+    members = []
+    for n in ns:
+        reads, writes, keeps = [], [], []
+        for v in n.inputs:
+            if v is None or (v.producer() is not None and id(v.producer()) in inside):
+                continue
+            ext_in[v.name] = v
+            reads.append((v.name, a.nbytes(v) or 0))
+        for o in n.outputs:
+            if ks.written(k, o):
+                outs[o.name] = o
+                writes.append((o.name, a.nbytes(o) or 0))
+            else:
+                last = [pos[id(u.node)] for u in o.uses() if id(u.node) in inside]
+                if last:
+                    keeps.append((o.name, a.nbytes(o) or 0, max(last)))
+        members.append(ws_model.Member(cube=classify(n, a.shapes) == OpKind.OUT_EWISE_FUSABLE, reads=tuple(reads), writes=tuple(writes),
+                                       keeps=tuple(keeps)))
+    return members, ext_in, outs
+
+
+def _kernel_cost(a: Analysis, ks: schedule.Kernels, k: str, group, device: Device, budget: int) -> KernelCost:
+    """One kernel: its transfers at the tile it fits, its emitted intermediates, FLOPs and launches."""
+    ns = ks.members[k]
+    members, ext_in, outs = _members(a, ks, k)
+    ws = ws_model.working_set(members)
+    costs = [a.costs[n.name] for n in ns if n.name in a.costs]
+    host = bool(costs) and all(c.host for c in costs)
+    views = all(n.op_type in VIEW_OPS for n in ns)
+    tile = ws.fit_tile(budget)
+    spill = 0
+    if tile is None:  # not even one 32-byte block per buffer fits: the intermediates go to device memory
+        spill = sum(b.bytes for b in ws.intermediates())
+        tile = ws_model.BLOCK_BYTES
+    produced = {o.name: o for n in ns for o in n.outputs}
+    emitted = _emitted_bytes(a, group, ns, produced, outs) if group is not None else 0
+    moved = sum(b.bytes for b in ws.transfers())
+    traffic = 0 if views or host else moved + 2 * spill + 2 * emitted
+    factor = ws.transfer_time_factor(tile, device.efficient_transfer_kb)
+    launches = 0 if host else (group.kernels if group is not None else 1)
+    dtype = a.compute_dtype(ns[-1])
+    return KernelCost(
+        id=k, nodes=[n.name for n in ns], pattern="+".join(n.op_type for n in ns), flops=sum(c.flops for c in costs),
+        bytes=traffic, unfused_bytes=sum(c.bytes for c in costs),
+        working_set=ws.bytes_at(int(ws_model.DEFAULT_TILE_KB * 1024)) if len(ns) > 1 else 0, spill_bytes=2 * spill,
+        compute_s=sum(c.flops for c in costs) / device.peak_flops(dtype),
+        memory_s=traffic * factor / device.bandwidth, launch_s=device.launch_overhead_us * 1e-6 * launches,
+        grouped=group is not None, launches=launches, tile=tile, transfer_factor=factor,
+        recomputed=sum(1 for n in ns if group is not None and n.name in group.recompute), buffers=ws)
+
+
+def as_launched(plan: FusionPlan | None) -> FusionPlan:
+    """The plan as onnxruntime runs the emitted model: groups lowered to model-local functions run unfused.
+
+    onnxruntime inlines an ONNX function when it loads the model, so a mixed group (or a vertical group
+    lowered to a function) launches its member ops one by one; every other group launches what its
+    lowering emits (`FusionGroup.kernels`). Cost this plan to predict what onnxruntime measures.
+    """
+    plan = plan or FusionPlan()
+    kept = [g for g in plan if g.lowered_to != "function" and "function" not in g.extra]
+    return FusionPlan(kept, model=plan.model, notes=list(plan.notes), options=dict(plan.options))
+
+
+def one_kernel_per_group(plan: FusionPlan | None) -> FusionPlan:
+    """The plan as a fusing backend lowers it: every group one kernel (CANN's UB fusion, a custom op, a codegen)."""
+    from dataclasses import replace
+
+    plan = plan or FusionPlan()
+    groups = [replace(g, kernels=1, saved_launches=len(g.nodes) - 1, covers=list(g.covers), nodes=list(g.nodes))
+              for g in plan]
+    return FusionPlan(groups, model=plan.model, notes=list(plan.notes), options=dict(plan.options))
 
 
 def predicted_speedup(graph, plan: FusionPlan, device: Device | str, dims: dict | None = None, **kw) -> float:

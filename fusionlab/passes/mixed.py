@@ -29,17 +29,17 @@ The algorithm (after `tvm/src/relay/analysis/graph_partitioner.cc`):
 
 Every group records why it stopped growing (`FusionGroup.reason`); `trace()` returns every decision.
 
-**Working-set model (on-chip buffer).** The fused kernel streams its data through the Unified Buffer
-(UB) in tiles. Each tensor it touches takes a tile of `min(tensor bytes, tile_kb)`:
-group inputs and outputs are double-buffered (2 tiles: copy-in/copy-out overlaps compute, as Ascend
-C's `TQue<..., BUFFER_NUM=2>`); intermediates live only in UB, one tile each, from the op that makes
-them to their last reader in the group's execution order. Inputs of Conv/MatMul/Gemm/pooling go to the
-cube unit through L1/L0, not UB, so they are not counted; their outputs are. The working set is
+**Working-set model (on-chip buffer).** The one tile model of `fusionlab.cost.working_set`, which the
+cost model uses too: the fused kernel streams its data through the Unified Buffer (UB) in tiles; group
+inputs and outputs take two tiles each (double buffering), intermediates one tile from the op that makes
+them to their last reader, and Conv/MatMul/Gemm/pooling inputs go to the cube through L1, not the UB:
 
     working set = Σ input tiles × 2 + Σ output tiles × 2 + max over the schedule of Σ live intermediate tiles
 
-and must be ≤ `buffer_kb`. Ascend 910B's AI core has a 192 KB UB (`cann_facts.md` §3.3); 310P3 has
-256 KB. This is a teaching model: real tiling also splits by alignment (32 B blocks) and bank rules.
+with tiles of `min(tensor bytes, tile_kb)`. `buffer_kb` asks that a group fit the UB at the efficient
+tile (`tile_kb`, 16 KiB: transfers of at least 16 KB reach the best bandwidth); the cost model charges a
+group that does not fit with smaller tiles and their less efficient transfers. Ascend 910B's AI core
+has a 192 KB UB (`cann_facts.md` §3.3); 310P3 has 256 KB.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ from ..graph import Graph
 from ..opclass import OpKind, classify, combine
 from ..plan import MIXED, FusionGroup, FusionPlan
 from ..shapes import ShapeInfo
+from ..cost import working_set as ws_model
+from ..cost.working_set import Member as WSMember
 from . import engine
 from .fold import is_host_side
 from .options import check_options
@@ -61,8 +63,8 @@ __all__ = ["plan", "apply", "trace", "check_group", "Step", "PostDomTree", "post
 
 #: the seed's rule for Atlas 800I A2: split a fused op of more than 5 basic ops
 DEFAULT_MAX_GROUP_OPS = 5
-#: tile of one tensor in the working-set model
-DEFAULT_TILE_KB = 16.0
+#: tile of one tensor in the working-set model (the efficient transfer size, `fusionlab.cost.working_set`)
+DEFAULT_TILE_KB = ws_model.DEFAULT_TILE_KB
 #: the options this pass takes, with their defaults
 OPTIONS = {"max_group_ops": DEFAULT_MAX_GROUP_OPS, "buffer_kb": None, "allow_recompute": False,
            "tile_kb": DEFAULT_TILE_KB, "dims": None}
@@ -222,42 +224,43 @@ def post_dominator_tree(graph: Graph, shapes: ShapeInfo | None = None) -> dict[s
 # working set (on-chip buffer model)
 # --------------------------------------------------------------------------------------------------
 
-def _tile(v: ir.Value, info: ShapeInfo, tile: int) -> int:
-    b = info.nbytes(v)
-    return tile if b is None else min(b, tile)
-
-
-def _working_set(gnodes: list[_GNode], members: list[int], info: ShapeInfo, tile: int) -> int:
+def _members(gnodes: list[_GNode], members: list[int], info: ShapeInfo) -> list[WSMember]:
+    """The group's members as the shared working-set model sees them (`fusionlab.cost.working_set`)."""
     inside = set(members)
     inside_nodes = {id(gnodes[i].node) for i in members}
     order = sorted(members)
     pos = {i: k for k, i in enumerate(order)}
-    inputs: dict[str, int] = {}
-    outputs: dict[str, int] = {}
-    live: list[tuple[int, int, int]] = []  # (start, end, bytes)
+    out = []
     for i in order:
         g = gnodes[i]
+        reads = []
         for v in g.node.inputs:
             if v is None:
                 continue
             prod = v.producer()
             if prod is not None and id(prod) in inside_nodes:
                 continue
-            if g.kind == _O:
-                continue  # goes to the cube unit through L1/L0, not through UB
-            inputs.setdefault(v.name, _tile(v, info, tile))
+            reads.append((v.name, _bytes(v, info)))
         consumers_in = sorted({ci for ci, _ in g.outputs if ci in inside})
         escapes = g.extern_ref or any(ci not in inside for ci, _ in g.outputs) or not g.outputs
+        writes, keeps = [], []
         for v in g.node.outputs:
-            t = _tile(v, info, tile)
             if escapes:
-                outputs.setdefault(v.name + g.name, t)
+                writes.append((v.name + g.name, _bytes(v, info)))
             elif consumers_in:
-                live.append((pos[i], pos[consumers_in[-1]], t))
-    peak = 0
-    for k in range(len(order)):
-        peak = max(peak, sum(b for s, e, b in live if s <= k <= e))
-    return 2 * sum(inputs.values()) + 2 * sum(outputs.values()) + peak
+                keeps.append((v.name + g.name, _bytes(v, info), pos[consumers_in[-1]]))
+        out.append(WSMember(cube=g.kind == _O, reads=tuple(reads), writes=tuple(writes), keeps=tuple(keeps)))
+    return out
+
+
+def _bytes(v: ir.Value, info: ShapeInfo) -> int:
+    """A tensor's bytes; an unknown size counts as one whole tile (larger than any tile the model uses)."""
+    b = info.nbytes(v)
+    return 1 << 40 if b is None else b
+
+
+def _working_set(gnodes: list[_GNode], members: list[int], info: ShapeInfo, tile: int) -> int:
+    return ws_model.working_set(_members(gnodes, members, info)).bytes_at(tile)
 
 
 def working_set(graph: Graph, nodes: list[str], *, tile_kb: float = DEFAULT_TILE_KB,

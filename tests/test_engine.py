@@ -215,3 +215,20 @@ def test_engine_exact_constants():
     assert not engine.exact(np.array(0.4996, f32), 0.5)
     assert not engine.exact(np.array(2.0015, f32), 2.0)
     assert not engine.exact(np.array([0.5, 0.5], f32), 0.5)
+
+
+def test_saved_bytes_count_every_reader_of_an_intermediate():
+    """Conv -> BN -> SiLU (Sigmoid and Mul both read the BN output) -> Conv + QuickGelu: of the intermediates
+    c (written, read once), n (written, read twice) and s (written, read once), 7 tensor moves, the fused model
+    keeps the conv output it hands to QuickGelu (2 moves): 5 tensors of 8 KiB saved."""
+    rng = np.random.default_rng(0)
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             h.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["n"], name="bn"),
+             h.make_node("Sigmoid", ["n"], ["s"], name="sig"), h.make_node("Mul", ["n", "s"], ["y"], name="mul")]
+    inits = [tensor("w", rng.standard_normal((8, 8, 3, 3)).astype(np.float32))] + \
+        [tensor(k, (rng.uniform(0.5, 1.5, 8) if k in "gv" else rng.standard_normal(8)).astype(np.float32))
+         for k in "gbmv"]
+    m = make_model(nodes, [value_info("x", shape=[1, 8, 16, 16])], [value_info("y", shape=[1, 8, 16, 16])], inits)
+    p = plan(load(m), passes=("vertical",))
+    assert len(p) == 1 and p[0].kernels == 2
+    assert p[0].saved_bytes == 5 * 8 * 16 * 16 * 4

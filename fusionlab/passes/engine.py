@@ -291,13 +291,19 @@ def find(cx: Context, rules: Sequence[Rule]) -> list[Match]:
 
 
 def saved_bytes(cx: Context, m: Match) -> int:
-    """Intermediate traffic the emitted lowering removes (each intermediate is written once and read once)."""
+    """Intermediate traffic the emitted lowering removes: each intermediate is written once and read once
+    by each node that reads it (a BN output read by both a Sigmoid and a Mul moves three times)."""
     if m.saved_bytes is not None:
         return m.saved_bytes
     handed = {id(v) for v in m.handed_on()}
     inner = [o for n in m.nodes for o in n.outputs if o.name and id(o) not in handed and o.uses()]
     emitted = m.emitted_bytes if m.emitted_bytes is not None else (m.kernels - 1) * cx.nbytes(m.handed_on()[0])
-    return 2 * sum(cx.nbytes(v) for v in inner) - 2 * emitted
+    return sum((1 + readers(v)) * cx.nbytes(v) for v in inner) - 2 * emitted
+
+
+def readers(value: ir.Value) -> int:
+    """How many distinct nodes read `value` (Mul(x, x) reads x once)."""
+    return len({id(use.node) for use in value.uses()})
 
 
 def to_group(cx: Context, m: Match, gid: str, kind: str) -> FusionGroup:

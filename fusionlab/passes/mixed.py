@@ -486,7 +486,7 @@ def _saved_bytes(gnodes, members, info: ShapeInfo) -> int:
         if g.extern_ref or not g.outputs or any(ci not in inside for ci, _ in g.outputs):
             continue
         for v in g.node.outputs:
-            total += 2 * (info.nbytes(v) or 0)
+            total += (1 + engine.readers(v)) * (info.nbytes(v) or 0)
     return total
 
 

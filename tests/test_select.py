@@ -7,7 +7,8 @@ from onnx import helper as h
 
 from fusionlab import load, verify
 from fusionlab.build import make_model, tensor, value_info
-from fusionlab.passes import fuse, plan
+from fusionlab.passes import apply, fuse, plan
+from fusionlab.plan import FusionGroup, FusionPlan
 from fusionlab.passes.prepare import prepare
 from fusionlab.passes.select import extract, select
 from fusionlab.shapes import ShapeInfo
@@ -62,3 +63,38 @@ def test_fuse_select_measured_result_still_verifies():
     assert res.plan.options["select"] == {"by": "measured", "level": "disable"}
     assert any(n.startswith("select: bias_gelu") for n in res.plan.notes)
     assert verify(m, res.graph, dims={"batch": 2}).ok
+
+
+def _bert_export():
+    from pathlib import Path
+
+    return load(Path(__file__).resolve().parent / "corpus" / "bert.dynamo.onnx")
+
+
+def test_an_attention_group_of_a_real_export_is_measured_apart():
+    """torch's dynamo export computes K's Reshape targets from Shape outside the group: the cut binds them
+    to constants and gives every inner value the inputs' concrete shapes, so the rule re-proves its layouts."""
+    g = _bert_export().copy()
+    prepare(g)
+    p = plan(g, passes=("vertical",))
+    att = next(grp for grp in p if grp.rule == "attention")
+    sub = extract(g, att, ShapeInfo.of(g))
+    assert sub is not None and all(v.dtype.name == "FLOAT" for v in sub.graph.inputs)  # the int targets are constants
+    one = FusionPlan([FusionGroup.from_dict(att.to_dict())])  # as select times it: no prepare on the cut
+    fused = apply(sub, one, validate=False).graph  # re-checked on the cut: raises StaleGroup if not re-proved
+    assert fused.op_counts().get("com.microsoft:MultiHeadAttention") == 1
+
+
+def test_a_group_that_cannot_be_measured_apart_keeps_its_default(monkeypatch):
+    from fusionlab.passes import select as sel
+    from fusionlab.passes.engine import StaleGroup
+
+    def stale(*args, **kwargs):
+        raise StaleGroup("group v0: its nodes no longer form the pattern")
+
+    monkeypatch.setattr(sel, "_measure", stale)
+    g = load(_two_gelus())
+    p = plan(g, passes=("vertical",))
+    chosen, trials = select(g, p)
+    assert len(chosen) == len(p) and trials == []
+    assert any("cannot be measured apart from the model; kept" in n for n in chosen.notes)

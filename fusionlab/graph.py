@@ -266,7 +266,9 @@ def _onnxruntime_accepts(proto: onnx.ModelProto) -> bool:
 
 
 def load(source, *, check: bool = True) -> "Graph":
-    """Load an ONNX model from a path, bytes or ModelProto into a checked `Graph`."""
+    """Load an ONNX model from a path, bytes or ModelProto into a checked `Graph` (a `Graph` is copied)."""
+    if isinstance(source, Graph):
+        return source.copy()
     name = _describe(source)
     base_dir: Path | None = None
     if isinstance(source, (str, os.PathLike)):
@@ -280,7 +282,7 @@ def load(source, *, check: bool = True) -> "Graph":
     elif isinstance(source, ir.Model):
         return Graph(source, name=name)
     else:
-        raise TypeError(f"load() takes a path, bytes or onnx.ModelProto, not {type(source).__name__}")
+        raise TypeError(f"load() takes a path, bytes, onnx.ModelProto or Graph, not {type(source).__name__}")
     _check_header(proto, name)
     _check_tensor_sizes(proto, name)
     has_external = any(True for _ in _tensors_with_external_data(proto.graph))

@@ -16,8 +16,10 @@
 # 5. how the same kernel maps onto an Ascend AI core (CANN's `FlashAttentionScore`), with a tile chosen
 #    from the core's on-chip buffers, **modelled**, not measured.
 #
-# Notebook 04 left LayerNorm as four groups and Softmax as one opaque op: TVM's rule lets a reduction
-# only *end* a group. Here we fuse through the reductions, the way XLA, Inductor, Triton and CANN do.
+# Notebook 04's partitioner follows TVM Relay's FuseOps rule, under which a reduction may only *end* a
+# group: a decomposed LayerNorm took three or more kernels there, and Softmax stayed one opaque op. Here
+# we fuse through the reductions, the way XLA, Inductor, Triton and CANN do (and TVM's own Relax pipeline,
+# which fuses a reduction with its elementwise consumers).
 # Every section follows the same order: bytes first, the unfused loop, the fused loop checked, then
 # timed against the limit. Before each measurement you are asked to predict it.
 

@@ -159,6 +159,28 @@ def test_oracle_flags_a_planted_wrong_value():
     assert out.kind == "wrong" and "values" in out.detail
 
 
+JUDGE_DATA = os.path.join(os.path.dirname(__file__), "data", "fuzz_judge")
+
+
+def test_a_difference_that_starts_in_an_unchanged_op_is_rounding_one_in_a_rewritten_node_is_not():
+    # campaign seed 5, graph 93, shrunk: fp16 Conv+BN folded (rounding at 2^-11), then Sub, Pad, AveragePool
+    # leave a value that nearly cancels and Pow(., 0.5) amplifies the rounding (0.0332 vs 0.0028 on one element)
+    from fusionlab.passes import fuse
+
+    model = onnx.load(os.path.join(JUDGE_DATA, "fp16_sqrt_of_cancellation.onnx"))
+    case = Case(model, 3, {"lower": "onnx", "rules": ["conv_bn"]})
+    fused = fuse(model, passes=("vertical",), lower="onnx", rules=["conv_bn"]).graph.to_proto()
+    out = check_fused(case, fused, {"conv_bn": 1})
+    assert out.kind == "ok" and "amplified downstream" in out.detail and "Pow" in out.detail
+    # the same fusion with one folded weight 2% off: the rewritten Conv's own output differs, no excuse
+    bad = _copy(fused)
+    init = next(t for t in bad.graph.initializer if t.name.endswith("_W_fused"))
+    w = onnx.numpy_helper.to_array(init).copy()
+    w[0] *= np.float16(1.02)
+    init.CopyFrom(onnx.numpy_helper.from_array(w, init.name))
+    assert check_fused(case, bad, {"conv_bn": 1}).kind == "wrong"
+
+
 def test_oracle_flags_planted_near_miss_constant_but_not_rounding():
     case = Case(_gelu_model())
     assert check_fused(case, _gelu_model(half=0.4996)).kind == "wrong"          # 0.04% off: a different function
@@ -358,3 +380,10 @@ def test_judge_accepts_agreement_with_the_reference_and_the_end_of_the_range():
     assert judge_output(np.array([big]), np.array([np.inf], np.float32)) is None
     assert judge_output(np.array([np.float32(1e30)]), np.array([np.inf], np.float32)) is not None
     assert judge_output(np.array([big]), np.array([-np.inf], np.float32)) is not None
+
+
+def test_each_pass_set_is_given_only_the_options_its_passes_take():
+    # the campaign draws one set of options per model (lower=...); "horizontal" alone takes no `lower`
+    case = Case(generate("5-10"), 1, {"lower": "onnx"})
+    out = judge(case, ("horizontal",))
+    assert out.kind not in ("crash", "invalid", "wrong"), out.detail

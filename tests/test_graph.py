@@ -47,6 +47,14 @@ def test_load_from_path_bytes_and_proto_agree(tmp_path):
         assert g.opset == 17
 
 
+def test_loading_a_graph_gives_an_independent_copy():
+    g = load(conv_relu_model())
+    again = load(g)
+    assert again is not g and again.op_counts() == g.op_counts()
+    again.nodes()[0].name = "renamed"
+    assert g.nodes()[0].name != "renamed"
+
+
 def test_load_never_modifies_input(tmp_path):
     model = conv_relu_model()
     p = tmp_path / "m.onnx"

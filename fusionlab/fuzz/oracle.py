@@ -23,6 +23,10 @@ Integer outputs are judged only where they are stable under 4-ulp changes of the
 to 2-ulp input changes (`Case.sensitivity`) is accepted (kind ``ok``, symptom "ill-conditioned", counted
 apart in the summary): the fused result is what the original computes for inputs moved by a couple of ulps,
 so the difference is rounding the problem itself amplifies (backward stability), not a changed function.
+So is one that starts in an op the fusion left unchanged, from values that are still close (every value
+the fused graph shares with the original is compared; `_amplified_downstream`): the rewrite computed the
+same within tolerance, and an unchanged op downstream (a float16 square root of a value that nearly
+cancelled) amplifies the difference.
 
 `blame(case, passes, outcome)` narrows a failure down to the fewest passes, then to the single vertical
 rule, that still fail the same way (same kind and symptom); its `label` ("vertical:gelu",
@@ -38,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 
 from .compare import judge_output
 from .feeds import draws, feeds_for, overridable
@@ -228,9 +233,10 @@ def _where(exc: BaseException) -> str:
 
 def _fuse(case: Case, passes, extra: dict | None = None):
     from fusionlab import ModelError
-    from fusionlab.passes import fuse
+    from fusionlab.passes import fuse, options_for
 
-    options = {**case.options, **(extra or {})}
+    # the campaign draws one set of options per model; each pass set gets the ones its passes take
+    options = options_for(passes, **{**case.options, **(extra or {})})
     try:
         result = fuse(case.model, passes=tuple(passes), **options)
     except ModelError as exc:
@@ -291,7 +297,7 @@ def _values(case: Case, fused: onnx.ModelProto, sess, rules: dict) -> Outcome:
             if problem:
                 where = f"draw {k} (dims {draw.dims}{', initializers overridden' if draw.override else ''})"
                 symptom = "wrong " + problem.split(" ")[0].rstrip(":")
-                ill = _ill_conditioned(case, k, name, o, got[name])
+                ill = _ill_conditioned(case, k, name, o, got[name]) or _amplified_downstream(case, k, fused)
                 if ill:
                     accepted.append(f"output {name!r}, {where}: {problem} [{ill}]")
                     continue
@@ -324,6 +330,80 @@ def _ill_conditioned(case: Case, k: int, name: str, o, f) -> str:
         if bad.any() and np.all(~bad | (dev <= 2 * sens) | (~np.isfinite(dev) & ~np.isfinite(sens))):
             return f"ill-conditioned: two-ulp input changes move the original by up to {sens.flat[k_bad]:.3g} there"
     return ""
+
+
+def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """A copy of `model` that also returns the values `names` (element type from shape inference)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    typed = onnx.shape_inference.infer_shapes(m)
+    elem = {vi.name: vi.type.tensor_type.elem_type for vi in list(typed.graph.value_info) + list(typed.graph.output)}
+    have = {o.name for o in m.graph.output}
+    for n in names:
+        if n not in have and elem.get(n):
+            m.graph.output.append(onnx.helper.make_tensor_value_info(n, elem[n], None))
+    return m
+
+
+def _node_key(node: onnx.NodeProto) -> tuple:
+    return (node.domain, node.op_type, tuple(node.input), tuple(a.SerializeToString() for a in node.attribute))
+
+
+def _amplified_downstream(case: Case, k: int, fused: onnx.ModelProto) -> str:
+    """A note when the difference starts in an op the fusion did not touch, from values that still agree.
+
+    Every value the two graphs share (same name) is compared on draw `k`, in the fused graph's order. When
+    every value a rewritten node makes is close to the original (the project's tolerance) and the first
+    value that is not is made by a node both graphs run unchanged (same op, inputs and attributes) from
+    values that are close, the rewrite computed the same within tolerance and that op amplifies rounding
+    (an fp16 sqrt or division of a value that nearly cancelled); nothing rewritten may run after it
+    unjudged. '' otherwise (also when a shared value cannot be typed or run).
+    """
+    try:
+        made = {o: n for n in case.model.graph.node for o in n.output if o}
+        order = [n for n in fused.graph.node]
+        shared = [o for n in order for o in n.output if o in made]
+        if not shared:
+            return ""
+        wanted = {i.name for i in fused.graph.input}
+        runs = []
+        for m, feeds in ((case.model, case.feeds[k]), (fused, {n: v for n, v in case.feeds[k].items() if n in wanted})):
+            sess = _session(_with_outputs(m, shared))
+            runs.append(dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds))))
+    except Exception:  # noqa: BLE001 - cannot look inside: no note
+        return ""
+    orig, got = runs
+    # values fed in or stored alike in both graphs (a Constant node may have become an initializer)
+    close: set[str] = {i.name for i in case.model.graph.input} & wanted
+    stored = {t.name: onnx.numpy_helper.to_array(t) for t in case.model.graph.initializer}
+    stored.update({n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in case.model.graph.node
+                   if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    for t in fused.graph.initializer:
+        if t.name in stored and np.array_equal(stored[t.name], onnx.numpy_helper.to_array(t), equal_nan=True):
+            close.add(t.name)
+    first = None
+    for n in order:
+        outs = [o for o in n.output if o]
+        if not all(o in orig and o in got for o in outs):
+            if first is not None or any(o in made for o in outs):
+                return ""  # a value made here cannot be compared
+            continue  # a new value of a rewritten group: judged through its consumers
+        bad = [o for o in outs if judge_output(orig[o], got[o]) is not None]
+        unchanged = all(o in made and _node_key(made[o]) == _node_key(n) for o in outs)
+        if first is None:
+            if not bad:
+                close.update(outs)
+                continue
+            inputs_close = all(i in close for i in n.input if i)
+            if not (unchanged and inputs_close):
+                return ""
+            first = n
+        elif not unchanged:
+            return ""  # a rewritten node runs on diverged values: it cannot be judged
+    if first is None:
+        return ""
+    return (f"amplified downstream: every value the fused graph shares with the original is close up to "
+            f"{first.op_type} {first.name or first.output[0]!r}, an op both run unchanged, which amplifies the rounding")
 
 
 def judge(case: Case | onnx.ModelProto, passes=("vertical",), **options) -> Outcome:

@@ -373,6 +373,13 @@ def replace(cx: Context, m: Match, new_nodes: list[ir.Node], pairs: list[tuple[i
             for o in n.outputs:
                 if o.type is None:
                     o.type, o.shape = old0.type, old0.shape
+    elif pairs:  # other shapes (a wide op before its Split): a new value computed from the group's element type has it
+        old0 = pairs[-1][0]
+        for n in new_nodes:
+            first = n.inputs[0] if n.inputs else None
+            for o in n.outputs:
+                if o.type is None and old0.type is not None and first is not None and first.type == old0.type:
+                    o.type = old0.type  # its shape stays unknown
     g.insert_before(_insertion_point(g, m.nodes, new_nodes), new_nodes)
     for old, new in pairs:
         name = old.name

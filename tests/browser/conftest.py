@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,10 @@ import pytest
 from harness import CHROMEDRIVER, CHROMIUM, ROOT, Lab, Page, chrome
 
 SHOTS = Path(os.environ.get("FUSIONLAB_SCREENSHOTS", tempfile.gettempdir())) / "fusionlab-browser"
+# The whole browser session normally takes 5-10 minutes. A stuck lab or browser would otherwise make every
+# remaining test wait out its own timeouts (minutes each) and CI would hit its wall clock before reporting.
+BUDGET_S = float(os.environ.get("FUSIONLAB_BROWSER_BUDGET_S", 2400))
+_STARTED: list[float] = []
 
 
 def _missing() -> str | None:
@@ -37,6 +42,17 @@ def lab():
     yield server
     server.stop()
     shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _within_budget():
+    """Fail at once, not after more timeouts, once the browser tests have used their whole budget."""
+    if not _STARTED:
+        _STARTED.append(time.monotonic())
+    spent = time.monotonic() - _STARTED[0]
+    if spent > BUDGET_S:
+        pytest.fail(f"the browser tests have run {spent:.0f} s, over their {BUDGET_S:.0f} s budget "
+                    "(FUSIONLAB_BROWSER_BUDGET_S): the lab or the browser is stuck, see the first failure")
 
 
 @pytest.fixture(scope="session")

@@ -180,6 +180,7 @@ def main() -> int:
     ap.add_argument("--full-dir", type=Path, default=FULL, help="where export_corpus.py --full put the models")
     ap.add_argument("--only", nargs="+", help="models (bert, gpt2, ...) or files to run")
     ap.add_argument("--tools", nargs="+", choices=sorted(TOOLS), default=list(TOOLS))
+    ap.add_argument("--out", default="exports", help="result name: benchmarks/results/OUT.md and OUT.json")
     args = ap.parse_args()
     manifest = json.loads((args.full_dir / "manifest.json").read_text())
     entries = [e for e in manifest["models"] if not args.only or e["model"] in args.only or e["file"] in args.only]
@@ -190,8 +191,8 @@ def main() -> int:
     for e in entries:
         rows += bench_model(e, args.full_dir, args.tools, min_time, rounds)
     raw = [{k: (v.ratios if isinstance(v, timing.Comparison) else v) for k, v in r.items()} for r in rows]
-    (ROOT / "benchmarks" / "results" / "exports.json").write_text(json.dumps(raw, indent=1) + "\n")
-    write_result("exports.md", render(rows, min_time, rounds))
+    write_result(f"{args.out}.json", json.dumps(raw, indent=1))
+    write_result(f"{args.out}.md", render(rows, min_time, rounds))
     return 0
 
 

@@ -419,9 +419,12 @@ class Names:
     against graph inputs, initializers and every node output, subgraphs included, not only initializers.
     """
 
-    def __init__(self, model: ir.Model):
+    def __init__(self, model: ir.Model, retired: set[str] | None = None):
         graph = model.graph
         self._nodes = {n.name for n in ir.traversal.RecursiveGraphIterator(graph) if n.name}
+        if retired is not None:  # node names used before (removed by a rewrite): never handed out again
+            retired.update(self._nodes)
+            self._nodes = retired
         self._values = _all_value_names(graph)
         self._functions = {f.name for f in model.functions.values()}
 
@@ -634,11 +637,20 @@ class Graph:
         copy = Graph(model, name=self.name, path=self.path)
         copy.notes = list(self.notes)
         copy.origin = dict(self.origin)
+        if hasattr(self, "_retired"):
+            copy._retired = set(self._retired)
         return copy
 
     def names(self) -> Names:
-        """The naming service over the graph as it is now (fresh node, tensor and function names)."""
-        return Names(self.model)
+        """The naming service over the graph as it is now (fresh node, tensor and function names).
+
+        A fresh node name is also new to this graph's past: a name a rewrite removed (a vertical group's
+        member) is never handed to a later node, so plans made by earlier passes, which name the nodes
+        they grouped, cannot be confused with a later pass's new nodes.
+        """
+        if not hasattr(self, "_retired"):
+            self._retired: set[str] = set()
+        return Names(self.model, self._retired)
 
     def covers(self, node_name: str) -> tuple[str, ...]:
         """The names of the loaded model's nodes that `node_name` stands for (itself unless a rewrite made it)."""

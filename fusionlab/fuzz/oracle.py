@@ -147,6 +147,46 @@ class Case:
                 out = np.fmax(out, np.where(np.isnan(d), np.inf, d))
         return out
 
+    def parameter_sensitivity(self, k: int, name: str) -> np.ndarray:
+        """Per element, how far float output `name` of draw `k` moves when the stored float parameters move.
+
+        Every float initializer and Constant tensor is moved by up to one ulp of its own dtype (4 runs):
+        the rounding that storing these parameters in that dtype implies, and all a weight fold changes
+        (the folded weights are rounded once more). Infinite where a run changes finiteness.
+        """
+        key = ("params", k)
+        if key not in self._unstable:
+            rng = np.random.default_rng(91 + k)
+            runs = []
+            for _ in range(4):
+                m = onnx.ModelProto()
+                m.CopyFrom(self.model)
+                tensors = list(m.graph.initializer) + [a.t for n in m.graph.node if n.op_type == "Constant"
+                                                       for a in n.attribute if a.name == "value"]
+                for t in tensors:
+                    a = onnx.numpy_helper.to_array(t)
+                    if a.dtype.kind == "f" and a.size:
+                        moved = (a * (1 + np.finfo(a.dtype).eps * rng.uniform(-1, 1, a.shape))).astype(a.dtype)
+                        t.CopyFrom(onnx.numpy_helper.from_array(moved, t.name))
+                try:
+                    sess = _session(m)
+                    wanted = {i.name for i in m.graph.input}  # overridable initializers included
+                    runs.append(dict(zip(self.names, sess.run(None, {n: v for n, v in self.feeds[k].items()
+                                                                     if n in wanted}))))
+                except Exception:  # noqa: BLE001 - cannot perturb: no sensitivity from parameters
+                    runs = []
+                    break
+            self._unstable[key] = runs
+        base = np.asarray(self.outputs[k][name], dtype=np.float64)
+        out = np.zeros(base.shape)
+        with np.errstate(invalid="ignore"):
+            for run in self._unstable[key]:
+                again = np.asarray(run[name], dtype=np.float64)
+                same = (np.isnan(again) & np.isnan(base)) | (again == base)
+                d = np.where(same, 0.0, np.abs(again - base))
+                out = np.fmax(out, np.where(np.isnan(d), np.inf, d))
+        return out
+
     def unstable(self, k: int, name: str) -> np.ndarray:
         """Elements of integer output `name` (draw `k`) that change when the float inputs move by a few ulps.
 
@@ -323,12 +363,13 @@ def _ill_conditioned(case: Case, k: int, name: str, o, f) -> str:
         return ""
     with np.errstate(invalid="ignore"):
         dev = np.abs(f.astype(np.float64) - o.astype(np.float64))
-        sens = case.sensitivity(k, name)
+        sens = np.fmax(case.sensitivity(k, name), case.parameter_sensitivity(k, name))
         bad = ~np.isfinite(dev) | (dev > 0)
         worst = np.where(np.isfinite(dev), dev, np.inf)
         k_bad = int(np.argmax(worst)) if bad.any() else 0
         if bad.any() and np.all(~bad | (dev <= 2 * sens) | (~np.isfinite(dev) & ~np.isfinite(sens))):
-            return f"ill-conditioned: two-ulp input changes move the original by up to {sens.flat[k_bad]:.3g} there"
+            return (f"ill-conditioned: two-ulp input or one-ulp parameter changes move the original by up to "
+                    f"{sens.flat[k_bad]:.3g} there")
     return ""
 
 

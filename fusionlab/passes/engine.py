@@ -377,8 +377,11 @@ def replace(cx: Context, m: Match, new_nodes: list[ir.Node], pairs: list[tuple[i
         old0 = pairs[-1][0]
         for n in new_nodes:
             first = n.inputs[0] if n.inputs else None
+            if first is None or old0.type is None or n.op_type not in _KEEPS_INPUT_TYPE or len(n.outputs) != 1:
+                continue
+            same = first.type == old0.type if first.type is not None else cx.dtype(first) == cx.dtype(old0)
             for o in n.outputs:
-                if o.type is None and old0.type is not None and first is not None and first.type == old0.type:
+                if o.type is None and same:
                     o.type = old0.type  # its shape stays unknown
     g.insert_before(_insertion_point(g, m.nodes, new_nodes), new_nodes)
     for old, new in pairs:
@@ -390,6 +393,14 @@ def replace(cx: Context, m: Match, new_nodes: list[ir.Node], pairs: list[tuple[i
     for n in new_nodes:
         cx.graph.origin[n.name] = covers
     ensure_sorted(g)
+
+
+#: ops whose one output has their first input's element type (a new value of theirs may be typed from it)
+_KEEPS_INPUT_TYPE = frozenset({
+    "Conv", "ConvTranspose", "FusedConv", "MatMul", "Gemm", "FusedGemm", "FusedMatMul", "BatchNormalization",
+    "Add", "Sub", "Mul", "Div", "Relu", "LeakyRelu", "Tanh", "Sigmoid", "HardSigmoid", "HardSwish", "Gelu",
+    "FastGelu", "BiasGelu", "QuickGelu", "Erf", "Clip", "Elu", "Selu", "Softplus", "Neg", "Abs", "Sqrt", "Exp",
+})
 
 
 def annotate(info: ShapeInfo, value: ir.Value) -> None:

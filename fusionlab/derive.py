@@ -37,6 +37,7 @@ class Folded:
     weight: np.ndarray
     bias: np.ndarray
     overflow: bool = False  # folded values exceed the dtype's range (e.g. fp16 > 65504)
+    underflow: bool = False  # a nonzero folded weight rounds to 0 in the dtype (its term, and inf·w, are lost)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -57,8 +58,10 @@ def _cast_back(w64: np.ndarray, b64: np.ndarray, dtype) -> Folded:
     if dtype.kind == "f":
         big = np.finfo(dtype).max
         overflow = bool(np.any(np.abs(w64) > big) or np.any(np.abs(b64) > big))
-    with np.errstate(over="ignore"):
-        return Folded(w64.astype(dtype), b64.astype(dtype), overflow)
+    with np.errstate(over="ignore", under="ignore"):
+        w_cast = w64.astype(dtype)
+        underflow = bool(dtype.kind == "f" and np.any((w_cast == 0) & (w64 != 0)))
+        return Folded(w_cast, b64.astype(dtype), overflow, underflow)
 
 
 def _scale_weight(w: np.ndarray, scale: np.ndarray, group: int, transpose: bool) -> np.ndarray:

@@ -270,6 +270,78 @@ def conv_bn_legal(graph: Graph, conv_node: ir.Node, bn_node: ir.Node) -> Verdict
     return _with_bn(graph, bn_node, channels, shared, w, b)
 
 
+def _ints(node: ir.Node, name: str) -> list[int] | None:
+    a = node.attributes.get(name)
+    return [int(x) for x in a.value] if a is not None else None
+
+
+def range_edge_input(graph: Graph, value: ir.Value | None) -> str | None:
+    """Why `value` may hold -inf or the dtype's lowest value in a whole window, or None.
+
+    A MaxPool window that lies entirely in padding (its own pads, or a -inf `Pad` before it, at least a
+    kernel wide) gives -inf, or on onnxruntime's CPU float32's lowest value (its kernel starts from
+    `lowest()`). Folding a scale into the weights of a Conv that reads such values changes where the sum
+    overflows (fuzz seed 5: +inf where ConvTranspose then BN gives -4.5e37; NaN where ConvTranspose then
+    Mul gives -inf). ResNet's MaxPool (kernel 3, pads 1) has no such window.
+    """
+    src = value.producer() if value is not None else None
+    if src is None or src.op_type != "MaxPool" or src.domain not in ("", "ai.onnx"):
+        return None
+    kernel = _ints(src, "kernel_shape")
+    if not kernel:
+        return None
+    auto = src.attributes.get("auto_pad")
+    if auto is not None and auto.value not in ("", "NOTSET", "VALID"):
+        return None  # SAME padding is less than a kernel wide
+    k = len(kernel)
+    dil = _ints(src, "dilations") or [1] * k
+    extent = [d * (n - 1) + 1 for d, n in zip(dil, kernel)]
+    pads = _ints(src, "pads") or [0] * (2 * k)
+    begin, end = list(pads[:k]), list(pads[k:])
+    pad = src.inputs[0].producer() if src.inputs and src.inputs[0] is not None else None
+    if pad is not None and pad.op_type == "Pad" and pad.domain in ("", "ai.onnx"):
+        explicit = _neg_inf_pads(graph, pad, k)
+        if explicit is not None:
+            begin = [x + y for x, y in zip(begin, explicit[0])]
+            end = [x + y for x, y in zip(end, explicit[1])]
+    if any(b >= e or t >= e for b, t, e in zip(begin, end, extent)):
+        return (f"it reads MaxPool {src.name!r}, some of whose windows lie entirely in padding (they give -inf, "
+                f"or the dtype's lowest value on onnxruntime's CPU); folding into its weights could move "
+                f"where the sum overflows")
+    return None
+
+
+def _neg_inf_pads(graph: Graph, pad: ir.Node, k: int) -> tuple[list[int], list[int]] | None:
+    """The spatial (begin, end) pads of a constant -inf `Pad` over an N, C, spatial tensor."""
+    mode = pad.attributes.get("mode")
+    if mode is not None and mode.value not in ("constant", b"constant"):
+        return None
+    if pad.attributes.get("pads") is not None:  # opset < 11
+        pads = _ints(pad, "pads")
+        v = pad.attributes.get("value")
+        value = float(v.value) if v is not None else 0.0
+        axes = None
+    else:
+        ins = list(pad.inputs[1:4]) + [None] * 3
+        got = [graph.constant(v) if v is not None else None for v in ins[:3]]
+        if got[0] is None:
+            return None
+        pads = [int(x) for x in np.asarray(got[0]).reshape(-1)]
+        value = float(np.asarray(got[1]).reshape(-1)[0]) if got[1] is not None and np.asarray(got[1]).size else 0.0
+        axes = [int(x) for x in np.asarray(got[2]).reshape(-1)] if got[2] is not None else None
+    if not value < -float(np.finfo(np.float16).max):  # -inf, or a value no float16 holds
+        return None
+    n = len(pads) // 2
+    axes = axes if axes is not None else list(range(n))
+    rank = k + 2
+    begin, end = [0] * k, [0] * k
+    for i, ax in enumerate(axes):
+        ax = ax % rank
+        if ax >= 2:
+            begin[ax - 2], end[ax - 2] = pads[i], pads[n + i]
+    return begin, end
+
+
 def _rank(graph: Graph, value: ir.Value, shapes: dict | None) -> int | None:
     if value.shape is not None:
         return len(value.shape)

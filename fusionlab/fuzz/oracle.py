@@ -23,10 +23,10 @@ Integer outputs are judged only where they are stable under 4-ulp changes of the
 to 2-ulp input changes (`Case.sensitivity`) is accepted (kind ``ok``, symptom "ill-conditioned", counted
 apart in the summary): the fused result is what the original computes for inputs moved by a couple of ulps,
 so the difference is rounding the problem itself amplifies (backward stability), not a changed function.
-So is one that starts in an op the fusion left unchanged, from values that are still close (every value
-the fused graph shares with the original is compared; `_amplified_downstream`): the rewrite computed the
-same within tolerance, and an unchanged op downstream (a float16 square root of a value that nearly
-cancelled) amplifies the difference.
+So is one where every part of the fused graph, fed the original's own values, computes what the original
+does (every value the two graphs share is compared; `_amplified_downstream`): each rewrite computed the
+same within tolerance, and ops both graphs run (a float16 square root of a value that nearly cancelled)
+amplify the difference.
 
 `blame(case, passes, outcome)` narrows a failure down to the fewest passes, then to the single vertical
 rule, that still fail the same way (same kind and symptom); its `label` ("vertical:gelu",
@@ -362,7 +362,9 @@ def _ill_conditioned(case: Case, k: int, name: str, o, f) -> str:
     if o.shape != f.shape or o.dtype.kind != "f":
         return ""
     with np.errstate(invalid="ignore"):
-        dev = np.abs(f.astype(np.float64) - o.astype(np.float64))
+        o64, f64 = o.astype(np.float64), f.astype(np.float64)
+        same = (np.isnan(o64) & np.isnan(f64)) | (o64 == f64)  # the same NaN/Inf in both is no deviation
+        dev = np.where(same, 0.0, np.abs(f64 - o64))
         sens = np.fmax(case.sensitivity(k, name), case.parameter_sensitivity(k, name))
         bad = ~np.isfinite(dev) | (dev > 0)
         worst = np.where(np.isfinite(dev), dev, np.inf)
@@ -386,65 +388,49 @@ def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     return m
 
 
-def _node_key(node: onnx.NodeProto) -> tuple:
-    return (node.domain, node.op_type, tuple(node.input), tuple(a.SerializeToString() for a in node.attribute))
-
-
 def _amplified_downstream(case: Case, k: int, fused: onnx.ModelProto) -> str:
-    """A note when the difference starts in an op the fusion did not touch, from values that still agree.
+    """A note when every part of the fused graph, fed the original's own values, computes what the original does.
 
-    Every value the two graphs share (same name) is compared on draw `k`, in the fused graph's order. When
-    every value a rewritten node makes is close to the original (the project's tolerance) and the first
-    value that is not is made by a node both graphs run unchanged (same op, inputs and attributes) from
-    values that are close, the rewrite computed the same within tolerance and that op amplifies rounding
-    (an fp16 sqrt or division of a value that nearly cancelled); nothing rewritten may run after it
-    unjudged. '' otherwise (also when a shared value cannot be typed or run).
+    The values the two graphs share (same name) cut the fused graph into parts: each rewritten group (a fused
+    node, a function call) and each node the fusion left alone. Every shared value a fused node reads is fed
+    from the original's run on draw `k`, so each part is judged on exactly the inputs the original gave it;
+    every shared value it makes is then compared with the original's (rule 1, the project's tolerance). When
+    all are close, each rewrite computed the same within tolerance, and the difference at the outputs is
+    rounding that the ops both graphs run amplify (an fp16 division by a mean that nearly cancels, a square
+    root near 0). '' otherwise, also when a shared value cannot be typed or run.
     """
     try:
         made = {o: n for n in case.model.graph.node for o in n.output if o}
-        order = [n for n in fused.graph.node]
-        shared = [o for n in order for o in n.output if o in made]
+        produced = {o for n in fused.graph.node for o in n.output if o}
+        shared = [o for n in fused.graph.node for o in n.output if o in made]
         if not shared:
             return ""
-        wanted = {i.name for i in fused.graph.input}
-        runs = []
-        for m, feeds in ((case.model, case.feeds[k]), (fused, {n: v for n, v in case.feeds[k].items() if n in wanted})):
-            sess = _session(_with_outputs(m, shared))
-            runs.append(dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds))))
+        orig_sess = _session(_with_outputs(case.model, shared))
+        orig = dict(zip([o.name for o in orig_sess.get_outputs()], orig_sess.run(None, case.feeds[k])))
+        local = onnx.ModelProto()
+        local.CopyFrom(_with_outputs(fused, shared))
+        fed: dict[str, str] = {}
+        for n in local.graph.node:
+            for i, name in enumerate(n.input):
+                if name in orig and name in produced:
+                    fed.setdefault(name, f"{name}__from_original")
+                    n.input[i] = fed[name]
+        for name, alias in fed.items():
+            a = np.asarray(orig[name])
+            local.graph.input.append(onnx.helper.make_tensor_value_info(
+                alias, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)))
+        sess = _session(local)
+        wanted = {i.name for i in local.graph.input}
+        feeds = {n: v for n, v in case.feeds[k].items() if n in wanted}
+        feeds.update({alias: orig[name] for name, alias in fed.items()})
+        got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
     except Exception:  # noqa: BLE001 - cannot look inside: no note
         return ""
-    orig, got = runs
-    # values fed in or stored alike in both graphs (a Constant node may have become an initializer)
-    close: set[str] = {i.name for i in case.model.graph.input} & wanted
-    stored = {t.name: onnx.numpy_helper.to_array(t) for t in case.model.graph.initializer}
-    stored.update({n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in case.model.graph.node
-                   if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
-    for t in fused.graph.initializer:
-        if t.name in stored and np.array_equal(stored[t.name], onnx.numpy_helper.to_array(t), equal_nan=True):
-            close.add(t.name)
-    first = None
-    for n in order:
-        outs = [o for o in n.output if o]
-        if not all(o in orig and o in got for o in outs):
-            if first is not None or any(o in made for o in outs):
-                return ""  # a value made here cannot be compared
-            continue  # a new value of a rewritten group: judged through its consumers
-        bad = [o for o in outs if judge_output(orig[o], got[o]) is not None]
-        unchanged = all(o in made and _node_key(made[o]) == _node_key(n) for o in outs)
-        if first is None:
-            if not bad:
-                close.update(outs)
-                continue
-            inputs_close = all(i in close for i in n.input if i)
-            if not (unchanged and inputs_close):
-                return ""
-            first = n
-        elif not unchanged:
-            return ""  # a rewritten node runs on diverged values: it cannot be judged
-    if first is None:
+    compared = [o for o in shared if o in orig and o in got]
+    if len(compared) != len(shared) or any(judge_output(orig[o], got[o]) is not None for o in compared):
         return ""
-    return (f"amplified downstream: every value the fused graph shares with the original is close up to "
-            f"{first.op_type} {first.name or first.output[0]!r}, an op both run unchanged, which amplifies the rounding")
+    return (f"amplified downstream: fed the original's values, every part of the fused graph computes the "
+            f"{len(compared)} values it shares with the original within tolerance")
 
 
 def judge(case: Case | onnx.ModelProto, passes=("vertical",), **options) -> Outcome:

@@ -19,7 +19,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ... import derive
-from ...legality import conv_bn_legal
+from ...legality import conv_bn_legal, range_edge_input
 from ..engine import Match, Refused, Rule, attr, copy_attrs, is_op, other_input, sole_consumer
 from ..lowering import FUSED_CONV_ACTIVATIONS, conv_activations, conv_target
 from .activation import hard_sigmoid_after
@@ -172,6 +172,20 @@ def _overflows(head: dict, steps: list) -> bool:
     return not bound < float(np.finfo(head["w"].dtype).max) / 4 and _fold(head, steps).overflow
 
 
+def _underflows(head: dict, steps: list) -> bool:
+    """Whether a nonzero folded weight rounds to 0 in the dtype (a cheap bound first)."""
+    w = np.abs(head["w"][head["w"] != 0]) if head["w"].size else head["w"]
+    if not w.size:
+        return False
+    s_min = 1.0
+    for _, s, _t in steps:
+        s_min *= float(np.abs(s).min())
+    finfo = np.finfo(head["w"].dtype)
+    if float(w.min()) * s_min > 4 * float(finfo.smallest_subnormal):
+        return False
+    return _fold(head, steps).underflow
+
+
 class ConvChain(Rule):
     """[Pad] Conv [BN | Mul | Add | Sub]* [Add residual] [activation] -> one Conv / FusedConv (+ QuickGelu)."""
 
@@ -201,8 +215,15 @@ class ConvChain(Rule):
                 act = found[1]
         if len(nodes) == 1:
             return None
+        if steps:
+            edge = range_edge_input(cx.graph, conv.inputs[0])
+            if edge is not None:
+                raise Refused(edge)
         if steps and _overflows(head, steps):
             raise Refused(f"folded weights overflow {head['w'].dtype}")
+        if steps and _underflows(head, steps):
+            raise Refused(f"a folded weight underflows to 0 in {head['w'].dtype} (its term would be lost, and "
+                          "an infinite input would give NaN or 0 where Conv then the scale gives ±inf)")
         rule = self._name(head, steps, residual, act)
         target = conv_target(act[0] if act else None, head["dtype"], head["transpose"], cx.lower)
         reason = why or ("single-consumer chain; constant parameters; per-channel affine steps fold into the "

@@ -91,10 +91,14 @@ class Claim:
         return ", ".join(f"notebook {nb[:2]} §{sec}" for nb, sec, _ in self.shown_in) or "-"
 
     def summary(self) -> str:
-        """What a notebook prints next to its own measurement: the seed's claim and the ledger's verdict."""
-        return (f"The seed (§{self.section}): {self.says}\n"
-                f"Ledger verdict [{self.id}]: {self.verdict}. {self.why}\n"
-                f"(all the seed's claims: docs/seed_claims.md)")
+        """What a notebook prints next to its own measurement: the seed's claim and the ledger's verdict.
+
+        Lines are wrapped to `fusionlab.text.MAX_WIDTH` (the notebook column), continuations indented."""
+        from .text import MAX_WIDTH, wrap
+
+        return wrap(f"The seed (§{self.section}): {self.says}\n"
+                    f"Ledger verdict [{self.id}]: {self.verdict}. {self.why}\n"
+                    f"(all the seed's claims: docs/seed_claims.md)", MAX_WIDTH, indent="    ")
 
 
 def _evidence(raw: dict, where: str) -> Evidence:

@@ -20,12 +20,13 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .text import text_table
 
 __all__ = [
-    "Timing", "Comparison", "bench", "bench_session", "compare", "compare_models", "session_at_each_level",
+    "Timing", "Comparison", "bench", "bench_session", "compare", "compare_models", "comparisons_table",
+    "session_at_each_level",
     "machine_info", "median_ci", "format_seconds",
 ]
 
@@ -203,13 +204,15 @@ class Comparison:
         """Per-round time_A / time_B."""
         return [_ratio(x, y) for x, y in zip(self.a.samples, self.b.samples)]
 
-    def verdict(self) -> str:
-        """One sentence: which is faster, or that the interval cannot tell."""
+    def verdict(self, brief: bool = False) -> str:
+        """One sentence: which is faster, or that the interval cannot tell.
+
+        `brief` drops what a row that prints the ratio and its CI beside it already shows ('B faster')."""
         if self.ci_low > 1:
-            return f"{self.label_b} is faster ({self.speedup:.2f}×)"
+            return f"{self.label_b} faster" if brief else f"{self.label_b} is faster ({self.speedup:.2f}×)"
         if self.ci_high < 1:
-            return f"{self.label_a} is faster ({1 / self.speedup:.2f}×)"
-        return "no clear difference (the 95% CI of the ratio includes 1)"
+            return f"{self.label_a} faster" if brief else f"{self.label_a} is faster ({1 / self.speedup:.2f}×)"
+        return "no clear difference" + ("" if brief else " (the 95% CI of the ratio includes 1)")
 
     def _rows(self) -> list[list[str]]:
         scale, unit = _unit_for(min(self.a.median, self.b.median) or self.a.median)
@@ -293,6 +296,16 @@ def compare(fn_a: Callable[[], object], fn_b: Callable[[], object], *, label_a: 
         if gc_was_enabled:
             gc.enable()
     return Comparison.from_samples(ta, tb, label_a=label_a, label_b=label_b, threads=threads)
+
+
+def comparisons_table(comparisons: Mapping[str, Comparison],
+                      header: Sequence[str] = ("", "A", "B", "A/B", "95% CI", "verdict")) -> str:
+    """Several comparisons as one table, a row each: A's and B's medians, the paired ratio A/B, its CI, the verdict.
+
+    The verdict is brief ('B faster', 'no clear difference'): the ratio and its interval are beside it."""
+    rows = [[name, format_seconds(c.a.median), format_seconds(c.b.median), f"{c.speedup:.2f}x",
+             f"{c.ci_low:.2f}-{c.ci_high:.2f}", c.verdict(brief=True)] for name, c in comparisons.items()]
+    return "\n".join(text_table(list(header), rows))
 
 
 def _threads_of(sess) -> dict:

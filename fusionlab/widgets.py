@@ -161,10 +161,10 @@ def sweep_group_size(model, sizes=(1, 2, 3, 4, 5, 6, 8, 12, 16), device: str | D
 
 
 def sweep_table(rows: list[dict]) -> str:
-    """The sweep as a plain-text table."""
-    header = list(rows[0]) if rows else []
-    cells = [[str(r[h]) for h in header] for r in rows]
-    return "\n".join(text_table(header, cells, rule=False, align="right"))
+    """The sweep as a plain-text table, a column per key ('max_group_ops' headed 'max group ops', over two lines)."""
+    keys = list(rows[0]) if rows else []
+    cells = [[str(r[k]) for k in keys] for r in rows]
+    return "\n".join(text_table([k.replace("_", " ") for k in keys], cells, rule=False, align="right"))
 
 
 def plot_sweep(rows: list[dict], ax=None, title: str | None = None):

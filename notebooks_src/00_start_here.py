@@ -97,11 +97,12 @@
 from collections import Counter
 
 from fusionlab import seed_claims
+from fusionlab.text import wrap
 
 claims = seed_claims.load()
 print(f"{len(claims)} claims checked:")
 for verdict, n in Counter(c.verdict for c in claims.values()).most_common():
-    print(f"  {n:>2} {verdict:<17} {seed_claims.VERDICTS[verdict]}")
+    print(wrap(f"  {n:>2} {verdict:<17} {seed_claims.VERDICTS[verdict]}", indent=" " * 23))
 
 # %% [markdown]
 # ## Set-up check

@@ -408,7 +408,7 @@ for name in ("Atlas 300I Pro", "Atlas 800I A2 (Ascend 910B)"):
     after = cost.plan_cost(stem_folded, None, name, dims={"batch": 1})
     print(f"{name:<28} unfused {before.latency_s * 1e6:6.1f} us ({before.kernels} kernels), "
           f"folded {after.latency_s * 1e6:6.1f} us ({after.kernels} kernels), "
-          f"saving {1 - after.latency_s / before.latency_s:.0%}")
+          f"predicted saving {1 - after.latency_s / before.latency_s:.0%}")
 
 # %% [markdown]
 # %%
@@ -437,8 +437,8 @@ print(f"at the 300I Pro's fp16 peak: {folded_work.flops / pro_peak * 1e6:.1f} us
 print(seed_claims.claim("s22-matmul-act-batch-1.5x").summary())
 matmuls = [n.op_type for n in resnet.graph.node if n.op_type in ("MatMul", "Gemm")]
 stem_out = 64 * 112 * 112
-print(f"ResNet-50's matrix multiplications: {matmuls}; output 1000 values per image; "
-      f"the stem's output {stem_out:,} values: the classifier's output is {1000 / stem_out:.2%} of the stem's")
+print(f"ResNet-50's matrix multiplications: {matmuls}; output 1000 values per image")
+print(f"the stem's output {stem_out:,} values: the classifier's output is {1000 / stem_out:.2%} of the stem's")
 
 # %% [markdown]
 # ResNet-50 has one matrix multiplication, the final classifier, and nothing but the output follows it. Fusing an

@@ -31,6 +31,7 @@ from fusionlab.cost import devices
 from fusionlab.lessons import codegen
 from fusionlab.passes import fuse, plan as plan_passes, vertical
 from fusionlab.runtime import make_feeds, session
+from fusionlab.text import wrap
 
 print(seed_claims.claim("s1-yolov5-23pct").summary())
 
@@ -298,9 +299,7 @@ runs = {
 measured = {}
 for title, r in runs.items():
     measured[title] = timing.compare_models(model, r["b"], level_a=r["level_a"], level_b=r["level_b"], min_time=2)
-    m = measured[title]
-    print(f"{title:<44} A {m.a.median * 1e3:6.2f} ms  B {m.b.median * 1e3:6.2f} ms  "
-          f"{m.speedup:.2f}x (95% CI {m.ci_low:.2f}-{m.ci_high:.2f})  {m.verdict()}")
+print(timing.comparisons_table(measured, header=("comparison: B vs A", "A", "B", "A/B", "95% CI", "verdict")))
 
 # %% [markdown]
 # The answer: a few percent at most, within the noise of this shared machine, not 2×. Our fused model and
@@ -451,7 +450,7 @@ for launch in (0.0, 1.0, 2.0, 5.0, 10.0):
 corpus = Path("..") / "tests" / "corpus"
 hf = fusionlab.load(corpus / "bert.dynamo.onnx")
 print(hf)
-print(", ".join(f"{op} {n}" for op, n in sorted(hf.op_counts().items(), key=lambda kv: -kv[1])))
+print(wrap(", ".join(f"{op} {n}" for op, n in sorted(hf.op_counts().items(), key=lambda kv: -kv[1]))))
 
 # %% [markdown]
 # This exporter already writes `LayerNormalization` and `Gelu` as single ops, so two of §7's rules have nothing
@@ -513,10 +512,11 @@ print("onnxruntime EXTENDED:", sum(ort_optimised(messy, "extended").values()), "
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+bert_runs = {}
 for title, level_a, level_b in (("ours (off) vs ORT EXTENDED", "extended", "disable"), ("both at ALL", "all", "all")):
-    m = timing.compare_models(hf, ours.graph, level_a=level_a, level_b=level_b, dims={"batch": 1, "sequence": 64},
-                              min_time=2)
-    print(f"{title:<28} {m.speedup:.2f}x (95% CI {m.ci_low:.2f}-{m.ci_high:.2f})  {m.verdict()}")
+    bert_runs[title] = timing.compare_models(hf, ours.graph, level_a=level_a, level_b=level_b,
+                                             dims={"batch": 1, "sequence": 64}, min_time=2)
+print(timing.comparisons_table(bert_runs, header=("comparison: B vs A", "A", "B", "A/B", "95% CI", "verdict")))
 
 # %% [markdown]
 # In the runs made for this notebook the fused export was about 1.3× faster than onnxruntime's EXTENDED level and

@@ -271,14 +271,14 @@ print()
 print(widgets.sweep_table(sweeps["BERT 2x256", "Atlas 800I A2 (Ascend 910B)"]))
 
 # %%
-print(f"{'network':<11} {'device':<28} {'best max ops':>12} {'at 5 ops':>9} {'best':>9} {'5 vs best':>9} "
-      f"{'largest UB KiB':>14} {'peak vs unfused':>15}")
+print(f"{'network':<11} {'device':<27} {'best max ops':>12} {'at 5 ops':>9} {'best':>9} {'5 vs best':>9} "
+      f"{'max UB KiB':>10} {'peak/unfused':>12}")
 for (net, dev), rows in sweeps.items():
     best = min(rows, key=lambda r: (r["latency_us"], r["max_group_ops"]))
     at5 = next(r for r in rows if r["max_group_ops"] == 5)
-    print(f"{net:<11} {dev:<28} {best['max_group_ops']:>12} {at5['latency_us']:>7.1f}us {best['latency_us']:>7.1f}us "
-          f"{at5['latency_us'] / best['latency_us']:>8.2f}x {max(r['ub_KiB'] for r in rows):>14.1f} "
-          f"{best['peak_vs_unfused']:>15.3f}")
+    print(f"{net:<11} {dev:<27} {best['max_group_ops']:>12} {at5['latency_us']:>7.1f}us {best['latency_us']:>7.1f}us "
+          f"{at5['latency_us'] / best['latency_us']:>8.2f}x {max(r['ub_KiB'] for r in rows):>10.1f} "
+          f"{best['peak_vs_unfused']:>12.3f}")
 
 # %%
 fig, axes = plt.subplots(2, 4, figsize=(16, 6.4))
@@ -294,8 +294,8 @@ fig.tight_layout()
 # YOLOv5), because fewer intermediates are ever written. None of the three mechanisms bites here:
 #
 # * the largest group of either network needs at most about 164 KiB at 16 KiB tiles, within every preset's UB, so
-#   no tile shrinks below 16 KiB (`DMA_x` stays at 1.00–1.01, and that 1 % is the small tensors, which move in
-#   small transfers whether fused or not);
+#   no tile shrinks below 16 KiB (column `DMA x` stays at 1.00–1.01, and that 1 % is the small tensors, which
+#   move in small transfers whether fused or not);
 # * the ten recomputed `Sub`s of BERT's LayerNorms each read `x` and the mean again, but save writing `x − mean`
 #   and reading it back twice: recompute *lowers* traffic here;
 # * no fused kernel holds tensors that the unfused ops would have freed before it runs.
@@ -316,10 +316,10 @@ resnet50 = fusionlab.load(zoo.get("resnet50"))
 r50_plan = widgets.make_plan(resnet50, ("vertical",), max_group_ops=None)
 r50 = cost.Analysis(resnet50, {"batch": 8}, "fp16")
 r50_unfused, r50_fused = (cost.plan_cost(resnet50, p, pro, analysis=r50) for p in (None, r50_plan))
-print(f"ResNet-50, batch 8, fp16: peak live activations {r50_unfused.peak_activation_bytes / 2**20:.2f} MiB unfused, "
-      f"{r50_fused.peak_activation_bytes / 2**20:.2f} MiB with its {len(r50_plan)} Conv+BN(+ReLU) groups fused "
-      f"({r50_unfused.peak_activation_bytes / r50_fused.peak_activation_bytes:.2f}x as many images in the same "
-      f"activation memory); weights {r50_unfused.weight_bytes / 2**20:.2f} MiB")
+print(wrap(f"ResNet-50, batch 8, fp16: peak live activations {r50_unfused.peak_activation_bytes / 2**20:.2f} MiB "
+           f"unfused, {r50_fused.peak_activation_bytes / 2**20:.2f} MiB with its {len(r50_plan)} Conv+BN(+ReLU) groups "
+           f"fused ({r50_unfused.peak_activation_bytes / r50_fused.peak_activation_bytes:.2f}x as many images in the "
+           f"same activation memory); weights {r50_unfused.weight_bytes / 2**20:.2f} MiB"))
 
 # %% [markdown]
 # A quarter less activation memory, so about 1.33× the batch when activations fill the card (at batch 8 they are

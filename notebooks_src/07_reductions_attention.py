@@ -34,6 +34,7 @@ from onnx import numpy_helper
 from fusionlab import runtime, timing
 from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import reductions as R
+from fusionlab.text import text_table, wrap
 
 rng = np.random.default_rng(0)
 
@@ -144,11 +145,21 @@ for name, fn in (("fused kernel", lambda: softmax(x, out=out)), ("onnxruntime So
     f = R.stream_fraction(fn, moved)
     print(f"{name:<20} {f.kernel_gbs:5.1f} GB/s = {f.fraction:.0%} of streaming, timed in the same rounds "
           f"({f.stream_gbs:.1f} GB/s then)")
-for name, c in runs.items():
-    gbs_a, gbs_b = moved / c.a.median / 1e9, moved / c.b.median / 1e9
-    print(f"{name:<28} {timing.format_seconds(c.a.median):>9} = {gbs_a:5.1f} GB/s ({gbs_a / limit:4.0%}) | "
-          f"fused {timing.format_seconds(c.b.median):>9} = {gbs_b:5.1f} GB/s ({gbs_b / limit:4.0%}) | "
-          f"fused {c.speedup:.2f}x (95% CI {c.ci_low:.2f}-{c.ci_high:.2f})")
+
+
+def bandwidth_table(runs: dict) -> str:
+    """A row per baseline: its median and GB/s, the fused kernel's, the paired speed-up of the fused kernel."""
+    rows = []
+    for name, c in runs.items():
+        gbs_a, gbs_b = moved / c.a.median / 1e9, moved / c.b.median / 1e9
+        rows.append([name, timing.format_seconds(c.a.median), f"{gbs_a:.1f} ({gbs_a / limit:.0%})",
+                     timing.format_seconds(c.b.median), f"{gbs_b:.1f} ({gbs_b / limit:.0%})",
+                     f"{c.speedup:.2f}x", f"{c.ci_low:.2f}-{c.ci_high:.2f}"])
+    return (f"GB/s = bytes moved / median time (in brackets: share of the {limit:.1f} GB/s streaming bandwidth)\n"
+            + "\n".join(text_table(["baseline", "median", "GB/s", "fused", "GB/s", "speed-up", "95% CI"], rows)))
+
+
+print(bandwidth_table(runs))
 
 # %%
 fig, ax = plt.subplots(figsize=(6.5, 3.2))
@@ -200,7 +211,7 @@ for offset in (0.0, 1000.0):
     exact = R.layernorm_reference(xo, gamma, beta)
     err_w = np.abs(R.layernorm_loop(xo, gamma, beta, moments=R.welford) - exact).max()
     err_t = np.abs(R.layernorm_loop(xo, gamma, beta, moments=R.two_moment) - exact).max()
-    print(f"rows offset by {offset:>6}: Welford within 1e-4: {err_w < 1e-4}; two-moment within 1e-4: {err_t < 1e-4}"
+    print(f"rows offset by {offset:>6}, within 1e-4: Welford {err_w < 1e-4}, two-moment {err_t < 1e-4}"
           f" (two-moment error {'>' if err_t > 100 * err_w else '<='} 100x Welford's)")
 
 # %% [markdown]
@@ -240,11 +251,7 @@ for name, fn in (("fused kernel", lambda: layernorm(x_ln, g, b, out=ln_out)),
     f = R.stream_fraction(fn, moved)
     print(f"{name:<22} {f.kernel_gbs:5.1f} GB/s = {f.fraction:.0%} of streaming, timed in the same rounds "
           f"({f.stream_gbs:.1f} GB/s then)")
-for name, c in ln_runs.items():
-    gbs_a, gbs_b = moved / c.a.median / 1e9, moved / c.b.median / 1e9
-    print(f"{name:<31} {timing.format_seconds(c.a.median):>9} = {gbs_a:5.1f} GB/s ({gbs_a / limit:4.0%}) | "
-          f"fused {timing.format_seconds(c.b.median):>9} = {gbs_b:5.1f} GB/s ({gbs_b / limit:4.0%}) | "
-          f"fused {c.speedup:.2f}x (95% CI {c.ci_low:.2f}-{c.ci_high:.2f})")
+print(bandwidth_table(ln_runs))
 
 # %% [markdown]
 # ## 6. Attention: an O(N²) intermediate
@@ -340,7 +347,8 @@ for seq in (16, 128, 512, 1024, 2048):
                        label_b="MHA", min_time=budget)
     plain = timing.bench(lambda: mha_plain.run(None, feeds), min_time=budget / 2)
     print(f"{seq:>5} {timing.format_seconds(c.a.median):>11} {timing.format_seconds(c.b.median):>9} "
-          f"{timing.format_seconds(plain.median):>14} {c.speedup:>10.2f}x ({c.ci_low:.2f}-{c.ci_high:.2f})  {c.verdict()}")
+          f"{timing.format_seconds(plain.median):>14} {c.speedup:>10.2f}x ({c.ci_low:.2f}-{c.ci_high:.2f})  "
+          f"{c.verdict(brief=True)}")
 
 # %% [markdown]
 # Read the table with the bytes model in mind, and you see why the gain on this CPU is a fraction of
@@ -378,13 +386,15 @@ for seq in (16, 128, 512, 1024, 2048):
 # %%
 seq_a, d_a = 4096, 128
 print(f"one head, N = {seq_a}, d = {d_a}, fp16 (modelled)")
-print(f"{'device':<28} {'UB KiB':>6} {'L1 KiB':>6} {'tile':>5} {'L1 used':>8} {'UB used':>8} "
-      f"{'HBM MiB tiled':>13} {'unfused':>8} {'time tiled':>11} {'unfused':>9}")
+rows = []
 for name in devices.load_devices():
     dev = devices.get(name)
     t = R.ascend_flash_tile(name, seq_a, d_a)
-    print(f"{t.device:<28} {dev.ub_kb:>6g} {dev.l1_kb:>6g} {t.block_q:>5} {t.l1_bytes / 1024:>6.0f} K {t.ub_bytes / 1024:>6.0f} K "
-          f"{t.hbm_bytes / 2**20:>13.1f} {t.unfused_bytes / 2**20:>8.1f} {t.time_us:>8.0f} µs {t.unfused_time_us:>6.0f} µs")
+    rows.append([t.device, f"{dev.ub_kb:g}", f"{dev.l1_kb:g}", str(t.block_q), f"{t.l1_bytes / 1024:.0f} K",
+                 f"{t.ub_bytes / 1024:.0f} K", f"{t.hbm_bytes / 2**20:.1f}", f"{t.unfused_bytes / 2**20:.1f}",
+                 f"{t.time_us:.0f} µs", f"{t.unfused_time_us:.0f} µs"])
+print("\n".join(text_table(["device", "UB KiB", "L1 KiB", "tile", "L1 used", "UB used", "HBM MiB tiled",
+                            "HBM MiB unfused", "time tiled", "time unfused"], rows)))
 
 # %% [markdown]
 # The 910B core's smaller UB (192 KiB against 256 KiB on the 310P3) forces a smaller tile, so K and V

@@ -33,6 +33,7 @@ from fusionlab.compilers import MODELS, cann, grouping, iree, ort
 from fusionlab.graph import load
 from fusionlab.lessons import reductions as R
 from fusionlab.passes import plan_only
+from fusionlab.text import text_table, wrap
 
 print("IREE", iree.version())
 
@@ -115,12 +116,12 @@ print(len(per_op), "modules;", "per-op matches onnxruntime:",
 # %%
 # NBVAL_IGNORE_OUTPUT
 ort_all = runtime.session(ln_gelu, "all", 1)
+against_fused = {}
 for label, fn in (("IREE per-op (6 modules)", lambda: per_op(x)),
                   ("onnxruntime unfused (6 kernels)", lambda: ort_off.run(["y"], {"x": x})),
                   ("onnxruntime ALL (2 kernels)", lambda: ort_all.run(["y"], {"x": x}))):
-    c = timing.compare(fn, lambda: fused(x), label_a=label, label_b="IREE fused", min_time=1.0)
-    print(f"{label:<32} {timing.format_seconds(c.a.median):>9} | IREE fused {timing.format_seconds(c.b.median):>9} | "
-          f"{c.speedup:.2f}x (95% CI {c.ci_low:.2f}-{c.ci_high:.2f}) -> {c.verdict()}")
+    against_fused[label] = timing.compare(fn, lambda: fused(x), label_a="A", label_b="IREE fused", min_time=1.0)
+print(timing.comparisons_table(against_fused, header=("A", "median A", "IREE fused", "A/B", "95% CI", "verdict")))
 
 # %% [markdown]
 # Fusion inside one compiler is the clean comparison: same code generator, same inputs, only the
@@ -204,14 +205,16 @@ for name, names_ in iree_names.items():
 
 # %%
 tvm_data = json.loads((Path("..") / "data" / "tvm_groups.json").read_text())
-print("apache-tvm", tvm_data["tvm_version"], "|", " -> ".join(tvm_data["pipeline"]))
+print(wrap(f"apache-tvm {tvm_data['tvm_version']} | " + " -> ".join(tvm_data["pipeline"])))
+rows = []
 for name, entry in tvm_data["models"].items():
     graph = load(zoo.get(name, **entry["params"]))
     present = {n.name for n in graph}
     stale = [n for g in entry["groups"] for n in g if n not in present]
-    print(f"{name:<13} {entry['nodes']:>4} ONNX nodes | TVM functions {entry['functions_before']:>4} -> "
-          f"{entry['functions_after']:>3} after FuseTIR | {len(entry['groups']):>3} kernels | "
-          f"node names match today's zoo model: {not stale}")
+    rows.append([name, str(entry["nodes"]), str(entry["functions_before"]), str(entry["functions_after"]),
+                 str(len(entry["groups"])), str(not stale)])
+print("\n".join(text_table(["model", "ONNX nodes", "TVM functions", "after FuseTIR", "kernels",
+                            "node names match today's zoo model"], rows)))
 
 # %% [markdown]
 # **Agreement as a number.** Two groupings of one graph can be compared edge by edge: over every data

@@ -33,6 +33,7 @@ from fusionlab import cost, profile, seed_claims, zoo
 from fusionlab.cost import calibrate, devices, metrics
 from fusionlab.passes import fuse
 from fusionlab.runtime import verify
+from fusionlab.text import wrap
 from fusionlab.timing import bench, compare, compare_models
 
 plt.rcParams["figure.dpi"] = 80
@@ -80,8 +81,8 @@ print(before.op_table(top=12, sort="duration"))
 print(f"kernels per run: original {before.ops_per_run}, fused {after.ops_per_run}")
 counts_before = {t: r["count"] for t, r in sorted(before.by_op_type().items())}
 counts_after = {t: r["count"] for t, r in sorted(after.by_op_type().items())}
-print("original:", counts_before)
-print("fused:   ", counts_after)
+print(wrap(f"original: {counts_before}", indent=" " * 10))
+print(wrap(f"fused:    {counts_after}", indent=" " * 10))
 print("graph nodes that launch no kernel:",
       sorted({n.op_type for n in fusionlab.load(model).topological_order()} - set(counts_before)))
 
@@ -247,7 +248,8 @@ fusion = compare_models(model, fused.graph, min_time=2.0, label_a="original", la
 print(fusion.table())
 gap_per_op = before.gap_us / before.ops_per_run
 print(f"\nprofile: gaps {before.gap_us:.0f} -> {after.gap_us:.0f} us per run, {gap_per_op:.1f} us per launched op "
-      f"with the profiler on; launch overhead with it off: {cal.launch_overhead_us:.2f} us per op (§3)")
+      f"with the profiler on")
+print(f"launch overhead with the profiler off: {cal.launch_overhead_us:.2f} us per op (§3)")
 saved = (fusion.a.median - fusion.b.median) * 1e6
 print(f"measured without the profiler: {saved:.0f} us saved per run for {before.ops_per_run - after.ops_per_run} "
       f"fewer kernels, {saved / (before.ops_per_run - after.ops_per_run):.1f} us per kernel removed")
@@ -347,8 +349,9 @@ util_2 = metrics.utilisation(threads.b.median, costs, cpu_2)
 print(threads.table(), "\n")
 print(metrics.table([util_1, util_2]))
 print(f"\nroof (onnxruntime MatMul): {cpu_1.peak_flops('float32') / 1e9:.1f} GFLOP/s with 1 thread, "
-      f"{cpu_2.peak_flops('float32') / 1e9:.1f} GFLOP/s with 2; DRAM streaming bandwidth "
-      f"{calibrated.mem_bandwidth_gbs:.1f} GB/s (fusionlab.cost.calibrate, the figure every notebook uses)")
+      f"{cpu_2.peak_flops('float32') / 1e9:.1f} GFLOP/s with 2")
+print(f"DRAM streaming bandwidth {calibrated.mem_bandwidth_gbs:.1f} GB/s "
+      f"(fusionlab.cost.calibrate, the figure every notebook uses)")
 
 # %% [markdown]
 # When the cores are shared with other work, a second thread can only help as much as another core is idle.

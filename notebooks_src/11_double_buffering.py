@@ -39,7 +39,7 @@ from fusionlab import seed_claims
 from fusionlab.cost import devices
 from fusionlab.lessons import double_buffer
 from fusionlab.timing import bench, compare
-from fusionlab.text import wrap
+from fusionlab.text import text_table, wrap
 
 plt.rcParams["figure.dpi"] = 80
 print(seed_claims.claim("s33-tbe-dsl-sketch").summary())
@@ -242,17 +242,20 @@ def modelled(dev, ops_per_elem, inputs=1, elems=ELEMS, buffers=(1, 2)):
     return rows
 
 
+print("tiles in elements with 1 and 2 buffers; copy/compute and the regime at 2 buffers; bound = bytes / bandwidth")
 for dev in presets.values():
     core = double_buffer.core_from_device(dev)
-    print(dev.name)
+    table = []
     for label, ops, inputs in (("Add", 1, 2), ("Sinh-like", 20, 1), ("100 ops/elem", 100, 1)):
         rows = modelled(dev, ops, inputs)
         (tile1, _, s1), (tile2, t2, s2) = rows[1], rows[2]
         bound = ELEMS * 2 * (inputs + 1) / (core.copy_gbs * 1e3)  # bytes / bandwidth, us
         kind = "copy" if t2.copy_in + t2.copy_out > t2.compute else "compute"
-        print(f"  {label:<13} tile {tile1:>6} -> {tile2:>6} elems; copy/compute "
-              f"{(t2.copy_in + t2.copy_out) / t2.compute:6.2f} ({kind}-bound); bound {bound:7.1f} us; "
-              f"{s1.total:8.1f} -> {s2.total:8.1f} us: {s1.total / s2.total - 1:+6.1%}")
+        table.append([label, str(tile1), str(tile2), f"{(t2.copy_in + t2.copy_out) / t2.compute:.2f}", f"{kind}-bound",
+                      f"{bound:.1f} us", f"{s1.total:.1f} us", f"{s2.total:.1f} us", f"{s1.total / s2.total - 1:+.1%}"])
+    print(f"\n{dev.name}")
+    print("\n".join(text_table(["kernel", "tile, 1 buf", "tile, 2 buf", "copy/compute", "regime", "bound", "1 buffer",
+                                "2 buffers", "gain"], table)))
 
 # %% [markdown]
 # The least time for the Sinh-like kernel on the 300I Pro is 16 MiB ÷ 25.6 GB/s = 655 µs, and the double-buffered
@@ -286,7 +289,7 @@ fig
 # %%
 pro = presets["Atlas 300I Pro"]
 print(f"{'k ops':>5} {'unfused, 1 buf':>15} {'unfused, 2 buf':>15} {'fused, 1 buf':>13} {'fused, 2 buf':>13} "
-      f"{'fusion gain':>11} {'DB gain, fused':>14} {'Vector busy':>19}")
+      f"{'fusion gain':>11} {'DB gain, fused':>14} {'Vector busy':>16}")
 chain = {}
 for k in (1, 2, 4, 8, 16):
     one_op = modelled(pro, 5)

@@ -493,8 +493,9 @@ print(dynamic_shapes.replay_table(policies()))
 # NBVAL_IGNORE_OUTPUT
 timed = policies(run_static, run_dynamic, build_median, dynamic_build_s)
 print(dynamic_shapes.replay_table(timed, times=True))
-print(f"memory for the models held, at {mib_per_session:.0f} MiB per session: "
-      + ", ".join(f"{r.label}: {r.peak_cached * mib_per_session:.0f} MiB" for r in timed))
+print(f"memory for the models held, at {mib_per_session:.0f} MiB per session:")
+for r in timed:
+    print(f"  {r.label}: {r.peak_cached * mib_per_session:.0f} MiB")
 
 fig, ax = plt.subplots(figsize=(8, 3.6))
 labels = [r.label.replace(", ", "\n") for r in timed]
@@ -562,14 +563,16 @@ for name, s in (("our stream (median 96)", stream), ("long sequences (257-512)",
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+gains = []
 for name, s in (("our stream (median 96)", stream), ("long sequences (257-512)", long_stream)):
     base = dynamic_shapes.replay(s, "gears", gears=(512,), capacity=1, run_seconds=run_static).run_seconds
     exact_s = dynamic_shapes.replay(s, "exact", run_seconds=run_static).run_seconds
     gears_s = dynamic_shapes.replay(s, "gears", gears=GEARS, capacity=4, run_seconds=run_static).run_seconds
     dynamic_s = dynamic_shapes.replay(s, "dynamic", run_seconds=run_dynamic).run_seconds
-    print(f"{name}: exact shapes {base / exact_s:.2f}x, gears 64/128/256/512 {base / gears_s:.2f}x "
-          f"(removing {(base - gears_s) / (base - exact_s):.0%} of the time padding to 512 wastes), "
-          f"one dynamic session {base / dynamic_s:.2f}x")
+    gains.append([name, f"{base / exact_s:.2f}x", f"{base / gears_s:.2f}x", f"{(base - gears_s) / (base - exact_s):.0%}",
+                  f"{base / dynamic_s:.2f}x"])
+print("\n".join(text_table(["stream", "exact shapes", "gears 64/128/256/512",
+                            "time padding to 512 wastes, removed by gears", "one dynamic session"], gains)))
 
 # %% [markdown]
 # - On short-request traffic, not padding everything to 512 is worth several times the throughput: that is

@@ -3,6 +3,7 @@
 import pytest
 
 from fusionlab.cost import calibrate, devices
+from fusionlab.text import MAX_WIDTH
 
 
 def test_stream_arrays_are_at_least_four_times_the_last_level_cache():
@@ -22,6 +23,8 @@ def test_quick_and_full_calibration_measure_the_same_quantities():
     assert d["stream_gbs"] == quick.stream_gbs and d["profiler_cost_us"] == quick.profiler_cost_us
     lines = quick.summary().splitlines()
     assert [line.split()[0] for line in lines] == ["streaming", "launch", "profiled", "matmul"]
+    assert max(map(len, lines)) <= MAX_WIDTH  # the notebook column
+    assert f"it adds {quick.profiler_cost_us:.2f} us per node" in lines[2]
 
 
 def test_this_machine_takes_bandwidth_and_launch_from_the_calibration():

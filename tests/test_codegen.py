@@ -219,4 +219,16 @@ def test_loop_vs_loop_constant_operands_count_once_and_default_size_leaves_the_c
 def test_loop_vs_loop_measures_both_variants():
     r = ew.loop_vs_loop(n=4096, min_time=0.05)
     assert r.comparison is not None and r.comparison.a.median > 0 and r.comparison.b.median > 0
-    assert "speed-up" in r.gbs(10.0) and "DRAM streaming bandwidth 10.0 GB/s" in r.gbs(10.0)
+    rates, speedup = r.gbs(10.0).splitlines()
+    assert rates.startswith("one loop per op ") and rates.endswith("; DRAM streaming bandwidth 10.0 GB/s")
+    assert speedup == f"speed-up {r.comparison.speedup:.2f}x against a bytes ratio of {r.ratio:.2f}x"
+
+
+def test_generated_source_fits_the_notebook_column(kernel):
+    """Notebooks print generated kernels; a learner copies them, so the generator keeps lines short."""
+    from fusionlab.text import MAX_WIDTH
+
+    sources = [kernel.source, *ew._HELPERS.values()]
+    assert all("erf" in s or "tanh" in s or "exp" in s for s in sources[1:])
+    wide = [line for s in sources for line in s.splitlines() if len(line) > MAX_WIDTH]
+    assert not wide, wide

@@ -127,3 +127,11 @@ def test_ascend_tile_fits_the_buffers_of_each_device():
         assert t.block_q % 16 == 0 and t.hbm_bytes < t.unfused_bytes
         l1, ub = R.flash_buffers(t.block_q + 16, 128)  # one step larger no longer fits
         assert l1 > dev.l1_kb * 1024 or ub > dev.ub_kb * 1024
+
+
+def test_generated_row_kernels_fit_the_notebook_column():
+    from fusionlab.text import MAX_WIDTH
+
+    for source in (R.softmax_kernel().source, R.layernorm_kernel().source):
+        wide = [line for line in source.splitlines() if len(line) > MAX_WIDTH]
+        assert not wide, wide

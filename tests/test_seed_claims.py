@@ -107,6 +107,21 @@ def test_summary_names_the_claim_its_verdict_and_the_ledger():
         seed_claims.claim("nope")
 
 
+def test_summary_lines_fit_the_notebook_column_and_keep_every_word():
+    from fusionlab.text import MAX_WIDTH
+
+    wrapped = 0
+    for c in CLAIMS.values():
+        lines = c.summary().splitlines()
+        assert all(len(line) <= MAX_WIDTH for line in lines), (c.id, max(map(len, lines)))
+        assert _flat(c.summary()) == _flat(f"The seed (§{c.section}): {c.says} Ledger verdict [{c.id}]: "
+                                           f"{c.verdict}. {c.why} (all the seed's claims: docs/seed_claims.md)")
+        assert lines[0].startswith("The seed (§") and all(
+            line.startswith(("The seed (§", "Ledger verdict [", "(all the seed", "    ")) for line in lines), c.id
+        wrapped += len(lines) > 3
+    assert wrapped >= 10  # most claims are longer than a line: the test really exercises the wrapping
+
+
 def _ledger(tmp_path, **change):
     claim = {"id": "x", "section": "1", "seed": "s", "says": "s", "verdict": "wrong", "why": "w",
              "evidence": [{"kind": "source", "text": "t"}], "shown_in": []} | change

@@ -146,6 +146,7 @@ def test_comparison_verdicts():
     assert same.verdict().startswith("no clear difference")
     slower_b = timing.Comparison.from_samples([1.0] * 10, [2.0] * 10, label_a="A", label_b="B")
     assert slower_b.verdict() == "A is faster (2.00×)"
+    assert slower_b.verdict(brief=True) == "A faster" and same.verdict(brief=True) == "no clear difference"
     with pytest.raises(ValueError):
         timing.Comparison.from_samples([1.0], [1.0, 2.0])
 
@@ -183,3 +184,14 @@ def test_machine_info_keys():
     import onnxruntime
 
     assert info["onnxruntime"] == onnxruntime.__version__
+
+
+def test_comparisons_table_puts_one_comparison_on_each_row():
+    faster_b = timing.Comparison.from_samples([0.002] * 10, [0.001] * 10, label_a="A", label_b="B (all)")
+    same = timing.Comparison.from_samples([1.0, 1.1, 0.9, 1.0, 1.05, 0.95], [1.0, 0.9, 1.1, 1.0, 0.95, 1.05])
+    lines = timing.comparisons_table({"ours vs theirs": faster_b, "both at ALL": same},
+                                     header=("comparison", "A", "B", "A/B", "95% CI", "verdict")).splitlines()
+    assert lines[0].split() == ["comparison", "A", "B", "A/B", "95%", "CI", "verdict"] and set(lines[1]) <= {"-", " "}
+    assert lines[2].split() == ["ours", "vs", "theirs", "2.00", "ms", "1.00", "ms", "2.00x", "2.00-2.00", "B", "(all)",
+                                "faster"]
+    assert lines[3].endswith("no clear difference") and "1.00x" in lines[3]

@@ -10,6 +10,7 @@ import pytest
 
 from fusionlab import widgets, zoo
 from fusionlab.graph import load
+from fusionlab.text import MAX_WIDTH
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,12 @@ def test_sweep_group_size_rows(resnet):
     assert all(r["largest"] <= r["max_group_ops"] or r["groups"] == 0 for r in rows)
     assert rows[-1]["kernels"] <= rows[1]["kernels"] <= rows[0]["kernels"]
     fig = widgets.plot_sweep(rows)
-    assert fig.axes and "\n" in widgets.sweep_table(rows)
+    assert fig.axes
+    lines = widgets.sweep_table(rows).splitlines()
+    assert len(lines) == 2 + len(rows) and max(map(len, lines)) <= MAX_WIDTH  # headers over two lines, no clipping
+    assert "…" not in "".join(lines) and lines[0].split()[-3:] == ["peak", "peak", "vs"]
+    assert lines[1].split()[-2:] == ["MiB", "unfused"]
+    assert lines[-1].split() == [str(rows[-1][k]) for k in rows[-1]]
 
 
 def test_a_smaller_ub_slows_transfers_and_spills_nothing(resnet):

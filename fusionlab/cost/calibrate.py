@@ -70,10 +70,10 @@ class Calibration:
         mib = self.stream_elements * 4 / 2**20
         return "\n".join([
             f"streaming bandwidth  {self.stream_gbs:6.1f} GB/s  best of copy {self.copy_gbs:.1f} / add {self.add_gbs:.1f} "
-            f"GB/s on {mib:.0f} MiB fp32 arrays (>= 4 x the {self.l3_kb // 1024} MiB L3)",
+            f"GB/s; {mib:.0f} MiB fp32 arrays >= 4 x L3 ({self.l3_kb // 1024} MiB)",
             f"launch overhead      {self.launch_overhead_us:6.2f} us    one more tiny node in onnxruntime, profiler off",
-            f"profiled launch      {self.profiled_launch_us:6.2f} us    the same with onnxruntime's profiler on "
-            f"(the profiler adds {self.profiler_cost_us:.2f} us per node)",
+            f"profiled launch      {self.profiled_launch_us:6.2f} us    the same, onnxruntime's profiler on "
+            f"(it adds {self.profiler_cost_us:.2f} us per node)",
             f"matmul peak          {self.matmul_gflops:6.1f} GFLOP/s  numpy fp32 1024 x 1024, one thread",
         ])
 

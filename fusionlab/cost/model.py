@@ -372,8 +372,8 @@ class PlanCost:
             out.append(f"... {len(rows) - len(shown)} more groups")
         s = self.summary()
         out.append(f"{s['kernels']} kernels ({len(self.groups())} groups), predicted {_fmt_time(self.latency_s)} "
-                   f"(launch {_fmt_time(self.launch_s)}), {s['MiB_moved']:.2f} MiB moved, "
-                   + (f"spill {s['spill_MiB']:.2f} MiB, " if self.spill_bytes else "")
+                   f"(launch {_fmt_time(self.launch_s)}), {s['MiB_moved']:.2f} MiB moved")
+        out.append((f"spill {s['spill_MiB']:.2f} MiB, " if self.spill_bytes else "")
                    + f"peak memory {s['peak_MiB']:.2f} MiB (activations {s['peak_activation_MiB']:.2f})")
         return "\n".join(out)
 

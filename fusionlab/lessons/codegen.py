@@ -66,17 +66,20 @@ _HELPERS = {
 # erf(x): the float32 rational approximation of Eigen and XLA, x * P(x^2) / Q(x^2),
 # with x clamped to [-4, 4] (erf(4) rounds to 1 in float32). NaN stays NaN.
 ERF_CLAMP = np.float32(4.0)
-ERF_A1, ERF_A3, ERF_A5 = np.float32(-1.60960333262415e-02), np.float32(-2.95459980854025e-03), np.float32(-7.34990630326855e-04)
-ERF_A7, ERF_A9, ERF_A11 = np.float32(-5.69250639462346e-05), np.float32(-2.10102402082508e-06), np.float32(2.77068142495902e-08)
+ERF_A1, ERF_A3 = np.float32(-1.60960333262415e-02), np.float32(-2.95459980854025e-03)
+ERF_A5, ERF_A7 = np.float32(-7.34990630326855e-04), np.float32(-5.69250639462346e-05)
+ERF_A9, ERF_A11 = np.float32(-2.10102402082508e-06), np.float32(2.77068142495902e-08)
 ERF_A13 = np.float32(-2.72614225801306e-10)
-ERF_B0, ERF_B2, ERF_B4 = np.float32(-1.42647390514189e-02), np.float32(-7.37332916720468e-03), np.float32(-1.68282697438203e-03)
-ERF_B6, ERF_B8 = np.float32(-2.13374055278905e-04), np.float32(-1.45660718464996e-05)
+ERF_B0, ERF_B2 = np.float32(-1.42647390514189e-02), np.float32(-7.37332916720468e-03)
+ERF_B4, ERF_B6 = np.float32(-1.68282697438203e-03), np.float32(-2.13374055278905e-04)
+ERF_B8 = np.float32(-1.45660718464996e-05)
 
 def erf(x):
     x = ERF_CLAMP if x > ERF_CLAMP else x  # a select, not a branch; NaN compares false and passes through
     x = -ERF_CLAMP if x < -ERF_CLAMP else x
     x2 = x * x
-    p = ((((((ERF_A13 * x2 + ERF_A11) * x2 + ERF_A9) * x2 + ERF_A7) * x2 + ERF_A5) * x2 + ERF_A3) * x2 + ERF_A1)
+    p = ((((((ERF_A13 * x2 + ERF_A11) * x2 + ERF_A9) * x2 + ERF_A7) * x2 + ERF_A5) * x2 + ERF_A3)
+         * x2 + ERF_A1)
     q = ((((ERF_B8 * x2 + ERF_B6) * x2 + ERF_B4) * x2 + ERF_B2) * x2 + ERF_B0)
     return x * p / q
 ''',
@@ -84,17 +87,19 @@ def erf(x):
 # tanh(x): the float32 rational approximation of Eigen, XLA and onnxruntime (MLAS),
 # x * P(x^2) / Q(x^2), with x clamped to [-9, 9]. NaN stays NaN.
 TANH_CLAMP = np.float32(9.0)
-TANH_A1, TANH_A3, TANH_A5 = np.float32(4.89352455891786e-03), np.float32(6.37261928875436e-04), np.float32(1.48572235717979e-05)
-TANH_A7, TANH_A9, TANH_A11 = np.float32(5.12229709037114e-08), np.float32(-8.60467152213735e-11), np.float32(2.00018790482477e-13)
+TANH_A1, TANH_A3 = np.float32(4.89352455891786e-03), np.float32(6.37261928875436e-04)
+TANH_A5, TANH_A7 = np.float32(1.48572235717979e-05), np.float32(5.12229709037114e-08)
+TANH_A9, TANH_A11 = np.float32(-8.60467152213735e-11), np.float32(2.00018790482477e-13)
 TANH_A13 = np.float32(-2.76076847742355e-16)
-TANH_B0, TANH_B2, TANH_B4 = np.float32(4.89352518554385e-03), np.float32(2.26843463243900e-03), np.float32(1.18534705686654e-04)
-TANH_B6 = np.float32(1.19825839466702e-06)
+TANH_B0, TANH_B2 = np.float32(4.89352518554385e-03), np.float32(2.26843463243900e-03)
+TANH_B4, TANH_B6 = np.float32(1.18534705686654e-04), np.float32(1.19825839466702e-06)
 
 def tanh(x):
     x = TANH_CLAMP if x > TANH_CLAMP else x
     x = -TANH_CLAMP if x < -TANH_CLAMP else x
     x2 = x * x
-    p = ((((((TANH_A13 * x2 + TANH_A11) * x2 + TANH_A9) * x2 + TANH_A7) * x2 + TANH_A5) * x2 + TANH_A3) * x2 + TANH_A1)
+    p = ((((((TANH_A13 * x2 + TANH_A11) * x2 + TANH_A9) * x2 + TANH_A7) * x2 + TANH_A5) * x2 + TANH_A3)
+         * x2 + TANH_A1)
     q = (((TANH_B6 * x2 + TANH_B4) * x2 + TANH_B2) * x2 + TANH_B0)
     return x * p / q
 ''',
@@ -103,17 +108,20 @@ def tanh(x):
 # is exact), take e**r from the Cephes expf polynomial and 2**n from its float32 bits, in two
 # halves so that subnormal results and overflow to inf come out right. NaN stays NaN.
 EXP_LO, EXP_HI = np.float32(-104.0), np.float32(89.0)  # e**x rounds to 0 below, overflows above
-EXP_LOG2E, EXP_LN2_HI, EXP_LN2_LO = np.float32(1.44269504088896341), np.float32(0.693359375), np.float32(-2.12194440e-4)
+EXP_LOG2E = np.float32(1.44269504088896341)
+EXP_LN2_HI, EXP_LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)  # ln2 = HI + LO, HI exact
 EXP_P0, EXP_P1, EXP_P2 = np.float32(5.0000001201e-1), np.float32(1.6666665459e-1), np.float32(4.1665795894e-2)
 EXP_P3, EXP_P4, EXP_P5 = np.float32(8.3334519073e-3), np.float32(1.3981999507e-3), np.float32(1.9875691500e-4)
-EXP_HALF, EXP_ONE, EXP_BIAS, EXP_MANTISSA = np.float32(0.5), np.float32(1.0), np.float32(127.0), np.float32(2.0**23)
+EXP_HALF, EXP_ONE = np.float32(0.5), np.float32(1.0)
+EXP_BIAS, EXP_MANTISSA = np.float32(127.0), np.float32(2.0**23)
 
 def exp(x):
     c = x if x > EXP_LO else EXP_LO  # NaN becomes EXP_LO here, and is put back at the end
     c = c if c < EXP_HI else EXP_HI
     n = np.floor(c * EXP_LOG2E + EXP_HALF)
     r = c - n * EXP_LN2_HI - n * EXP_LN2_LO
-    p = (((((EXP_P5 * r + EXP_P4) * r + EXP_P3) * r + EXP_P2) * r + EXP_P1) * r + EXP_P0) * r * r + r + EXP_ONE
+    p = ((((((EXP_P5 * r + EXP_P4) * r + EXP_P3) * r + EXP_P2) * r + EXP_P1) * r + EXP_P0) * r * r
+         + r + EXP_ONE)
     h = np.floor(n * EXP_HALF)
     two_h = np.int32((h + EXP_BIAS) * EXP_MANTISSA).view(np.float32)  # 2**h: exponent field h + 127
     two_n_h = np.int32((n - h + EXP_BIAS) * EXP_MANTISSA).view(np.float32)  # 2**(n - h)
@@ -670,7 +678,7 @@ class LoopComparison:
                 f"  ratio {self.ratio:.2f}x; the two give the same values: max |difference| {self.max_abs_diff:.1e}")
 
     def gbs(self, bandwidth_gbs: float | None = None) -> str:
-        """Effective GB/s of each variant (its bytes / its median time), optionally against a bandwidth."""
+        """Effective GB/s of each variant (bytes / median time), optionally against a bandwidth; then the speed-up."""
         if self.comparison is None:
             raise ValueError("not measured: call loop_vs_loop(..., measure=True)")
         c = self.comparison
@@ -678,7 +686,7 @@ class LoopComparison:
                  f"fused {self.fused_bytes / c.b.median / 1e9:.1f} GB/s"]
         if bandwidth_gbs:
             parts.append(f"DRAM streaming bandwidth {bandwidth_gbs:.1f} GB/s")
-        return "; ".join(parts) + f"; speed-up {c.speedup:.2f}x against a bytes ratio of {self.ratio:.2f}x"
+        return "; ".join(parts) + f"\nspeed-up {c.speedup:.2f}x against a bytes ratio of {self.ratio:.2f}x"
 
 
 def loop_vs_loop(spec=DEFAULT_LOOP_CHAIN, n: int | None = None, *, measure: bool = True, min_time: float = 1.0,

@@ -259,7 +259,8 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarr
     return softmax_reference(s) @ v
 
 
-def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, block_q: int = 64, block_k: int = 64) -> np.ndarray:
+def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                    block_q: int = 64, block_k: int = 64) -> np.ndarray:
     """FlashAttention's forward pass as loops over tiles, for one head: q, k, v are (n, d).
 
     Each query tile keeps its output accumulator ``o``, running max ``m`` and running sum ``l`` on chip;
@@ -294,17 +295,20 @@ _EXP_NEG = '''
 # exp(x) for x <= 0 (a softmax's x - max): Cody-Waite reduction x = n*ln2 + r, the Cephes expf
 # polynomial for e**r, 2**n from the float's exponent bits. Below -87.3 the result is flushed to 0.
 EXP_LO = np.float32(-87.3)
-EXP_LOG2E, EXP_LN2_HI, EXP_LN2_LO = np.float32(1.44269504088896341), np.float32(0.693359375), np.float32(-2.12194440e-4)
+EXP_LOG2E = np.float32(1.44269504088896341)
+EXP_LN2_HI, EXP_LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)  # ln2 = HI + LO, HI exact
 EXP_P0, EXP_P1, EXP_P2 = np.float32(5.0000001201e-1), np.float32(1.6666665459e-1), np.float32(4.1665795894e-2)
 EXP_P3, EXP_P4, EXP_P5 = np.float32(8.3334519073e-3), np.float32(1.3981999507e-3), np.float32(1.9875691500e-4)
-EXP_HALF, EXP_ONE, EXP_BIAS, EXP_MANTISSA = np.float32(0.5), np.float32(1.0), np.float32(127.0), np.float32(2.0**23)
+EXP_HALF, EXP_ONE = np.float32(0.5), np.float32(1.0)
+EXP_BIAS, EXP_MANTISSA = np.float32(127.0), np.float32(2.0**23)
 EXP_ZERO = np.float32(0.0)
 
 def exp_neg(x):
     c = EXP_LO if x < EXP_LO else x  # NaN compares false and flows through as NaN
     n = np.floor(c * EXP_LOG2E + EXP_HALF)
     r = c - n * EXP_LN2_HI - n * EXP_LN2_LO
-    p = (((((EXP_P5 * r + EXP_P4) * r + EXP_P3) * r + EXP_P2) * r + EXP_P1) * r + EXP_P0) * r * r + r + EXP_ONE
+    p = ((((((EXP_P5 * r + EXP_P4) * r + EXP_P3) * r + EXP_P2) * r + EXP_P1) * r + EXP_P0) * r * r
+         + r + EXP_ONE)
     y = p * np.int32((n + EXP_BIAS) * EXP_MANTISSA).view(np.float32)
     return EXP_ZERO if x < EXP_LO else y
 '''
@@ -313,7 +317,7 @@ def exp_neg(x):
 def _row_max(lanes: int, src: str, out: str, pad: str) -> list[str]:
     """Source lines: `out` = max of row `src`, with `lanes` independent accumulators (vectorisable)."""
     acc = [f"m{k}" for k in range(lanes)]
-    lines = [f"{pad}{', '.join(acc)} = {', '.join(['NEG_INF'] * lanes)}",
+    lines = [f"{pad}{' = '.join(acc)} = NEG_INF",
              f"{pad}full = n - n % {lanes}",
              f"{pad}for j in range(0, full, {lanes}):"]
     lines += [f"{pad}    v = {src}[j + {k}]; m{k} = v if v > m{k} else m{k}" for k in range(lanes)]

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.fusionlab-installed
 PORT   ?= 8888
-# Jupyter, IPython and matplotlib keep their files in the project (never in your home): tools/lab.py sets the
+# Jupyter, IPython, matplotlib and onnxruntime keep their files in the project (never in your home): tools/lab.py sets the
 # same variables for the lab it starts; tests/test_lab.py keeps the two lists in agreement.
 JSTATE := $(CURDIR)/$(VENV)/jupyter
 export JUPYTER_CONFIG_DIR := $(JSTATE)/config
@@ -15,6 +15,7 @@ export JUPYTERLAB_WORKSPACES_DIR := $(JSTATE)/lab/workspaces
 export IPYTHONDIR := $(JSTATE)/ipython
 export MPLCONFIGDIR := $(JSTATE)/matplotlib
 export NPM_CONFIG_CACHE := $(JSTATE)/npm
+export XDG_CACHE_HOME := $(JSTATE)/cache
 export JUPYTER_CONFIG_PATH := $(CURDIR)/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900

@@ -248,7 +248,7 @@ def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: 
     box = box_cls([w.HBox([c["ops"], c["buf"]]), w.HBox([c["kinds"], c["dev"], c["drop"], c["button"]]), measured,
                    result, picture])
     box.add_class("fl-explorer")
-    state = {"last": None}
+    state = {"last": None, "first": None}
 
     def show(*_):
         res = explore_state(graph, c["ops"].value, c["buf"].value or None, c["kinds"].value or ("vertical",),
@@ -257,7 +257,12 @@ def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: 
                                         c["buf"].value or None, dims)]
         if list(c["drop"].options) != kept:
             c["drop"].options = kept  # the groups of the current setting; a dropped id that no longer exists goes
-        head = change_line(state["last"], res) if state["last"] is not None else "initial setting"
+        if state["last"] is None:
+            head, state["first"] = "initial setting", res
+        else:
+            head = change_line(state["last"], res)
+            if state["first"].settings != state["last"].settings:  # several steps: also what they add up to
+                head += "\nsince the initial setting, " + change_line(state["first"], res)
         before, state["last"] = state["last"], res
         box.last_text = "\n".join([head, _result_text(res), what_each_control_governs(res.plan)])
         _print_to(result, box.last_text)
@@ -288,7 +293,8 @@ def _controls(w, max_group_ops: int, buffer_kb: int, device: str) -> dict:
                      layout=w.Layout(width="max-content"))
     drop = w.SelectMultiple(options=[], description="drop", rows=3, layout=w.Layout(width="170px"),
                             tooltip="leave these plan groups unfused (the edited plan is costed and measured)")
-    button = w.Button(description="measure on this CPU", icon="stopwatch", layout=w.Layout(width="auto"),
+    button = w.Button(description="measure on this CPU", icon="stopwatch",
+                      layout=w.Layout(width="auto", min_width="210px", flex="0 0 auto"),
                       tooltip="apply the plan shown, verify, and time both models here (a few seconds)")
     controls = {"ops": ops, "buf": buf, "kinds": kinds, "dev": dev, "drop": drop, "button": button}
     css = {"ops": "ops", "buf": "buffer", "kinds": "kinds", "dev": "device", "drop": "drop", "button": "measure"}

@@ -455,3 +455,18 @@ def test_a_division_by_a_mean_near_zero_amplifies_rounding_and_is_not_blamed_on_
     out = check_fused(case, fused, {})
     assert out.kind == "ok" and out.symptom == "ill-conditioned"
     assert any("amplified downstream" in oracle._amplified_downstream(case, k, fused) for k in range(3))
+
+
+def test_a_difference_amplified_inside_a_mixed_function_is_rounding():
+    # campaign seed 6, graph 5440, shrunk: horizontal and mixed put Sub and a division by a ReduceMean near 0
+    # into one function; inlined and fed the original's float32 values, every part computes the same
+    from fusionlab.passes import fuse
+
+    model = onnx.load(os.path.join(JUDGE_DATA, "fp16_division_inside_a_mixed_function.onnx"))
+    passes = ("horizontal", "vertical", "mixed")
+    case = Case(model, 3, {})
+    fused = fuse(model, passes=passes).graph.to_proto()
+    assert fused.functions  # the case is about a function's body
+    out = check_fused(case, fused, {})
+    assert out.kind == "ok"
+    assert any("amplified downstream" in oracle._amplified_downstream(case, k, fused) for k in range(3))

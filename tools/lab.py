@@ -27,7 +27,7 @@ START = "00_start_here.ipynb"
 
 
 def jupyter_env(state: Path, base: dict | None = None) -> dict:
-    """Environment that keeps every file Jupyter, IPython and matplotlib write under `state`."""
+    """Environment that keeps every file Jupyter, IPython, matplotlib and onnxruntime write under `state`."""
     env = dict(os.environ if base is None else base)
     dirs = {
         "JUPYTER_CONFIG_DIR": "config",
@@ -38,6 +38,8 @@ def jupyter_env(state: Path, base: dict | None = None) -> dict:
         "IPYTHONDIR": "ipython",
         "MPLCONFIGDIR": "matplotlib",
         "NPM_CONFIG_CACHE": "npm",  # jupyter-lsp asks npm where global packages are; npm logs to its cache
+        # onnxruntime writes a telemetry device id (Microsoft/DeveloperTools/.onnxruntime/) into the user's cache
+        "XDG_CACHE_HOME": "cache",
     }
     for var, sub in dirs.items():
         env[var] = str(state / sub)

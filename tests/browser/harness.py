@@ -42,6 +42,8 @@ class Lab:
         self.root.mkdir(parents=True)
         for path in notebooks:
             (shutil.copytree if path.is_dir() else shutil.copy2)(path, self.root / path.name)
+        for name in ("data", "tests"):  # what notebooks read beside them (../data, ../tests/corpus), as in the repo
+            (workdir / name).symlink_to(ROOT / name, target_is_directory=True)
         self.home = workdir / "home"  # HOME for the server: the test checks nothing lands there
         self.home.mkdir()
         base = dict(os.environ, HOME=str(self.home))

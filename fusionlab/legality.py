@@ -219,10 +219,13 @@ def fold_rounding(w: np.ndarray, b: np.ndarray | None, params: list[np.ndarray],
         s_max = float(np.max(np.abs(np.asarray(params[0], np.float64)) / np.sqrt(np.asarray(params[3], np.float64) + eps)))
         if not s_max * float(np.abs(w).max(initial=0.0)) < float(np.finfo(dtype).max):
             return _no("overflow", f"folded weights overflow {dtype}")
-    gamma, beta, mean, var = (np.asarray(p, np.float64) for p in params)
+    gamma, beta, mean, var = (np.asarray(p, np.float64).reshape(-1) for p in params)
+    bias = np.asarray(b, np.float64).reshape(-1) if b is not None else np.zeros(1)
+    if bias.size not in (1, mean.size):  # a Gemm C that is not a per-column vector: judged without it
+        bias = np.zeros(1)
     with np.errstate(all="ignore"):
         sigma = np.sqrt(var + eps)
-        kappa = np.abs(mean - (np.asarray(b, np.float64) if b is not None else 0.0)) / sigma
+        kappa = np.abs(mean - bias) / sigma
         u = float(np.finfo(dtype).eps) / 2
         rtol, atol = _FOLD_TOLERANCE[dtype]
         error = u * np.abs(gamma) * (kappa + 3)

@@ -181,6 +181,7 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", help="models (bert, gpt2, ...) or files to run")
     ap.add_argument("--tools", nargs="+", choices=sorted(TOOLS), default=list(TOOLS))
     ap.add_argument("--out", default="exports", help="result name: benchmarks/results/OUT.md and OUT.json")
+    ap.add_argument("--title", help="the result's heading (default: the full run's)")
     args = ap.parse_args()
     manifest = json.loads((args.full_dir / "manifest.json").read_text())
     entries = [e for e in manifest["models"] if not args.only or e["model"] in args.only or e["file"] in args.only]
@@ -192,7 +193,10 @@ def main() -> int:
         rows += bench_model(e, args.full_dir, args.tools, min_time, rounds)
     raw = [{k: (v.ratios if isinstance(v, timing.Comparison) else v) for k, v in r.items()} for r in rows]
     write_result(f"{args.out}.json", json.dumps(raw, indent=1))
-    write_result(f"{args.out}.md", render(rows, min_time, rounds))
+    text = render(rows, min_time, rounds)
+    if args.title:
+        text = f"# {args.title}" + text[text.index("\n"):]
+    write_result(f"{args.out}.md", text)
     return 0
 
 

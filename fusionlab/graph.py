@@ -474,6 +474,8 @@ class Graph:
         self.notes: list[str] = []  # what loading had to accept or repair
         #: node name -> names of the model's nodes it stands for (set by rewrites; absent: itself)
         self.origin: dict[str, tuple[str, ...]] = {}
+        #: every node name this graph has used, removed ones included (`names()` never hands them out again)
+        self._retired: set[str] = set()
         made = name_nodes(model.graph)
         if made:
             self.notes.append(f"{len(made)} node(s) had no name or a repeated one; named <op>_<position>: "
@@ -637,8 +639,7 @@ class Graph:
         copy = Graph(model, name=self.name, path=self.path)
         copy.notes = list(self.notes)
         copy.origin = dict(self.origin)
-        if hasattr(self, "_retired"):
-            copy._retired = set(self._retired)
+        copy._retired = set(self._retired)
         return copy
 
     def names(self) -> Names:
@@ -648,8 +649,6 @@ class Graph:
         member) is never handed to a later node, so plans made by earlier passes, which name the nodes
         they grouped, cannot be confused with a later pass's new nodes.
         """
-        if not hasattr(self, "_retired"):
-            self._retired: set[str] = set()
         return Names(self.model, self._retired)
 
     def covers(self, node_name: str) -> tuple[str, ...]:

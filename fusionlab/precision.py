@@ -103,6 +103,18 @@ def _erf64():
     return Erf
 
 
+def _names(g: onnx.GraphProto) -> set[str]:
+    return {o for n in g.node for o in n.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    """`name`, with underscores appended until no tensor of the graph uses it (then it is taken)."""
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
+
+
 def _clamp_maxpools(original: onnx.ModelProto, wide: onnx.ModelProto, elem_type: int) -> None:
     """After each MaxPool that is float32 in the original, `Max(y, lowest)`: -inf becomes float32's lowest.
 
@@ -124,10 +136,8 @@ def _clamp_maxpools(original: onnx.ModelProto, wide: onnx.ModelProto, elem_type:
     nodes = list(g.node)
     if not any(n.op_type == "MaxPool" and n.domain in ("", "ai.onnx") for n in nodes):
         return
-    taken = {o for n in nodes for o in n.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
-    lowest = "fusionlab_reference_float32_lowest"
-    while lowest in taken:
-        lowest += "_"
+    taken = _names(g)
+    lowest = _fresh("fusionlab_reference_float32_lowest", taken)
     out = []
     for orig_node, n in zip(original.graph.node, nodes):
         out.append(n)
@@ -135,10 +145,7 @@ def _clamp_maxpools(original: onnx.ModelProto, wide: onnx.ModelProto, elem_type:
                 or elem.get(orig_node.input[0]) != TensorProto.FLOAT or not n.output[0]):
             continue
         y = n.output[0]
-        raw = y + "__before_clamp"
-        while raw in taken:
-            raw += "_"
-        taken.add(raw)
+        raw = _fresh(y + "__before_clamp", taken)
         n.output[0] = raw
         out.append(helper.make_node("Max", [raw, lowest], [y]))
     if len(out) == len(nodes):
@@ -158,7 +165,7 @@ def _explicit_maxpool_pads(wide: onnx.ModelProto, elem_type: int) -> None:
     """
     g = wide.graph
     opset = next((o.version for o in wide.opset_import if o.domain in ("", "ai.onnx")), 0)
-    taken = {o for n in g.node for o in n.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
+    taken = _names(g)
     dt = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
     out, extra = [], []
     for n in g.node:
@@ -169,13 +176,10 @@ def _explicit_maxpool_pads(wide: onnx.ModelProto, elem_type: int) -> None:
                 or pads[:k] == pads[k:] or len([o for o in n.output if o]) != 1):
             out.append(n)
             continue
-        padded = n.input[0] + "__explicit_pads"
-        while padded in taken:
-            padded += "_"
-        taken.add(padded)
+        padded = _fresh(n.input[0] + "__explicit_pads", taken)
         full = [0, 0] + pads[:k] + [0, 0] + pads[k:]
         if opset >= 11:
-            p_name, v_name = padded + "_pads", padded + "_value"
+            p_name, v_name = _fresh(padded + "_pads", taken), _fresh(padded + "_value", taken)
             extra += [numpy_helper.from_array(np.array(full, dtype=np.int64), p_name),
                       numpy_helper.from_array(np.array(-np.inf, dtype=dt), v_name)]
             out.append(helper.make_node("Pad", [n.input[0], p_name, v_name], [padded], mode="constant"))

@@ -102,6 +102,30 @@ def _session(model: onnx.ModelProto):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
+def _nudged(v: np.ndarray, rng, ulps: float = 1.0, dtype=None) -> np.ndarray:
+    """A float array moved by up to `ulps` ulps of `dtype` (its own by default); others unchanged."""
+    if v.dtype.kind != "f":
+        return v
+    eps = np.finfo(dtype or v.dtype).eps
+    return np.asarray(v * (1 + ulps * eps * rng.uniform(-1, 1, v.shape))).astype(v.dtype)
+
+
+def _deviation(a, b) -> np.ndarray:
+    """|a - b| per element in float64: 0 where both hold the same NaN/Inf, infinite where only one is NaN."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        d = np.where((np.isnan(a) & np.isnan(b)) | (a == b), 0.0, np.abs(a - b))
+    return np.where(np.isnan(d), np.inf, d)
+
+
+def _spread(base, runs) -> np.ndarray:
+    """Per element, the farthest any of `runs` lies from `base` (`_deviation`)."""
+    out = np.zeros(np.shape(base))
+    for run in runs:
+        out = np.fmax(out, _deviation(run, base))
+    return out
+
+
 class Case:
     """An original model with its draws, its outputs on them and (on demand) its float64 reference outputs."""
 
@@ -125,8 +149,7 @@ class Case:
             rng = np.random.default_rng(77 + k)
             runs = []
             for _ in range(4):
-                feeds = {n: np.asarray(v * (1 + ulps * np.finfo(v.dtype).eps * rng.uniform(-1, 1, v.shape)))
-                         .astype(v.dtype) if v.dtype.kind == "f" else v for n, v in self.feeds[k].items()}
+                feeds = {n: _nudged(v, rng, ulps) for n, v in self.feeds[k].items()}
                 runs.append(dict(zip(self.names, self._sess.run(None, feeds))))
             self._unstable[key] = runs
         return self._unstable[key]
@@ -137,15 +160,7 @@ class Case:
         Infinite where a perturbed run turns a finite value non-finite or the other way round (or changes
         the kind of NaN/Inf); 0 where it stays the same NaN/Inf.
         """
-        base = np.asarray(self.outputs[k][name], dtype=np.float64)
-        out = np.zeros(base.shape)
-        with np.errstate(invalid="ignore"):
-            for run in self._perturbed(k, 2.0):
-                again = np.asarray(run[name], dtype=np.float64)
-                same = (np.isnan(again) & np.isnan(base)) | (again == base)
-                d = np.where(same, 0.0, np.abs(again - base))
-                out = np.fmax(out, np.where(np.isnan(d), np.inf, d))
-        return out
+        return _spread(self.outputs[k][name], [run[name] for run in self._perturbed(k, 2.0)])
 
     def parameter_sensitivity(self, k: int, name: str) -> np.ndarray:
         """Per element, how far float output `name` of draw `k` moves when the stored float parameters move.
@@ -166,8 +181,7 @@ class Case:
                 for t in tensors:
                     a = onnx.numpy_helper.to_array(t)
                     if a.dtype.kind == "f" and a.size:
-                        moved = (a * (1 + np.finfo(a.dtype).eps * rng.uniform(-1, 1, a.shape))).astype(a.dtype)
-                        t.CopyFrom(onnx.numpy_helper.from_array(moved, t.name))
+                        t.CopyFrom(onnx.numpy_helper.from_array(_nudged(a, rng), t.name))
                 try:
                     sess = _session(m)
                     wanted = {i.name for i in m.graph.input}  # overridable initializers included
@@ -177,15 +191,7 @@ class Case:
                     runs = []
                     break
             self._unstable[key] = runs
-        base = np.asarray(self.outputs[k][name], dtype=np.float64)
-        out = np.zeros(base.shape)
-        with np.errstate(invalid="ignore"):
-            for run in self._unstable[key]:
-                again = np.asarray(run[name], dtype=np.float64)
-                same = (np.isnan(again) & np.isnan(base)) | (again == base)
-                d = np.where(same, 0.0, np.abs(again - base))
-                out = np.fmax(out, np.where(np.isnan(d), np.inf, d))
-        return out
+        return _spread(self.outputs[k][name], [run[name] for run in self._unstable[key]])
 
     def unstable(self, k: int, name: str) -> np.ndarray:
         """Elements of integer output `name` (draw `k`) that change when the float inputs move by a few ulps.
@@ -364,7 +370,7 @@ def _ill_conditioned(case: Case, k: int, name: str, o, f) -> str:
     with np.errstate(invalid="ignore"):
         o64, f64 = o.astype(np.float64), f.astype(np.float64)
         same = (np.isnan(o64) & np.isnan(f64)) | (o64 == f64)  # the same NaN/Inf in both is no deviation
-        dev = np.where(same, 0.0, np.abs(f64 - o64))
+        dev = np.where(same, 0.0, np.abs(f64 - o64))  # NaN where only one is NaN: judged below
         sens = np.fmax(case.sensitivity(k, name), case.parameter_sensitivity(k, name))
         bad = ~np.isfinite(dev) | (dev > 0)
         worst = np.where(np.isfinite(dev), dev, np.inf)
@@ -455,28 +461,16 @@ def _amplified_downstream(case: Case, k: int, fused: onnx.ModelProto) -> str:
     # a part that is not close may still be within the rounding of its own inputs: it is, when moving what it
     # is fed by one ulp (of the judged dtype) moves its result at least half as far as it is from the original
     try:
-        judged = np.float16 if half else None
         rng = np.random.default_rng(53 + k)
-        moved: dict[str, np.ndarray] = {o: np.zeros(np.shape(got[o])) for o in off}
-        for _ in range(4):
-            again = {}
-            for n, v in feeds.items():
-                dt = np.dtype(judged) if judged is not None and v.dtype.kind == "f" else v.dtype
-                again[n] = (v * (1 + np.finfo(dt).eps * rng.uniform(-1, 1, v.shape))).astype(v.dtype) \
-                    if v.dtype.kind == "f" else v
-            run = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, again)))
-            for o in off:
-                a = np.asarray(run[o], dtype=np.float64)
-                d = np.abs(a - np.asarray(got[o], dtype=np.float64))
-                moved[o] = np.fmax(moved[o], np.where(np.isnan(d), np.inf, d))
+        names = [o.name for o in sess.get_outputs()]
+        runs = [dict(zip(names, sess.run(None, {n: _nudged(v, rng, dtype=np.float16 if half else None)
+                                                 for n, v in feeds.items()}))) for _ in range(4)]
     except Exception:  # noqa: BLE001
         return ""
-    with np.errstate(invalid="ignore"):
-        for o in off:
-            a, b = np.asarray(orig[o], dtype=np.float64), np.asarray(got[o], dtype=np.float64)
-            dev = np.where((np.isnan(a) & np.isnan(b)) | (a == b), 0.0, np.abs(a - b))
-            if not np.all(np.isfinite(dev) & (dev <= 2 * moved[o])):
-                return ""
+    for o in off:
+        dev = _deviation(orig[o], got[o])
+        if not np.all(np.isfinite(dev) & (dev <= 2 * _spread(got[o], [r[o] for r in runs]))):
+            return ""
     return (f"ill-conditioned part: fed the original's values, the fused graph's {', '.join(off[:3])} differ by "
             f"no more than twice what one-ulp changes of their inputs move them")
 

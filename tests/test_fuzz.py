@@ -184,6 +184,32 @@ def test_a_difference_that_starts_in_an_unchanged_op_is_rounding_one_in_a_rewrit
     assert check_fused(case, bad, {"conv_bn": 1}).kind == "wrong"
 
 
+def test_a_layernorm_of_a_row_constant_to_rounding_is_judged_against_the_original_part_in_float64():
+    # campaign seed 6, graph 2338, shrunk: Tanh saturates a row to one float32 value and the decomposed layer
+    # norm's ReduceMean misses it by one ulp; epsilon 1e-12 multiplies that by 1e6, so the original prints
+    # beta + 6e-3 where the fused LayerNormalization (and float64) give beta. Elsewhere the fused result is
+    # as near the original's part in float64 as the original is.
+    from fusionlab.passes import fuse
+
+    model = onnx.load(os.path.join(JUDGE_DATA, "layernorm_of_a_row_constant_to_rounding.onnx"))
+    case = Case(model, 3, {"rules": ["layernorm"]})
+    fused = fuse(model, passes=("vertical",), rules=["layernorm"]).graph.to_proto()
+    out = check_fused(case, fused, {"layernorm": 1})
+    assert out.kind == "ok" and out.symptom == "ill-conditioned", out.detail
+    notes = [oracle._amplified_downstream(case, k, fused) for k in range(3)]
+    assert all("ill-conditioned part" in n for n in notes), notes
+    ln = next(n for n in fused.graph.node if n.op_type == "LayerNormalization")
+    loose = _copy(fused)  # epsilon 1e-5 instead of 1e-12: another function, no excuse
+    node = next(n for n in loose.graph.node if n.name == ln.name)
+    next(a for a in node.attribute if a.name == "epsilon").f = 1e-5
+    assert check_fused(case, loose, {"layernorm": 1}).kind == "wrong"
+    scaled = _copy(fused)  # gamma 0.1% off, read from a private copy
+    gamma = next(t for t in scaled.graph.initializer if t.name == ln.input[1])
+    scaled.graph.initializer.extend([tensor("gamma_off", onnx.numpy_helper.to_array(gamma) * np.float32(1.001))])
+    next(n for n in scaled.graph.node if n.name == ln.name).input[1] = "gamma_off"
+    assert check_fused(case, scaled, {"layernorm": 1}).kind == "wrong"
+
+
 def test_oracle_flags_planted_near_miss_constant_but_not_rounding():
     case = Case(_gelu_model())
     assert check_fused(case, _gelu_model(half=0.4996)).kind == "wrong"          # 0.04% off: a different function

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..runtime import TOLERANCES
 
-__all__ = ["FACTOR", "ILL_FACTOR", "RANGE_FACTOR", "judge_output", "tolerance"]
+__all__ = ["FACTOR", "ILL_FACTOR", "RANGE_FACTOR", "accepted", "judge_output", "tolerance"]
 
 FACTOR = 2.0
 ILL_FACTOR = 10.0
@@ -66,6 +66,19 @@ def judge_output(o: np.ndarray, f: np.ndarray, r: np.ndarray | None = None, *,
         if ignore is not None and np.shape(ignore) == o.shape:
             same |= ignore
         return None if same.all() else "integer values differ"
+    ok = accepted(o, f, r)
+    if ok.all():
+        return None
+    bad = ~ok
+    o64, f64 = o.astype(np.float64), f.astype(np.float64)
+    fin_o, fin_f = np.isfinite(o64), np.isfinite(f64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _describe(o64, f64, _reference(r, o.shape), bad, fin_o, fin_f)
+
+
+def accepted(o: np.ndarray, f: np.ndarray, r: np.ndarray | None = None) -> np.ndarray:
+    """Per element of float arrays of one shape, whether `f` is accepted for `o` (rules 1-5; 2-4 need `r`)."""
+    o, f = np.asarray(o), np.asarray(f)
     rtol, atol = tolerance(o.dtype)
     o64, f64 = o.astype(np.float64), f.astype(np.float64)
     fin_o, fin_f = np.isfinite(o64), np.isfinite(f64)
@@ -79,12 +92,7 @@ def judge_output(o: np.ndarray, f: np.ndarray, r: np.ndarray | None = None, *,
         edge = float(np.finfo(o.dtype).max) / RANGE_FACTOR
         ok |= fin_o & np.isinf(f64) & (np.abs(o64) >= edge) & (np.sign(f64) == np.sign(o64))
         ok |= fin_f & np.isinf(o64) & (np.abs(f64) >= edge) & (np.sign(f64) == np.sign(o64))
-        if r is not None:
-            r64 = np.asarray(r, dtype=np.float64)
-            if r64.shape != o64.shape:
-                r64 = None
-        else:
-            r64 = None
+        r64 = _reference(r, o.shape)
         if r64 is not None:
             fin_r = np.isfinite(r64)
             err_o, err_f, tol_r = np.abs(o64 - r64), np.abs(f64 - r64), t + rtol * np.abs(r64)
@@ -94,11 +102,12 @@ def judge_output(o: np.ndarray, f: np.ndarray, r: np.ndarray | None = None, *,
             o_is_r = (np.isnan(o64) & np.isnan(r64)) | (o64 == r64)
             ok |= ~fin_o & ~fin_f & ~o_is_r  # the original's NaN/Inf is not the reference's: its kind is rounding
             ok |= fin_o & ~fin_r & ~fin_f & ((np.isnan(r64) & np.isnan(f64)) | (r64 == f64))  # f agrees with r
-    if ok.all():
-        return None
-    bad = ~ok
-    with np.errstate(invalid="ignore", over="ignore"):
-        return _describe(o64, f64, r64, bad, fin_o, fin_f)
+    return ok
+
+
+def _reference(r, shape) -> np.ndarray | None:
+    """The reference as float64, or None when there is none or its shape is not the original's."""
+    return np.asarray(r, dtype=np.float64) if r is not None and np.shape(r) == tuple(shape) else None
 
 
 def _describe(o64, f64, r64, bad, fin_o, fin_f) -> str:

@@ -441,7 +441,7 @@ for launch in (0.0, 1.0, 2.0, 5.0, 10.0):
 # ## 9. A model you did not build: BERT as torch exports it
 #
 # Everything above was built by `fusionlab.zoo`. What you bring was written by an exporter, and exporters write
-# the same network in different ways. `tests/corpus/` holds 24 small real exports (`docs/corpus.md`): seven
+# the same network in different ways. `tests/corpus/` holds 27 small real exports (`docs/corpus.md`): eight
 # architectures from transformers, torchvision and ultralytics, each written by torch's TorchScript exporter with
 # constant folding on and off and by its dynamo exporter. Take Hugging Face's `BertModel` (2 layers, hidden 128,
 # SDPA attention) as the dynamo exporter writes it:

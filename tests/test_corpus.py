@@ -1,7 +1,7 @@
 """The passes over real third-party exports: tests/corpus/, made by tools/export_corpus.py (`make corpus`).
 
-Seven architectures (BERT, also with eager attention, GPT-2, ViT from transformers; ConvNeXt, MobileNetV3,
-EfficientNet from torchvision; YOLO11 from ultralytics), each exported by torch's TorchScript exporter with constant folding
+Eight architectures (BERT, also with eager attention, GPT-2, ViT from transformers; ConvNeXt, MobileNetV3,
+EfficientNet, GoogLeNet from torchvision; YOLO11 from ultralytics), each exported by torch's TorchScript exporter with constant folding
 on and off and by the dynamo exporter, with trained-looking random weights (see the manifest). For every
 file: the manifest describes it truly, fusionlab loads it, onnxruntime runs it; the vertical passes and
 all passes neither crash nor change what it computes (on padded attention masks too), give a model the
@@ -98,7 +98,7 @@ def test_manifest_lists_exactly_the_files_and_they_stay_small():
     assert total < 40e6, f"the committed corpus is {total / 1e6:.1f} MB"
     archs = {e["model"] for e in ENTRIES.values()}
     settings = Counter(e["setting"] for e in ENTRIES.values())
-    assert len(archs) == 8 and set(settings) == {"ts-fold", "ts-nofold", "dynamo"}
+    assert len(archs) == 9 and set(settings) == {"ts-fold", "ts-nofold", "dynamo"}
     assert set(settings.values()) == {len(archs)}, settings
 
 
@@ -160,3 +160,18 @@ def test_fused_model_passes_the_onnx_checker(file, passes):
 def test_nothing_left_that_computes_from_constants_alone(file, passes):
     left = constant_only_nodes(_fused(file, passes).graph.to_proto())
     assert not left, "constant-only nodes left: " + ", ".join(f"{op} {n}" for op, n in left.most_common())
+
+
+@pytest.mark.parametrize("setting", ["ts-fold", "ts-nofold", "dynamo"])
+def test_googlenet_inception_blocks_fuse_horizontally(setting):
+    # each of GoogLeNet's 9 Inception blocks reads its input with three 1x1 convolutions (branch 1 and the
+    # reductions of branches 2 and 3): horizontal fusion concatenates them into one Conv and a Split
+    file = f"googlenet.{setting}.onnx"
+    res = fuse(_graph(file), passes=("vertical", "horizontal"))
+    assert res.plan.rule_counts().get("concat_conv") == 9
+    ops = res.graph.op_counts()
+    assert ops.get("Split") == 9 and ops.get("com.microsoft:FusedConv") == 57 - 2 * 9  # 3 convolutions -> 1, 9 times
+    feeds = _feeds(file)
+    want, got = run(_graph(file), feeds, level="disable"), run(res.graph, feeds, level="disable")
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)

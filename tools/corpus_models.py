@@ -27,6 +27,7 @@ ARCHITECTURES = {
     "mobilenetv3": ("MobileNetV3 (small)", "torchvision"),
     "efficientnet": ("EfficientNet (b0 recipe)", "torchvision"),
     "yolo11": ("YOLO11 DetectionModel", "ultralytics"),
+    "googlenet": ("GoogLeNet (Inception v1)", "torchvision"),
 }
 
 
@@ -251,8 +252,34 @@ def yolo11(full: bool, seed: int) -> Built:
     return Built(model, make, ["output0"], {}, config, weights, {"batch": 1}, [])
 
 
+def googlenet(full: bool, seed: int) -> Built:
+    """torchvision GoogLeNet at a quarter of every width, 10 classes, 96x96 (full: googlenet(), 224).
+
+    Its Inception blocks (three 1x1 convolutions side by side on one input) are where horizontal fusion
+    applies. No auxiliary heads (they only train); BatchNorm eps 1e-3 as torchvision has it.
+    """
+    from torchvision.models import googlenet as tv_googlenet
+    from torchvision.models.googlenet import BasicConv2d, GoogLeNet, Inception, InceptionAux
+
+    if full:
+        model = tv_googlenet(weights=None, aux_logits=False, init_weights=False)
+        return _vision(model, 224, seed, {"builder": "torchvision.models.googlenet(aux_logits=False)"})
+
+    def quarter(in_channels: int, out_channels: int, **kw) -> BasicConv2d:
+        return BasicConv2d(in_channels if in_channels == 3 else in_channels // 4, out_channels // 4, **kw)
+
+    def inception(*channels: int) -> Inception:
+        return Inception(*channels, conv_block=quarter)
+
+    model = GoogLeNet(num_classes=10, aux_logits=False, init_weights=False, blocks=[quarter, inception, InceptionAux])
+    model.fc = torch.nn.Linear(1024 // 4, 10)
+    cfg = {"builder": "GoogLeNet(num_classes=10, aux_logits=False, blocks=[BasicConv2d at 1/4 width, ...])",
+           "num_classes": 10}
+    return _vision(model, SMALL_IMAGE, seed, cfg)
+
+
 BUILDERS: dict[str, Callable[[bool, int], Built]] = {
     "bert": bert, "bert_eager": lambda full, seed: bert(full, seed, "eager"), "gpt2": gpt2, "vit": vit,
     "convnext": convnext, "mobilenetv3": mobilenetv3,
-    "efficientnet": efficientnet, "yolo11": yolo11,
+    "efficientnet": efficientnet, "yolo11": yolo11, "googlenet": googlenet,
 }

@@ -217,9 +217,10 @@ def _unfused_index(func, tags: dict[str, str]) -> tuple[dict, dict]:
     return by_key, owner
 
 
-def _replay(func, env: dict, by_key: dict, where: str):
-    """Value-number a (fused) function's bindings against the unfused index; yields (binding, key, unfused Var)."""
-    for b in _bindings(func):
+def _replay(bindings, env: dict, by_key: dict, where: str):
+    """Value-number bindings (of a fused function, or of main) against the unfused index; yields
+    (binding, key, unfused Var)."""
+    for b in bindings:
         key = _number(b, env)
         if key is None:
             continue
@@ -228,18 +229,6 @@ def _replay(func, env: dict, by_key: dict, where: str):
             raise RuntimeError(f"cannot trace binding {b.var.name} of {where} back to the unfused module")
         env[b.var] = ("var", found)
         yield b, key, found
-
-
-def _replay_one(binding, env: dict, by_key: dict):
-    """`_replay` for one binding of main."""
-    key = _number(binding, env)
-    if key is None:
-        return
-    found = by_key.get(key)
-    if found is None:
-        raise RuntimeError(f"cannot trace binding {binding.var.name} of main back to the unfused module")
-    env[binding.var] = ("var", found)
-    yield binding, key, found
 
 
 def _fused_groups(fused, unfused, by_key: dict, owner: dict) -> tuple[list[list[str]], list[str]]:
@@ -258,7 +247,7 @@ def _fused_groups(fused, unfused, by_key: dict, owner: dict) -> tuple[list[list[
             local = {p: _atom(a, env) for p, a in zip(target.params, b.value.args)}
             members: list[str] = []
             last = None
-            for _, key, found in _replay(target, local, by_key, callee):
+            for _, key, found in _replay(_bindings(target), local, by_key, callee):
                 last = found
                 node = owner.get(found)
                 if node is not None and node not in members and key[0] == "call":
@@ -269,7 +258,7 @@ def _fused_groups(fused, unfused, by_key: dict, owner: dict) -> tuple[list[list[
                 groups.append(members)
                 names.append(callee)
             continue
-        for _, key, found in _replay_one(b, env, by_key):
+        for _, key, found in _replay([b], env, by_key, "main"):
             if key[0] == "call" and key[1] == "relax.call_tir" and found in owner:
                 groups.append([owner[found]])
                 names.append(str(b.value.args[0].name_hint))

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-__all__ = ["Draw", "draws", "symbolic_dims", "overridable", "feeds_for", "NP_TYPES", "SIZES", "SCALES"]
+__all__ = ["Draw", "draws", "symbolic_dims", "overridable", "feeds_for", "session", "NP_TYPES", "SIZES", "SCALES"]
 
 NP_TYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
             onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.INT64: np.int64,
@@ -97,3 +97,14 @@ def feeds_for(model: onnx.ModelProto, draw: Draw) -> dict[str, np.ndarray]:
         else:
             feeds[vi.name] = np.asarray(rng.integers(0, 3, shape)).astype(dt)
     return feeds
+
+
+def session(model: onnx.ModelProto):
+    """An onnxruntime CPU session with optimisations off, one thread, and no log output (what the draws run on)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])

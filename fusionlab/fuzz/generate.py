@@ -31,7 +31,7 @@ from onnx import helper
 
 from . import chains, convs, gelus, linears, norms
 from .builder import Builder
-from .feeds import draws, feeds_for
+from .feeds import draws, feeds_for, session as _session
 from .names import tempt
 
 __all__ = ["generate", "generate_with_tags", "validate", "build", "MAX_ATTEMPTS"]
@@ -139,15 +139,6 @@ def build(rng: random.Random) -> tuple[onnx.ModelProto, list[str]]:
     tags = sorted(set(b.tags)) + [f"opset{opset}", np.dtype(dtype).name]
     return model, tags
 
-
-def _session(model: onnx.ModelProto):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 4
-    so.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def validate(model: onnx.ModelProto, n_draws: int = 3) -> str | None:

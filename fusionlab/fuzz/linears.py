@@ -7,8 +7,6 @@ Conv/MatMul/Gemm siblings with the same or (near miss) different followers.
 
 from __future__ import annotations
 
-import numpy as np
-
 from .builder import Builder
 from .convs import activation, batchnorm, conv_apply, conv_spec
 

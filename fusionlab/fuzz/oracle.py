@@ -47,7 +47,7 @@ import onnx
 import onnx.numpy_helper
 
 from .compare import accepted as _close, judge_output
-from .feeds import draws, feeds_for, overridable
+from .feeds import draws, feeds_for, overridable, session as _session
 from ..precision import Reference
 
 __all__ = ["PASS_SETS", "FAILURES", "Outcome", "Case", "judge", "check_fused", "blame", "Blame", "normalize", "interface_problems"]
@@ -93,15 +93,6 @@ def normalize(text: str) -> str:
     t = re.sub(r"\s+", " ", t)
     return t[:120]
 
-
-def _session(model: onnx.ModelProto):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 4
-    so.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _nudged(v: np.ndarray, rng, ulps: float = 1.0, dtype=None) -> np.ndarray:

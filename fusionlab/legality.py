@@ -283,13 +283,41 @@ def range_edge_input(graph: Graph, value: ir.Value | None) -> str | None:
 
     A MaxPool window that lies entirely in padding (its own pads, or a -inf `Pad` before it, at least a
     kernel wide) gives -inf, or on onnxruntime's CPU float32's lowest value (its kernel starts from
-    `lowest()`). Folding a scale into the weights of a Conv that reads such values changes where the sum
-    overflows (fuzz seed 5: +inf where ConvTranspose then BN gives -4.5e37; NaN where ConvTranspose then
-    Mul gives -inf). ResNet's MaxPool (kernel 3, pads 1) has no such window.
+    `lowest()`); ops that only move values (a zero `Pad`, Reshape, Transpose, Concat: `_MOVES`) and later
+    MaxPools between it and `value` keep it (fuzz seed 7: MaxPool, Pad, Conv, Mul). Folding a scale into
+    the weights of a Conv that reads such values changes where the sum overflows (fuzz seed 5: +inf where
+    ConvTranspose then BN gives -4.5e37; NaN where ConvTranspose then Mul gives -inf). ResNet's MaxPool (kernel 3, pads 1) has no such window.
     """
-    src = value.producer() if value is not None else None
-    if src is None or src.op_type != "MaxPool" or src.domain not in ("", "ai.onnx"):
-        return None
+    for src in _sources(value):
+        why = _padding_window(graph, src)
+        if why is not None:
+            return why
+    return None
+
+
+#: ops that move values without changing them: a MaxPool's -inf or lowest value read through them is still there
+_MOVES = {"Pad", "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Expand", "Tile",
+          "Concat", "Split", "DepthToSpace", "SpaceToDepth"}
+
+
+def _sources(value: ir.Value | None, depth: int = 8) -> list[ir.Node]:
+    """The MaxPool nodes whose values reach `value` unchanged (through `_MOVES` and MaxPool, `depth` ops back)."""
+    found, todo, seen = [], [(value, 0)], set()
+    while todo:
+        v, d = todo.pop()
+        src = v.producer() if v is not None else None
+        if src is None or id(src) in seen or src.domain not in ("", "ai.onnx"):
+            continue
+        seen.add(id(src))
+        if src.op_type == "MaxPool":
+            found.append(src)
+        if src.op_type in _MOVES | {"MaxPool"} and d < depth:
+            todo += [(i, d + 1) for i in (src.inputs if src.op_type == "Concat" else src.inputs[:1])]
+    return found
+
+
+def _padding_window(graph: Graph, src: ir.Node) -> str | None:
+    """Why MaxPool `src` has a window entirely in padding (its own pads, or a -inf Pad before it), or None."""
     kernel = _ints(src, "kernel_shape")
     if not kernel:
         return None

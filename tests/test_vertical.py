@@ -263,6 +263,31 @@ def test_pad_folds_into_max_pool_only_when_it_pads_as_max_pool_does():
     assert any("lowest finite value" in r.reason for r in res.plan.refusals)
 
 
+@pytest.mark.parametrize(("pool", "between"), [((2, 1), "Pad"), ((2, 1), "Transpose"), ((3, 1), "Pad")])
+def test_a_scale_folds_into_a_conv_after_a_max_pool_only_without_windows_in_padding(pool, between):
+    """A MaxPool window entirely in padding gives float32's lowest on onnxruntime's CPU; ops that only move
+    values between it and the Conv keep that value (fuzz seed 7: -inf Pad, MaxPool, zero Pad, Conv, Mul: NaN
+    where the original gives -0). Kernel 2 with pads 1 after a -inf Pad has such windows; ResNet's kernel 3,
+    pads 1 on the data has none."""
+    k, p = pool
+    mid = (h.make_node("Pad", ["m", "pads"], ["q"], name="pad", mode="constant") if between == "Pad"
+           else h.make_node("Transpose", ["m"], ["q"], name="t", perm=[0, 1, 3, 2]))
+    head = ([h.make_node("Pad", ["x", "pads", "ninf"], ["x2"], name="inf_pad", mode="constant")] if k == 2
+            else [h.make_node("Identity", ["x"], ["x2"], name="id")])  # -inf rows, then a pad: windows of -inf
+    nodes = [*head, h.make_node("MaxPool", ["x2"], ["m"], name="pool", kernel_shape=[k, k], pads=[p] * 4), mid,
+             h.make_node("Conv", ["q", "W"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             h.make_node("Mul", ["c", "k"], ["y"], name="scale")]
+    model = mk(nodes, [value_info("x", shape=[1, 3, 6, 6])], [value_info("y", shape=None)],
+               [tensor("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)), tensor("W", r(4, 3, 3, 3)),
+                tensor("k", np.full((4, 1, 1), 1.5, np.float32)), tensor("ninf", np.float32(-np.inf))], opset=19)
+    res = fuse(model)
+    if k == 2:
+        assert "Mul" in res.after and any("entirely in padding" in x.reason for x in res.plan.refusals)
+    else:
+        assert "Mul" not in res.after, res.plan.refusals
+        assert verify(model, res.graph.to_proto()).ok
+
+
 @pytest.mark.parametrize("case", ["own_pads_not_counted", "ceil_mode", "pad_not_smaller_than_kernel", "value",
                                   "second_consumer", "channel_axis"])
 def test_pad_not_folded_into_pool(case):

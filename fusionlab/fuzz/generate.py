@@ -12,7 +12,8 @@ bytes. A model is
 - 1-6 *patterns* applied to live tensors (the latest one mostly, an older one sometimes, which makes
   residuals and multi-consumer intermediates): Conv/ConvTranspose chains, Pad+pool, MatMul/Gemm chains,
   GELU (erf and tanh), SiLU, LayerNorm, Add+LayerNormalization, horizontal siblings, elementwise and
-  reduction chains, NCHW -> vector bridges (`convs`, `linears`, `gelus`, `norms`, `chains`);
+  reduction chains, NCHW -> vector bridges, channels-last blocks (Transpose pairs, ConvNeXt's MLP with
+  layer-scale) (`convs`, `linears`, `gelus`, `norms`, `chains`, `layouts`);
 - near misses at a per-model rate (0 to 25% per opportunity): see each pattern module;
 - then, at random: intermediates made graph outputs or given a second consumer; value_info from shape
   inference; node naming (named, exporter-style, unnamed, some unnamed); tensor and node names a pass
@@ -29,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from . import chains, convs, gelus, linears, norms
+from . import chains, convs, gelus, layouts, linears, norms
 from .builder import Builder
 from .feeds import draws, feeds_for, session as _session
 from .names import tempt
@@ -70,7 +71,8 @@ def _patterns(b: Builder, x: str) -> list[tuple]:
         out.append((chains.reduction, 0.3))
     if rank == 4 and isinstance(shape[1], int) and all(isinstance(d, int) for d in shape[2:]):
         if not fp64:
-            out += [(convs.conv_chain, 5.0), (linears.horizontal, 1.8), (chains.to_vector, 0.6)]
+            out += [(convs.conv_chain, 5.0), (linears.horizontal, 1.8), (chains.to_vector, 0.6),
+                    (layouts.channels_last, 1.2)]
         out.append((convs.pool_chain, 1.5))
     if rank in (2, 3) and static_last:
         out += [(linears.linear_chain, 4.0), (linears.horizontal, 1.5)]

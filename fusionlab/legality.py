@@ -296,8 +296,10 @@ def range_edge_input(graph: Graph, value: ir.Value | None) -> str | None:
 
 
 #: ops that move values without changing them: a MaxPool's -inf or lowest value read through them is still there
+#: (Cast and Neg/Abs keep an extreme value extreme: float32's lowest is -inf in float16, +3.4e38 negated)
 _MOVES = {"Pad", "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Expand", "Tile",
-          "Concat", "Split", "DepthToSpace", "SpaceToDepth"}
+          "Concat", "Split", "DepthToSpace", "SpaceToDepth", "Gather", "GatherElements", "Cast", "Neg", "Abs",
+          "Max", "Min"}
 
 
 def _sources(value: ir.Value | None, depth: int = 8) -> list[ir.Node]:
@@ -312,7 +314,7 @@ def _sources(value: ir.Value | None, depth: int = 8) -> list[ir.Node]:
         if src.op_type == "MaxPool":
             found.append(src)
         if src.op_type in _MOVES | {"MaxPool"} and d < depth:
-            todo += [(i, d + 1) for i in (src.inputs if src.op_type == "Concat" else src.inputs[:1])]
+            todo += [(i, d + 1) for i in (src.inputs if src.op_type in ("Concat", "Max", "Min") else src.inputs[:1])]
     return found
 
 
@@ -329,6 +331,9 @@ def _padding_window(graph: Graph, src: ir.Node) -> str | None:
     extent = [d * (n - 1) + 1 for d, n in zip(dil, kernel)]
     pads = _ints(src, "pads") or [0] * (2 * k)
     begin, end = list(pads[:k]), list(pads[k:])
+    ceil = src.attributes.get("ceil_mode")
+    if ceil is not None and int(ceil.value):  # ceil_mode may add a last window up to stride - 1 further out
+        end = [e + s - 1 for e, s in zip(end, _ints(src, "strides") or [1] * k)]
     pad = src.inputs[0].producer() if src.inputs and src.inputs[0] is not None else None
     if pad is not None and pad.op_type == "Pad" and pad.domain in ("", "ai.onnx"):
         explicit = _neg_inf_pads(graph, pad, k)

@@ -220,6 +220,18 @@ def test_oracle_flags_planted_near_miss_constant_but_not_rounding():
     assert check_fused(case, reordered).kind == "ok"
 
 
+def test_a_dropped_broadcast_has_no_rounding_excuse():
+    # Add(x[1, 3], zeros[2, 3]) "fused" to Identity(x): equal rows, but the output lost a dimension; the
+    # per-part excuse must not broadcast [1, 3] against [2, 3] and call it close (review of 46d4d5f)
+    model = make_model([h.make_node("Add", ["x", "z"], ["y"], name="add")], [value_info("x", shape=[1, 3])],
+                       [value_info("y", shape=["a", "b"])], [tensor("z", np.zeros((2, 3), np.float32))])
+    dropped = make_model([h.make_node("Identity", ["x"], ["y"], name="add")], [value_info("x", shape=[1, 3])],
+                         [value_info("y", shape=["a", "b"])])
+    case = Case(model)
+    out = check_fused(case, dropped)
+    assert out.kind == "wrong" and "shape" in out.detail, out
+
+
 def test_oracle_flags_planted_invalid_models():
     case = Case(_conv_model())
     dup = _copy(case.model)

@@ -101,7 +101,10 @@ def _gamma(b: Builder, shape: tuple) -> str:
     if b.miss("ls_runtime"):
         b.tags.append("nm:ls_runtime")
         return b.input(gshape, "gamma")
-    return b.param(b.rand(gshape, 0.4, positive=True), "gamma", near_miss=b.miss("ls_overridable"))
+    overridable = b.miss("ls_overridable")
+    if overridable:
+        b.tags.append("nm:ls_overridable")
+    return b.param(b.rand(gshape, 0.4, positive=True), "gamma", near_miss=overridable)
 
 
 def channels_last(b: Builder, x: str, pool: list[str]) -> str:

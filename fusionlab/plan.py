@@ -230,7 +230,8 @@ class FusionPlan:
         else:
             shown = rows
         header = ["id", "kind", "rule", "pattern", "nodes", "kernels", "launches saved", "saved KiB", "lowered to"]
-        cells = [[str(r[h]) for h in header] for r in shown]
+        cells = [[_compact(str(r[h])) if h in ("pattern", "lowered to") else str(r[h]) for h in header]
+                 for r in shown]
         out = text_table(header, cells)
         if len(shown) < len(rows):
             out.append(f"... {len(rows) - len(shown)} more groups")
@@ -299,3 +300,16 @@ def _jsonable(value):
     if isinstance(value, (set, frozenset)):
         return sorted(_jsonable(v) for v in value)
     return value
+
+
+def _compact(ops: str) -> str:
+    """An op sequence as the text table shows it: runs of one op as 'Op×n', contrib ops without their domain,
+    BatchNormalization as BN ("Conv+BN+Relu", "FusedConv×3")."""
+    names = [p.split(":")[-1].replace("BatchNormalization", "BN") for p in ops.split("+")]
+    runs: list[list] = []
+    for n in names:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return "+".join(n if k == 1 else f"{n}×{k}" for n, k in runs)

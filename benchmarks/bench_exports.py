@@ -228,6 +228,7 @@ def main() -> int:
     ap.add_argument("--tools", nargs="+", choices=sorted(TOOLS), default=list(TOOLS))
     ap.add_argument("--out", default="exports", help="result name: benchmarks/results/OUT.md and OUT.json")
     ap.add_argument("--title", help="the result's heading (default: the full run's)")
+    ap.add_argument("--rounds", type=int, default=None, help="at least this many interleaved rounds (default 10)")
     ap.add_argument("--resume", action="store_true", help="keep OUT.json's rows and measure only what it lacks")
     ap.add_argument("--in-process", action="store_true",
                     help="measure in this process (default: one process per model, so each model's memory, "
@@ -237,7 +238,7 @@ def main() -> int:
     entries = [e for e in manifest["models"] if not args.only or e["model"] in args.only or e["file"] in args.only]
     entries.sort(key=lambda e: (ORDER.index(e["model"]) if e["model"] in ORDER else 99, SETTINGS.index(e["setting"])))
     min_time = args.min_time or (0.2 if args.quick else 2.0)
-    rounds = 3 if args.quick else 10
+    rounds = args.rounds or (3 if args.quick else 10)
     rows = _load(RESULTS / f"{args.out}.json") if args.resume else []
     done = {(r["file"], r["tool"]) for r in rows}
     if not args.resume:
@@ -251,7 +252,7 @@ def main() -> int:
             _save(rows, args.out, args.title, min_time, rounds)
             continue
         cmd = [sys.executable, __file__, "--full-dir", str(args.full_dir), "--only", e["file"], "--tools", *tools,
-               "--out", args.out, "--resume", "--in-process", "--min-time", str(min_time)]
+               "--out", args.out, "--resume", "--in-process", "--min-time", str(min_time), "--rounds", str(rounds)]
         cmd += ["--title", args.title] if args.title else []
         cmd += ["--quick"] if args.quick else []
         subprocess.run(cmd, check=True)

@@ -114,6 +114,25 @@ def test_transpose_cancel_needs_the_inverse_perm_and_single_readers():
     assert "transpose_cancel" not in res.plan.rule_counts()
 
 
+def test_a_transpose_one_group_removes_is_not_read_through_by_another():
+    # fuzz seed 8, graph 5129: group A cancels Transpose(y, to NCHW) -> Mul -> Transpose(back to NHWC) = tb;
+    # group B cancels Transpose(x, to NHWC) -> Add(., tb) -> Sub -> Transpose(back) by reading tb's input
+    # directly. Applying A first removed tb, and B's recheck raised StaleGroup. The later group is refused.
+    c = 4
+    nodes = [h.make_node("Transpose", ["y"], ["ta"], name="ta", perm=[0, 3, 1, 2]),
+             h.make_node("Mul", ["ta", "g"], ["m"], name="scale"),
+             h.make_node("Transpose", ["m"], ["tb"], name="tb", perm=[0, 2, 3, 1]),
+             h.make_node("Transpose", ["x"], ["tx"], name="tx", perm=[0, 2, 3, 1]),
+             h.make_node("Add", ["tx", "tb"], ["s"], name="add"),
+             h.make_node("Sub", ["s", "k"], ["q"], name="sub"),
+             h.make_node("Transpose", ["q"], ["out"], name="back", perm=[0, 3, 1, 2])]
+    model = mk(nodes, [value_info("y", shape=[1, 3, 3, c]), value_info("x", shape=[1, c, 3, 3])],
+               [value_info("out", shape=None)], [tensor("g", r(c, 1, 1)), tensor("k", r(c))])
+    res = check(model, ("transpose_cancel",))
+    assert res.plan.rule_counts() == {"transpose_cancel": 1}
+    assert any("read through by another" in x.reason for x in res.plan.refusals), res.plan.refusals
+
+
 LAYER_SCALE_REFUSALS = {
     "not per channel": (lambda: cnblock(residual="input", gamma_shape=(C, S, 1)), "is not per output channel"),
     "dtype": (lambda: cnblock(residual="input", gamma=np.ones((C, 1, 1), np.float64)), "does not fold"),

@@ -59,6 +59,9 @@ class Match:
     saved_bytes: int | None = None
     #: the values the group hands on (None: the last member's first output)
     outputs: list[ir.Value] | None = None
+    #: nodes the rewrite relies on without taking them (an operand's Transpose it reads through): no other
+    #: group of the pass may take them, and the match is refused if another group already has
+    reads: list[ir.Node] = field(default_factory=list)
     data: dict = field(default_factory=dict)
 
     def handed_on(self) -> list[ir.Value]:
@@ -177,6 +180,7 @@ class Context:
         self.lower = lower
         self.max_ops = max_group_ops
         self.claimed: set[int] = set()
+        self.relied: set[int] = set()  # nodes a planned group reads through (Match.reads): no group may take them
         self.only: set[int] | None = None
         self.refusals: list[Refusal] = []
 
@@ -281,7 +285,14 @@ def find(cx: Context, rules: Sequence[Rule]) -> list[Match]:
             if leak is not None:
                 cx.refuse(m.rule, node, f"intermediate {leak} is read outside the group")
                 continue
+            clash = next((n for n in m.nodes if id(n) in cx.relied), None) or \
+                next((n for n in m.reads if id(n) in cx.claimed), None)
+            if clash is not None:
+                cx.refuse(m.rule, node, f"node {clash.name!r} is both rewritten by one group and read through by "
+                                        f"another; the earlier group keeps it")
+                continue
             cx.claimed.update(id(n) for n in m.nodes)
+            cx.relied.update(id(n) for n in m.reads)
             matches.append(m)
     pos = {id(n): i for i, n in enumerate(order)}
     for m in matches:

@@ -87,11 +87,13 @@ class TransposeCancel(Rule):
             return None
         proj, fold = self._layer_scale(cx, t1, chain[0], perm)
         ops = [x.op_type for x in chain[1 if fold else 0:]]
+        reads = [n.inputs[k].producer() for n, (_, extra) in zip(chain, steps) for k, (kind, _) in extra
+                 if kind == "value"]  # the operands' Transposes, read through: they must stay
         return Match("transpose_cancel", t1, proj + [t1] + chain + [n], f"Transpose {perm} and its inverse around "
                      f"{len(chain)} elementwise op(s): constants permuted, Transposed operands read untransposed" +
                      ("; the layer-scale Mul folded into the projection" if fold else ""),
                      "+".join([p.op_type for p in proj] + ops), kernels=len(proj) + len(ops), outputs=[n.outputs[0]],
-                     data={"steps": steps, "proj": proj, "fold": fold})
+                     reads=reads, data={"steps": steps, "proj": proj, "fold": fold})
 
     @staticmethod
     def _layer_scale(cx, t1: ir.Node, first: ir.Node, perm: list[int]):

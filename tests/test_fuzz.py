@@ -220,6 +220,24 @@ def test_oracle_flags_planted_near_miss_constant_but_not_rounding():
     assert check_fused(case, reordered).kind == "ok"
 
 
+def test_a_mixed_function_is_cut_where_its_body_computes_the_originals_values():
+    # campaign seed 9, graph 9207: tanh-GELU as FastGelu, then |.|**0.5 of values near 0 (sqrt amplifies the
+    # rounding). The vertical pass alone is accepted part by part; with mixed, the FastGelu, Abs, Pow and Sub
+    # sit in one function, whose inlined values (mul24__1, ...) are matched to the original's by name again
+    # and typed from the original (onnx cannot infer FastGelu), so the same cut is judged the same way
+    from fusionlab.passes import fuse
+
+    model = onnx.load(os.path.join(JUDGE_DATA, "fastgelu_then_sqrt_inside_a_mixed_function.onnx"))
+    passes = ("vertical", "horizontal", "mixed")
+    case = Case(model, 3, {})
+    fused = fuse(model, passes=passes).graph.to_proto()
+    assert fused.functions and check_fused(case, fused).kind == "ok"
+    bad = _copy(fused)  # the function's Abs made a Neg: another function, no excuse
+    node = next(n for f in bad.functions for n in f.node if n.op_type == "Abs")
+    node.op_type = "Neg"
+    assert check_fused(case, bad).kind == "wrong"
+
+
 def test_a_dropped_broadcast_has_no_rounding_excuse():
     # Add(x[1, 3], zeros[2, 3]) "fused" to Identity(x): equal rows, but the output lost a dimension; the
     # per-part excuse must not broadcast [1, 3] against [2, 3] and call it close (review of 46d4d5f)

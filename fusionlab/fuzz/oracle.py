@@ -376,12 +376,18 @@ def _ill_conditioned(case: Case, k: int, name: str, o, f) -> str:
     return ""
 
 
-def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    """A copy of `model` that also returns the values `names` (element type from shape inference)."""
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    typed = onnx.shape_inference.infer_shapes(model)
+    return {vi.name: vi.type.tensor_type.elem_type for vi in
+            list(typed.graph.value_info) + list(typed.graph.output) + list(typed.graph.input)}
+
+
+def _with_outputs(model: onnx.ModelProto, names: list[str], known: dict[str, int] | None = None) -> onnx.ModelProto:
+    """A copy of `model` that also returns the values `names` (element type from shape inference, else from
+    `known`: a contrib op onnx cannot infer leaves the values after it untyped)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    typed = onnx.shape_inference.infer_shapes(m)
-    elem = {vi.name: vi.type.tensor_type.elem_type for vi in list(typed.graph.value_info) + list(typed.graph.output)}
+    elem = {**(known or {}), **{n: t for n, t in _elem_types(m).items() if t}}
     have = {o.name for o in m.graph.output}
     for n in names:
         if n not in have and elem.get(n):
@@ -409,6 +415,24 @@ def _fed(model: onnx.ModelProto, values: dict, produced: set) -> tuple[onnx.Mode
     return local, fed
 
 
+def _original_names(model: onnx.ModelProto, made: dict) -> onnx.ModelProto:
+    """Inlined function bodies with their values' names back: onnx's inliner writes `mul24__1` for the body's
+    `mul24`, and a mixed-pass function keeps the names of the original values it computes. A name goes back
+    only where the original made it and nothing in the graph has it already; every value cut there is still
+    compared with the original's, so a body value under another's name is a difference, not an excuse."""
+    taken = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    back: dict[str, str] = {}
+    for n in model.graph.node:
+        for o in n.output:
+            base = re.sub(r"__\d+$", "", o)
+            if base != o and base in made and base not in taken and base not in back.values():
+                back[o] = base
+    for n in model.graph.node:
+        n.input[:] = [back.get(i, i) for i in n.input]
+        n.output[:] = [back.get(o, o) for o in n.output]
+    return model
+
+
 def _amplified_downstream(case: Case, k: int, fused: onnx.ModelProto) -> str:
     """A note when every part of the fused graph, fed the original's own values, computes what the original does.
 
@@ -428,9 +452,9 @@ def _amplified_downstream(case: Case, k: int, fused: onnx.ModelProto) -> str:
     try:
         import onnx.inliner
 
-        if fused.functions:  # a function's body is parts too: inline it
-            fused = onnx.inliner.inline_local_functions(fused)
         made = {o: n for n in case.model.graph.node for o in n.output if o}
+        if fused.functions:  # a function's body is parts too: inline it, its values under their own names
+            fused = _original_names(onnx.inliner.inline_local_functions(fused), made)
         produced = {o for n in fused.graph.node for o in n.output if o}
         shared = [o for n in fused.graph.node for o in n.output if o in made]
         if not shared:
@@ -449,7 +473,7 @@ def _amplified_downstream(case: Case, k: int, fused: onnx.ModelProto) -> str:
         original = _with_outputs(original, shared)
         orig_sess = _session(original)
         orig = dict(zip([o.name for o in orig_sess.get_outputs()], orig_sess.run(None, feeds0)))
-        local, fed = _fed(_with_outputs(fused, shared), orig, produced)
+        local, fed = _fed(_with_outputs(fused, shared, _elem_types(original)), orig, produced)
         sess = _session(local)
         wanted = {i.name for i in local.graph.input}
         feeds = {n: v for n, v in feeds0.items() if n in wanted}

@@ -26,7 +26,7 @@ def test_explain_prints_plan_and_costs(tmp_path, capsys):
     before = src.read_bytes()
     assert main(["explain", str(src), "--device", "atlas 300i pro", "--device", "Atlas 800I A2", "--dim", "batch=2"]) == 0
     out = capsys.readouterr().out
-    assert "conv_bn_act" in out and "Conv+BatchNormalizat" in out  # the table fits 110 columns: long cells clip
+    assert "conv_bn_act" in out and "Conv+BN+Relu" in out  # the plan table writes BatchNormalization as BN
     assert "Atlas 300I Pro" in out and "Atlas 800I A2 (Ascend 910B)" in out
     lines = [l for l in out.splitlines() if l.startswith(("unfused", "fused"))]
     assert len(lines) == 4  # two plans x two devices

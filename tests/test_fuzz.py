@@ -238,6 +238,18 @@ def test_a_mixed_function_is_cut_where_its_body_computes_the_originals_values():
     assert check_fused(case, bad).kind == "wrong"
 
 
+@pytest.mark.xfail(strict=True, reason="the judge's known limit, seed 10 graph 20611: a LayerNorm of rows whose mean "
+                   "is ~1e3 standard deviations from 0; fused and decomposed are equally inaccurate against float64 "
+                   "in general, but judged per element the original is luckier on one element (docs/fuzz.md)")
+def test_a_layernorm_of_rows_far_from_zero_mean_is_judged_as_accurate_as_the_original():
+    from fusionlab.passes import fuse
+
+    model = onnx.load(os.path.join(JUDGE_DATA, "layernorm_mean_far_from_std_lucky_original.onnx"))
+    case = Case(model, 3, {"rules": ["layernorm"]})
+    fused = fuse(model, passes=("vertical",), rules=["layernorm"]).graph.to_proto()
+    assert check_fused(case, fused, {"layernorm": 1}).kind == "ok"
+
+
 def test_a_dropped_broadcast_has_no_rounding_excuse():
     # Add(x[1, 3], zeros[2, 3]) "fused" to Identity(x): equal rows, but the output lost a dimension; the
     # per-part excuse must not broadcast [1, 3] against [2, 3] and call it close (review of 46d4d5f)

@@ -433,6 +433,11 @@ def _original_names(model: onnx.ModelProto, made: dict) -> onnx.ModelProto:
     return model
 
 
+def _run(sess, feeds: dict) -> dict:
+    """{output name: value} of one onnxruntime run."""
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
 def _amplified_downstream(case: Case, k: int, fused: onnx.ModelProto) -> str:
     """A note when every part of the fused graph, fed the original's own values, computes what the original does.
 
@@ -472,13 +477,13 @@ def _amplified_downstream(case: Case, k: int, fused: onnx.ModelProto) -> str:
             feeds0 = {n: (v.astype(np.float32) if v.dtype == np.float16 else v) for n, v in feeds0.items()}
         original = _with_outputs(original, shared)
         orig_sess = _session(original)
-        orig = dict(zip([o.name for o in orig_sess.get_outputs()], orig_sess.run(None, feeds0)))
+        orig = _run(orig_sess, feeds0)
         local, fed = _fed(_with_outputs(fused, shared, _elem_types(original)), orig, produced)
         sess = _session(local)
         wanted = {i.name for i in local.graph.input}
         feeds = {n: v for n, v in feeds0.items() if n in wanted}
         feeds.update({alias: orig[name] for name, alias in fed.items()})
-        got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        got = _run(sess, feeds)
     except Exception:  # noqa: BLE001 - cannot look inside: no note
         return ""
     raw = orig
@@ -503,11 +508,10 @@ def _amplified_downstream(case: Case, k: int, fused: onnx.ModelProto) -> str:
         ref_out = Reference(parts).run(pfeeds)
         # the original's parts at working precision, their inputs moved by one ulp: how far rounding alone moves them
         psess = _session(parts)
-        names = [o.name for o in psess.get_outputs()]
-        base = dict(zip(names, psess.run(None, pfeeds)))
+        base = _run(psess, pfeeds)
         rng = np.random.default_rng(53 + k)
-        runs = [dict(zip(names, psess.run(None, {n: _nudged(v, rng, dtype=np.float16 if half else None)
-                                                  for n, v in pfeeds.items()}))) for _ in range(4)]
+        runs = [_run(psess, {n: _nudged(v, rng, dtype=np.float16 if half else None) for n, v in pfeeds.items()})
+                for _ in range(4)]
     except Exception:  # noqa: BLE001
         return ""
     for o in off:  # per element: accepted against the part's float64 value, or within its one-ulp spread

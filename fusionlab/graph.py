@@ -86,6 +86,43 @@ def _check_header(proto: onnx.ModelProto, name: str) -> None:
         raise ModelError(name, f"unsupported opset {version} (supported: {MIN_OPSET}..{MAX_OPSET})")
 
 
+def _text_fields(descriptor) -> tuple[list, list]:
+    """(string fields, message fields) of a protobuf message type, as (name, repeated) pairs; cached."""
+    known = _TEXT_FIELDS.get(descriptor.full_name)
+    if known is None:
+        def repeated(f) -> bool:  # protobuf >= 6 has is_repeated; older ones only the label
+            return bool(f.is_repeated) if hasattr(f, "is_repeated") else f.label == f.LABEL_REPEATED
+
+        strings = [(f.name, repeated(f)) for f in descriptor.fields if f.type == f.TYPE_STRING]
+        messages = [(f.name, repeated(f)) for f in descriptor.fields if f.type == f.TYPE_MESSAGE]
+        known = _TEXT_FIELDS[descriptor.full_name] = (strings, messages)
+    return known
+
+
+_TEXT_FIELDS: dict[str, tuple[list, list]] = {}
+
+
+def _bad_text(message) -> str | None:
+    """The first string field (a name, a doc string) that is not valid UTF-8, as 'NodeProto.name', else None.
+
+    protobuf hands such a field over as bytes instead of failing to parse; the graph library cannot write it
+    back out, so the model is refused at load rather than crashing a pass later."""
+    stack = [message]
+    while stack:
+        m = stack.pop()
+        strings, messages = _text_fields(m.DESCRIPTOR)
+        for field, repeated in strings:
+            values = getattr(m, field) if repeated else [getattr(m, field)]
+            if any(isinstance(v, bytes) for v in values):
+                return f"{m.DESCRIPTOR.name}.{field}"
+        for field, repeated in messages:
+            if repeated:
+                stack.extend(getattr(m, field))
+            elif m.HasField(field):
+                stack.append(getattr(m, field))
+    return None
+
+
 def _all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     """Every TensorProto in a graph and its subgraphs (initializers, sparse parts, attribute tensors)."""
     yield from graph.initializer
@@ -284,6 +321,9 @@ def load(source, *, check: bool = True) -> "Graph":
     else:
         raise TypeError(f"load() takes a path, bytes, onnx.ModelProto or Graph, not {type(source).__name__}")
     _check_header(proto, name)
+    bad = _bad_text(proto)
+    if bad:
+        raise ModelError(name, f"a text field ({bad}) is not valid UTF-8: the file is corrupted")
     _check_tensor_sizes(proto, name)
     has_external = any(True for _ in _tensors_with_external_data(proto.graph))
     _check_external_data(proto, base_dir, name)

@@ -238,16 +238,50 @@ def test_a_mixed_function_is_cut_where_its_body_computes_the_originals_values():
     assert check_fused(case, bad).kind == "wrong"
 
 
-@pytest.mark.xfail(strict=True, reason="the judge's known limit, seed 10 graph 20611: a LayerNorm of rows whose mean "
-                   "is ~1e3 standard deviations from 0; fused and decomposed are equally inaccurate against float64 "
-                   "in general, but judged per element the original is luckier on one element (docs/fuzz.md)")
-def test_a_layernorm_of_rows_far_from_zero_mean_is_judged_as_accurate_as_the_original():
+def test_a_layernorm_of_rows_far_from_zero_mean_is_judged_against_the_originals_rounding_envelope():
+    # campaign seed 10, graph 20611: rows whose mean sits ~1e3 standard deviations from 0, so x - mean cancels
+    # most float32 digits. Fused and decomposed miss float64 alike in general, but on one element the fused
+    # LayerNormalization is 3x further than the original (8.7e-4 vs 1.7e-4, 3.1e-4 vs 1.1e-4 in the part): the
+    # original was lucky. Replaying the original part's own rounding at random shows the fused value is one
+    # its evaluation could produce; a gamma 0.03% off or a larger epsilon is not.
     from fusionlab.passes import fuse
 
     model = onnx.load(os.path.join(JUDGE_DATA, "layernorm_mean_far_from_std_lucky_original.onnx"))
     case = Case(model, 3, {"rules": ["layernorm"]})
     fused = fuse(model, passes=("vertical",), rules=["layernorm"]).graph.to_proto()
-    assert check_fused(case, fused, {"layernorm": 1}).kind == "ok"
+    out = check_fused(case, fused, {"layernorm": 1})
+    assert out.kind == "ok" and out.symptom == "ill-conditioned", out.detail
+    assert "own rounding" in out.detail
+    ln = next(n for n in fused.graph.node if n.op_type == "LayerNormalization")
+    scaled = _copy(fused)
+    gamma = next(t for t in scaled.graph.initializer if t.name == ln.input[1])
+    scaled.graph.initializer.extend([tensor("gamma_off", onnx.numpy_helper.to_array(gamma) * np.float32(1.0003))])
+    next(n for n in scaled.graph.node if n.name == ln.name).input[1] = "gamma_off"
+    assert check_fused(case, scaled, {"layernorm": 1}).kind == "wrong"
+    loose = _copy(fused)
+    next(a for a in next(n for n in loose.graph.node if n.name == ln.name).attribute if a.name == "epsilon").f = 1e-3
+    assert check_fused(case, loose, {"layernorm": 1}).kind == "wrong"
+
+
+def test_the_rounding_envelope_moves_each_op_by_its_own_budget_and_exact_ops_not_at_all():
+    from fusionlab.fuzz.rounding import rounded_runs, terms
+
+    x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32) + 10
+    model = make_model([h.make_node("ReduceMean", ["x"], ["m"], name="mean", keepdims=1, axes=[1]),
+                        h.make_node("Sub", ["x", "m"], ["d"], name="sub"),
+                        h.make_node("Relu", ["d"], ["y"], name="relu")],
+                       [value_info("x", shape=[3, 16])], [value_info("y", shape=[3, 16])], opset=17)
+    plain = oracle._run(oracle._session(model), {"x": x})["y"]
+    values = {"x": x, "m": x.mean(axis=1, keepdims=True)}
+    assert terms(model.graph.node[0], values) == 16 and terms(model.graph.node[1], values) == 1
+    runs = rounded_runs(model, [{"x": x}] * 8, np.random.default_rng(1))
+    eps = np.finfo(np.float32).eps
+    mean = x.astype(np.float64).mean(axis=1, keepdims=True)
+    for run in runs:
+        moved = np.abs(run["m"] - mean) / np.abs(mean)
+        assert moved.max() <= 4 * eps * 1.01 + eps          # sqrt(16) ulps of the mean, plus its own rounding
+        assert np.array_equal(np.maximum(run["d"], 0), run["y"])  # Relu rounds nothing: left alone
+    assert any(not np.array_equal(run["y"], plain) for run in runs)
 
 
 def test_a_dropped_broadcast_has_no_rounding_excuse():

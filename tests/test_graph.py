@@ -306,7 +306,7 @@ def test_plain_graph_input_is_not_called_overridable():
 # fuzz: a corrupted model is either loaded or refused with ModelError, never a crash
 # ----------------------------------------------------------------------------------------------
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 _VALID = conv_relu_model().SerializeToString()
@@ -314,6 +314,7 @@ _VALID = conv_relu_model().SerializeToString()
 
 @given(st.lists(st.tuples(st.integers(0, len(_VALID) - 1), st.integers(0, 255)), min_size=1, max_size=8),
        st.integers(1, len(_VALID)))
+@example(flips=[(68, 128)], keep=610)  # a node name that is no longer UTF-8: protobuf hands it over as bytes
 def test_corrupted_bytes_load_or_refuse_cleanly(flips, keep):
     data = bytearray(_VALID[:keep])
     for pos, byte in flips:
@@ -331,3 +332,13 @@ def test_corrupted_bytes_load_or_refuse_cleanly(flips, keep):
         fuse(g, passes=("vertical",))
     except ModelError:
         pass
+
+
+def test_a_name_that_is_not_utf8_is_refused_at_load_naming_the_field():
+    # protobuf parses an invalid UTF-8 string field into bytes; onnx-ir then fails to write the graph back out
+    # inside a pass. Found by the hypothesis test above (flips [(68, 128)] at 610 bytes).
+    data = bytearray(_VALID)
+    at = data.index(b"relu")
+    data[at] = 0x80
+    with pytest.raises(ModelError, match=r"NodeProto.name\) is not valid UTF-8"):
+        load(bytes(data))

@@ -452,6 +452,16 @@ def _all_value_names(graph: ir.Graph) -> set[str]:
     return names
 
 
+def fresh_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base_1`, `base_2`, ... : the first that `taken` does not hold (then it is taken)."""
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
+
+
 class Names:
     """Every name a graph uses, and fresh ones that clash with none of them (one service for every pass).
 
@@ -468,14 +478,7 @@ class Names:
         self._values = _all_value_names(graph)
         self._functions = {f.name for f in model.functions.values()}
 
-    @staticmethod
-    def _fresh(base: str, taken: set[str]) -> str:
-        name, k = base, 0
-        while name in taken:
-            k += 1
-            name = f"{base}_{k}"
-        taken.add(name)
-        return name
+    _fresh = staticmethod(fresh_name)
 
     def node(self, base: str) -> str:
         """A node name no node uses (base, else base_1, base_2, ...)."""

@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .graph import fresh_name
+
 __all__ = ["to_float64", "convert", "run_float64", "Reference"]
 
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
@@ -107,12 +109,6 @@ def _names(g: onnx.GraphProto) -> set[str]:
     return {o for n in g.node for o in n.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
 
 
-def _fresh(name: str, taken: set[str]) -> str:
-    """`name`, with underscores appended until no tensor of the graph uses it (then it is taken)."""
-    while name in taken:
-        name += "_"
-    taken.add(name)
-    return name
 
 
 def _clamp_maxpools(original: onnx.ModelProto, wide: onnx.ModelProto, elem_type: int) -> None:
@@ -137,7 +133,7 @@ def _clamp_maxpools(original: onnx.ModelProto, wide: onnx.ModelProto, elem_type:
     if not any(n.op_type == "MaxPool" and n.domain in ("", "ai.onnx") for n in nodes):
         return
     taken = _names(g)
-    lowest = _fresh("fusionlab_reference_float32_lowest", taken)
+    lowest = fresh_name("fusionlab_reference_float32_lowest", taken)
     out = []
     for orig_node, n in zip(original.graph.node, nodes):
         out.append(n)
@@ -145,7 +141,7 @@ def _clamp_maxpools(original: onnx.ModelProto, wide: onnx.ModelProto, elem_type:
                 or elem.get(orig_node.input[0]) != TensorProto.FLOAT or not n.output[0]):
             continue
         y = n.output[0]
-        raw = _fresh(y + "__before_clamp", taken)
+        raw = fresh_name(y + "__before_clamp", taken)
         n.output[0] = raw
         out.append(helper.make_node("Max", [raw, lowest], [y]))
     if len(out) == len(nodes):
@@ -176,10 +172,10 @@ def _explicit_maxpool_pads(wide: onnx.ModelProto, elem_type: int) -> None:
                 or pads[:k] == pads[k:] or len([o for o in n.output if o]) != 1):
             out.append(n)
             continue
-        padded = _fresh(n.input[0] + "__explicit_pads", taken)
+        padded = fresh_name(n.input[0] + "__explicit_pads", taken)
         full = [0, 0] + pads[:k] + [0, 0] + pads[k:]
         if opset >= 11:
-            p_name, v_name = _fresh(padded + "_pads", taken), _fresh(padded + "_value", taken)
+            p_name, v_name = fresh_name(padded + "_pads", taken), fresh_name(padded + "_value", taken)
             extra += [numpy_helper.from_array(np.array(full, dtype=np.int64), p_name),
                       numpy_helper.from_array(np.array(-np.inf, dtype=dt), v_name)]
             out.append(helper.make_node("Pad", [n.input[0], p_name, v_name], [padded], mode="constant"))

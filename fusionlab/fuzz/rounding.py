@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
+from ..graph import fresh_name
 from .feeds import session as _session
 
 __all__ = ["EXACT_OPS", "rounded_runs"]
@@ -40,15 +41,6 @@ EXACT_OPS = frozenset({
     "Compress", "ReverseSequence", "NonZero", "Unique", "IsNaN", "IsInf", "MaxRoiPool", "Optional",
     "OptionalGetElement", "SequenceAt", "SequenceConstruct", "SplitToSequence", "ConcatFromSequence",
 })
-
-
-def _fresh(base: str, taken: set) -> str:
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}{k}"
-    taken.add(name)
-    return name
 
 
 def rounded_runs(model: onnx.ModelProto, feeds: list[dict], rng, dtypes: dict | None = None) -> list[dict]:
@@ -80,11 +72,11 @@ def rounded_runs(model: onnx.ModelProto, feeds: list[dict], rng, dtypes: dict | 
                 if not isinstance(v, np.ndarray) or v.dtype.kind != "f" or not v.size:
                     continue
                 eps = float(np.finfo(dtypes.get(name, v.dtype)).eps)
-                exact, scale = _fresh(f"{name}__exact", used), _fresh(f"{name}__rounding", used)
+                exact, scale = fresh_name(f"{name}__exact", used), fresh_name(f"{name}__rounding", used)
                 node.output[i] = exact
                 m.graph.initializer.append(onnx.numpy_helper.from_array(
                     (1 + eps * rng.uniform(-1, 1, v.shape)).astype(v.dtype), scale))
-                nodes.append(onnx.helper.make_node("Mul", [exact, scale], [name], name=_fresh(scale, used)))
+                nodes.append(onnx.helper.make_node("Mul", [exact, scale], [name], name=fresh_name(scale, used)))
         del m.graph.node[:]
         m.graph.node.extend(nodes)
         s = _session(m)

@@ -36,9 +36,18 @@ def test_slices_that_tile_an_axis_become_one_split(ranges):
     assert [o.name for o in res.graph.graph.outputs] == [f"y{k}" for k in range(len(ranges))]
 
 
+def test_a_range_sliced_twice_joins_the_split_once_and_the_other_slice_stays():
+    # fuzz seed 12, graph 5627: two Slices of one range crashed the sort of the ranges (Nodes do not compare)
+    res = check(chunk([(0, 2), (0, 2), (2, 4)]), ("slice_split",), {"Slice": 1, "Split": 1})
+    assert res.plan.rule_counts() == {"slice_split": 1}
+    assert [o.name for o in res.graph.graph.outputs] == ["y0", "y1", "y2"]
+
+
 @pytest.mark.parametrize("case, kw, node, reason", [
     ("a gap", {"ranges": [(0, 1), (2, 4)]}, "slice0", "do not tile"),
     ("an overlap", {"ranges": [(0, 3), (2, 4)]}, "slice0", "do not tile"),
+    # fuzz seed 12, graph 5627: two Slices of one range crashed the sort (Nodes do not compare)
+    ("one range twice", {"ranges": [(0, 2), (0, 2)]}, "slice0", "do not tile"),
     ("unknown length", {"ranges": [(0, 2), (2, 4)], "dynamic": True}, "slice0", "is not known"),
 ])
 def test_slice_split_refuses(case, kw, node, reason):

@@ -63,7 +63,8 @@ class SliceSplit(Rule):
         if found.get(first, (None, None))[1] != 0:
             return None
         axis = found[first][0]
-        parts = sorted((r[1], r[2], s) for s, r in found.items() if r[0] == axis)
+        parts = [(r[1], r[2], s) for s, r in found.items() if r[0] == axis]
+        parts.sort(key=lambda p: p[:2])  # stable: Slices of one range keep graph order (nodes do not compare)
         chosen, at = [], 0
         for start, end, s in parts:
             if start == at:

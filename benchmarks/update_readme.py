@@ -8,7 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 ORDER = ["vertical.md", "rules.md", "horizontal.md", "elementwise.md", "reductions.md", "compilers.md",
-         "tvm_agreement.md", "profiling_fixes.md", "exports.md", "exports_after.md", "exports_select.md"]
+         "tvm_agreement.md", "profiling_fixes.md", "exports.md", "exports_after.md", "exports_quiet.md",
+         "exports_long.md", "exports_select.md"]
 
 
 def main() -> int:

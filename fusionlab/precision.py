@@ -109,8 +109,6 @@ def _names(g: onnx.GraphProto) -> set[str]:
     return {o for n in g.node for o in n.output} | {i.name for i in g.input} | {t.name for t in g.initializer}
 
 
-
-
 def _clamp_maxpools(original: onnx.ModelProto, wide: onnx.ModelProto, elem_type: int) -> None:
     """After each MaxPool that is float32 in the original, `Max(y, lowest)`: -inf becomes float32's lowest.
 

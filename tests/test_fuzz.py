@@ -184,30 +184,42 @@ def test_a_difference_that_starts_in_an_unchanged_op_is_rounding_one_in_a_rewrit
     assert check_fused(case, bad, {"conv_bn": 1}).kind == "wrong"
 
 
+def _fused_layernorm_case(filename):
+    """(case, fused model, its LayerNormalization node) for a judge case fused with the layernorm rule alone."""
+    from fusionlab.passes import fuse
+
+    model = onnx.load(os.path.join(JUDGE_DATA, filename))
+    case = Case(model, 3, {"rules": ["layernorm"]})
+    fused = fuse(model, passes=("vertical",), rules=["layernorm"]).graph.to_proto()
+    return case, fused, next(n for n in fused.graph.node if n.op_type == "LayerNormalization")
+
+
+def _layernorm_changed(fused, ln, *, gamma=None, epsilon=None):
+    """A copy of `fused` whose LayerNormalization has another epsilon, or gamma times `gamma` (a private copy)."""
+    changed = _copy(fused)
+    node = next(n for n in changed.graph.node if n.name == ln.name)
+    if epsilon is not None:
+        next(a for a in node.attribute if a.name == "epsilon").f = epsilon
+    if gamma is not None:
+        g = next(t for t in changed.graph.initializer if t.name == ln.input[1])
+        changed.graph.initializer.extend([tensor("gamma_off", onnx.numpy_helper.to_array(g) * np.float32(gamma))])
+        node.input[1] = "gamma_off"
+    return changed
+
+
 def test_a_layernorm_of_a_row_constant_to_rounding_is_judged_against_the_original_part_in_float64():
     # campaign seed 6, graph 2338, shrunk: Tanh saturates a row to one float32 value and the decomposed layer
     # norm's ReduceMean misses it by one ulp; epsilon 1e-12 multiplies that by 1e6, so the original prints
     # beta + 6e-3 where the fused LayerNormalization (and float64) give beta. Elsewhere the fused result is
     # as near the original's part in float64 as the original is.
-    from fusionlab.passes import fuse
-
-    model = onnx.load(os.path.join(JUDGE_DATA, "layernorm_of_a_row_constant_to_rounding.onnx"))
-    case = Case(model, 3, {"rules": ["layernorm"]})
-    fused = fuse(model, passes=("vertical",), rules=["layernorm"]).graph.to_proto()
+    case, fused, ln = _fused_layernorm_case("layernorm_of_a_row_constant_to_rounding.onnx")
     out = check_fused(case, fused, {"layernorm": 1})
     assert out.kind == "ok" and out.symptom == "ill-conditioned", out.detail
     notes = [oracle._amplified_downstream(case, k, fused) for k in range(3)]
     assert all("ill-conditioned part" in n for n in notes), notes
-    ln = next(n for n in fused.graph.node if n.op_type == "LayerNormalization")
-    loose = _copy(fused)  # epsilon 1e-5 instead of 1e-12: another function, no excuse
-    node = next(n for n in loose.graph.node if n.name == ln.name)
-    next(a for a in node.attribute if a.name == "epsilon").f = 1e-5
-    assert check_fused(case, loose, {"layernorm": 1}).kind == "wrong"
-    scaled = _copy(fused)  # gamma 0.1% off, read from a private copy
-    gamma = next(t for t in scaled.graph.initializer if t.name == ln.input[1])
-    scaled.graph.initializer.extend([tensor("gamma_off", onnx.numpy_helper.to_array(gamma) * np.float32(1.001))])
-    next(n for n in scaled.graph.node if n.name == ln.name).input[1] = "gamma_off"
-    assert check_fused(case, scaled, {"layernorm": 1}).kind == "wrong"
+    # epsilon 1e-5 instead of 1e-12, or gamma 0.1% off: another function, no excuse
+    assert check_fused(case, _layernorm_changed(fused, ln, epsilon=1e-5), {"layernorm": 1}).kind == "wrong"
+    assert check_fused(case, _layernorm_changed(fused, ln, gamma=1.001), {"layernorm": 1}).kind == "wrong"
 
 
 def test_oracle_flags_planted_near_miss_constant_but_not_rounding():
@@ -244,23 +256,12 @@ def test_a_layernorm_of_rows_far_from_zero_mean_is_judged_against_the_originals_
     # LayerNormalization is 3x further than the original (8.7e-4 vs 1.7e-4, 3.1e-4 vs 1.1e-4 in the part): the
     # original was lucky. Replaying the original part's own rounding at random shows the fused value is one
     # its evaluation could produce; a gamma 0.03% off or a larger epsilon is not.
-    from fusionlab.passes import fuse
-
-    model = onnx.load(os.path.join(JUDGE_DATA, "layernorm_mean_far_from_std_lucky_original.onnx"))
-    case = Case(model, 3, {"rules": ["layernorm"]})
-    fused = fuse(model, passes=("vertical",), rules=["layernorm"]).graph.to_proto()
+    case, fused, ln = _fused_layernorm_case("layernorm_mean_far_from_std_lucky_original.onnx")
     out = check_fused(case, fused, {"layernorm": 1})
     assert out.kind == "ok" and out.symptom == "ill-conditioned", out.detail
     assert "own rounding" in out.detail
-    ln = next(n for n in fused.graph.node if n.op_type == "LayerNormalization")
-    scaled = _copy(fused)
-    gamma = next(t for t in scaled.graph.initializer if t.name == ln.input[1])
-    scaled.graph.initializer.extend([tensor("gamma_off", onnx.numpy_helper.to_array(gamma) * np.float32(1.0003))])
-    next(n for n in scaled.graph.node if n.name == ln.name).input[1] = "gamma_off"
-    assert check_fused(case, scaled, {"layernorm": 1}).kind == "wrong"
-    loose = _copy(fused)
-    next(a for a in next(n for n in loose.graph.node if n.name == ln.name).attribute if a.name == "epsilon").f = 1e-3
-    assert check_fused(case, loose, {"layernorm": 1}).kind == "wrong"
+    assert check_fused(case, _layernorm_changed(fused, ln, gamma=1.0003), {"layernorm": 1}).kind == "wrong"
+    assert check_fused(case, _layernorm_changed(fused, ln, epsilon=1e-3), {"layernorm": 1}).kind == "wrong"
 
 
 def test_the_rounding_envelope_moves_each_op_by_one_ulp_of_its_dtype_and_exact_ops_not_at_all():

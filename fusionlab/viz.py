@@ -856,13 +856,7 @@ def save_picture(model, path, plan: FusionPlan | None = None, **kw) -> Path:
     buf = io.BytesIO()
     with matplotlib.rc_context({"svg.hashsalt": "fusionlab", "svg.fonttype": "path"}):
         fig.savefig(buf, format=fmt, metadata=metadata, bbox_inches="tight", dpi=120, facecolor="white")
-    return atomic_write(path, buf.getvalue(), mode=0o644 & ~_umask())
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    return atomic_write(path, buf.getvalue())
 
 
 # --------------------------------------------------------------------------------------------------

@@ -132,7 +132,8 @@ def why_not_lines(fplan, node: str | None = None, width: int = MAX_WIDTH, exampl
             if g.structured:
                 found = g.found()
                 values = ", ".join(f"{v} ({k}×)" if k > 1 and len(found) > 1 else v for v, k in found[:examples])
-                more = f", and {len(found) - examples} other values" if len(found) > examples else ""
+                k = len(found) - examples
+                more = f", and {k} other value{'s' if k > 1 else ''}" if k > 0 else ""
                 text = f"needs {g.condition}; found {values}{more}" if found else f"needs {g.condition}"
             else:
                 text = g.condition

@@ -68,7 +68,7 @@ def run(args) -> int:
                      wrap=wrap, source=source)
     except (ValueError, KeyError) as exc:
         raise UsageError(str(exc).strip("'\"")) from None
-    what = f", {len(plan)} fusion groups outlined" if plan is not None else ""
+    what = f", {len(plan)} fusion groups highlighted" if plan is not None else ""
     if source is not None:
         fused = sum(1 for n in drawn if len(drawn.covers(n.name)) > 1 or n.domain not in ("", "ai.onnx"))
         what = f" after fusion (from {len(graph)}), {fused} fused ops marked"

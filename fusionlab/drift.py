@@ -47,9 +47,10 @@ def ort_fused_ops(model, level: str = "all") -> dict[str, int]:
     return {op: after[op] - before.get(op, 0) for op in sorted(after) if after[op] > before.get(op, 0)}
 
 
-def counts(model, passes=None, *, level: str | None = "all", dims: dict | None = None, **options) -> dict:
+def counts(model, passes=None, *, level: str | None = "extended", dims: dict | None = None, **options) -> dict:
     """What fires on `model`: {"rules": {rule: groups}} for fusionlab's `passes` (default: the default
-    passes), and {"onnxruntime": {"level", "version", "fused_ops"}} unless `level` is None."""
+    passes), and {"onnxruntime": {"level", "version", "fused_ops"}} unless `level` is None (default EXTENDED:
+    ALL adds NCHWc layout ops whose number depends on the CPU)."""
     import onnxruntime
 
     from . import __version__

@@ -1033,7 +1033,9 @@ def save_picture(model, path, plan: FusionPlan | None = None, **kw) -> Path:
     metadata = {"Date": None} if fmt == "svg" else {"Software": None}
     buf = io.BytesIO()
     with matplotlib.rc_context({"svg.hashsalt": "fusionlab", "svg.fonttype": "path"}):
-        fig.savefig(buf, format=fmt, metadata=metadata, bbox_inches="tight", dpi=120, facecolor="white")
+        big = fmt == "png" and max(fig.get_size_inches()) > 12  # a big drawing: one render, faster compression
+        fig.savefig(buf, format=fmt, metadata=metadata, bbox_inches=None if big else "tight", dpi=120,
+                    facecolor="white", **({"pil_kwargs": {"compress_level": 3}} if big else {}))
     return atomic_write(path, buf.getvalue())
 
 

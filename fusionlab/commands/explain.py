@@ -35,8 +35,9 @@ def register(sub) -> None:
                    help="write the fusions that fire (per rule, and per onnxruntime fused-op type) to FILE")
     p.add_argument("--expect", metavar="FILE", default=None,
                    help="check the fusions that fire against FILE (from --save-counts); exit 1 on a difference")
-    p.add_argument("--ort-level", choices=["basic", "extended", "all"], default="all",
-                   help="onnxruntime level whose fused ops --save-counts records (default all)")
+    p.add_argument("--ort-level", choices=["basic", "extended", "all"], default="extended",
+                   help="onnxruntime level whose fused ops --save-counts records (default extended: ALL adds "
+                        "layout ops that depend on the CPU, so counts saved on one machine would drift on another)")
     add_dim_option(p)
     p.add_argument("--max-rows", type=int, default=30, help="groups to list (default 30)")
     p.set_defaults(func=run)
@@ -101,8 +102,8 @@ def _explain(args, graph, fplan, kinds, devs, dims, cost) -> int:
             print(wrap(f"note: {note}", MAX_WIDTH))
     if fplan.refusals:
         rules = len({r.rule for r in fplan.refusals})
-        print(f"{len(set(fplan.refusals))} candidate(s) refused by {rules} rule(s): "
-              f"fusionlab explain --why-not {args.model}")
+        print(wrap(f"{len(set(fplan.refusals))} candidate(s) refused by {rules} rule(s): "
+                   f"fusionlab explain --why-not {args.model}", MAX_WIDTH))
     print()
     print(f"predicted (roofline model): the loaded model against the model passes {passes} write")
     print(cost.compare(graph, {"unfused": None, f"fused: {passes}": fplan}, devs, dims=dims).table())
@@ -175,8 +176,8 @@ def _save_counts(args, graph, kinds, options) -> None:
     drift.save(target, data)
     fired = sum(data["rules"].values())
     ort = sum(data["onnxruntime"]["fused_ops"].values())
-    print(f"wrote {target}: {fired} fusionlab group(s) over {len(data['rules'])} rule(s), {ort} onnxruntime "
-          f"fused op(s) at {args.ort_level}")
+    print(wrap(f"wrote {target}: {fired} fusionlab group(s) over {len(data['rules'])} rule(s), {ort} onnxruntime "
+               f"fused op(s) at {args.ort_level}", MAX_WIDTH))
 
 
 def _expect(args, graph, dims) -> int:
@@ -197,7 +198,7 @@ def _expect(args, graph, dims) -> int:
         print(wrap(f"{where}: no drift: fusionlab's groups per rule ({sum(now['rules'].values())} in "
                    f"{len(now['rules'])} rules){also} as expected", MAX_WIDTH))
         return 0
-    print(f"{where}: {len(found)} fusion(s) drifted")
+    print(wrap(f"{where}: {len(found)} fusion(s) drifted", MAX_WIDTH))
     for d in found:
         print(f"  {d}")
     return 1

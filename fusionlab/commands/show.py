@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import check_output, load_input, parse_passes
+from ..text import MAX_WIDTH, wrap
 
 
 def register(sub) -> None:
@@ -62,15 +63,15 @@ def run(args) -> int:
             raise
         raise UsageError(str(exc).splitlines()[0]) from None
     nodes = [n.strip() for n in args.nodes.split(",")] if args.nodes else None
-    wrap = "auto" if args.columns == "auto" else int(args.columns)
+    bands = "auto" if args.columns == "auto" else int(args.columns)
     try:
         save_picture(drawn, out, plan=plan, nodes=nodes, hops=args.hops if nodes else 0, max_nodes=args.max_nodes,
-                     wrap=wrap, source=source)
+                     wrap=bands, source=source)
     except (ValueError, KeyError) as exc:
         raise UsageError(str(exc).strip("'\"")) from None
     what = f", {len(plan)} fusion groups highlighted" if plan is not None else ""
     if source is not None:
         fused = sum(1 for n in drawn if len(drawn.covers(n.name)) > 1 or n.domain not in ("", "ai.onnx"))
         what = f" after fusion (from {len(graph)}), {fused} fused ops marked"
-    print(f"wrote {out} ({len(drawn)} nodes{what})")
+    print(wrap(f"wrote {out} ({len(drawn)} nodes{what})", MAX_WIDTH))
     return 0

@@ -169,8 +169,8 @@ def next_reader(cx: "Context", value: ir.Value, rule: str, anchor: ir.Node, want
     if fits:
         producer = value.producer()
         what = producer.op_type if producer is not None else "value"
-        cx.refuse(rule, anchor, "", condition=f"the {what}'s output read by the {fits[0].op_type} alone (fused, the "
-                                              "value would no longer exist)",
+        cx.refuse(rule, anchor, "", condition=f"the {what}'s output read by the {fits[0].op_type} alone (fusing "
+                                              "removes it)",
                   found=readers_text(value, fits[0]), matched=matched)
     return None
 
@@ -337,8 +337,8 @@ def find(cx: Context, rules: Sequence[Rule]) -> list[Match]:
                 found = f"{leak} is a graph output" if value.is_graph_output() else \
                     f"{leak} is also read by {outside.op_type} {outside.name}" if outside is not None else leak
                 cx.refuse(m.rule, node, f"intermediate {leak} is read outside the group",
-                          condition="every intermediate read inside the group only (fused, it would no longer "
-                                    "exist)", found=found,
+                          condition="every intermediate read inside the group only (fusing removes it)",
+                          found=found,
                           matched=len(m.nodes))
                 continue
             clash = next((n for n in m.nodes if id(n) in cx.relied), None) or \

@@ -55,13 +55,17 @@ def run(args) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.list:
+        from ..passes.prepare import graph_of
+        from ..text import MAX_WIDTH, wrap
+
+        work = graph_of(graph, plan)  # the graph the plan's groups name
         for g in plan:
             try:
-                op = declare_group(graph, g)
+                op = declare_group(work, g)
                 verdict = f"-> {op.decl.name}"
             except UnsupportedGroup as exc:
                 verdict = f"no: {str(exc).split(': ', 1)[-1]}"
-            print(f"{g.id:<6} {g.pattern:<40} {verdict}")
+            print(wrap(f"{g.id:<6} {g.pattern:<40} {verdict}", MAX_WIDTH, indent=" " * 8))
         return 0
     if not args.group:
         raise UsageError("choose at least one --group ID (see --list)")

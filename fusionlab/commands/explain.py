@@ -105,7 +105,7 @@ def _explain(args, graph, fplan, kinds, devs, dims, cost) -> int:
         print(wrap(f"{len(set(fplan.refusals))} candidate(s) refused by {rules} rule(s): "
                    f"fusionlab explain --why-not {args.model}", MAX_WIDTH))
     print()
-    print(f"predicted (roofline model): the loaded model against the model passes {passes} write")
+    print(f"predicted (roofline model): the loaded model, and the model `fuse --passes {','.join(kinds)}` writes")
     print(cost.compare(graph, {"unfused": None, f"fused: {passes}": fplan}, devs, dims=dims).table())
     uncertain = sorted({f for d in devs for f in d.uncertain})
     if uncertain:
@@ -195,10 +195,10 @@ def _expect(args, graph, dims) -> int:
     if not found:
         ort = now.get("onnxruntime")
         also = f" and onnxruntime's fused ops at {ort['level']}" if ort else ""
-        print(wrap(f"{where}: no drift: fusionlab's groups per rule ({sum(now['rules'].values())} in "
+        print(wrap(f"no drift: {where}: fusionlab's groups per rule ({sum(now['rules'].values())} in "
                    f"{len(now['rules'])} rules){also} as expected", MAX_WIDTH))
         return 0
-    print(wrap(f"{where}: {len(found)} fusion(s) drifted", MAX_WIDTH))
+    print(wrap(f"DRIFT: {where}: {len(found)} fusion(s) stopped, started or changed", MAX_WIDTH))
     for d in found:
         print(f"  {d}")
     return 1

@@ -210,7 +210,8 @@ def render(rows: list[dict], manifest: dict) -> str:
                       hist(r["onnxscript"].get("fusions", {})) + f" → adds {hist(r['onnxscript'].get('added', {}))}; "
                       + _theirs(r["onnxscript"]),
                       (f"[{ot['model_type']}] " if "model_type" in ot else "")
-                      + (hist(ot.get("fusions", {})) + f" → adds {hist(ot.get('added', {}))}; " if "nodes" in ot else "")
+                      + (hist(ot.get("fusions", {})) + f" → adds {hist(ot.get('added', {}))}; "
+                         if "nodes" in ot else "")
                       + _theirs(ot),
                       hist(r["fusionlab"]["vertical"].get("added", {}))])
         ours.append([name, _ours(r["fusionlab"]["vertical"]), _ours(r["fusionlab"]["all"])])
@@ -239,7 +240,8 @@ def render(rows: list[dict], manifest: dict) -> str:
         "`SimplifiedLayerNormalization` in the default domain at every opset (onnx has no such op; its RMS norm "
         "is `RMSNormalization`, opset 23), while onnxruntime registers it there as a contrib op and runs it.",
         markdown_table(["file", "ORT EXTENDED adds", "onnxscript optimize_for_ort: reports → adds; verdict",
-                        "ORT transformers optimizer [model type]: reports → adds; verdict", "fusionlab vertical adds"],
+                        "ORT transformers optimizer [model type]: reports → adds; verdict",
+                        "fusionlab vertical adds"],
                        fused),
         "## fusionlab's passes today",
         "`fuse(model)` (default passes: vertical) and `fuse(model, passes=(\"vertical\", \"horizontal\", \"mixed\"))`"

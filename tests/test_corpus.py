@@ -54,8 +54,8 @@ NOT_EXPORTED = {
     "bert_fp16.ts-nofold.onnx": ("export check refused it", "Scale has inconsistent type tensor(float16)"),
 }
 
-_T5_TS_ONES = ("fuse() returns a model that onnxruntime cannot run (Gather /model/encoder/block.1/layer.0/SelfAttention/"
-               "Gather_1: indices element out of data bounds, idx=1 must be within [-1, 0]; prepare reports 9 no-op "
+_T5_TS_ONES = ("fuse() returns a model that onnxruntime cannot run (Gather "
+               "/model/encoder/block.1/layer.0/SelfAttention/Gather_1: indices element out of data bounds, idx=1 must be within [-1, 0]; prepare reports 9 no-op "
                "arithmetic folds: issue 19's Mul(ones, x) fold keeping the norm weight instead of x) and that the full "
                "checker rejects (No Op registered for SimplifiedLayerNormalization with domain_version of 20)")
 _T5_TS_ONES_CHECKER = ("the rmsnorm rule writes SimplifiedLayerNormalization in the default domain, which onnx defines "

@@ -321,8 +321,8 @@ def t5_encoder(full: bool, seed: int) -> Built:
 
     kw = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=1024, num_layers=8, num_heads=6,
               feed_forward_proj="gated-gelu") if full else \
-        dict(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, relative_attention_num_buckets=32,
-             relative_attention_max_distance=64, feed_forward_proj="gated-gelu")
+        dict(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+             relative_attention_num_buckets=32, relative_attention_max_distance=64, feed_forward_proj="gated-gelu")
     cfg = T5Config(**kw, dropout_rate=0.0, use_cache=False, is_encoder_decoder=False)
     model = T5EncoderModel(cfg).eval()
     seq = 128 if full else 32

@@ -20,7 +20,7 @@ export JUPYTER_CONFIG_PATH := $(CURDIR)/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900
 
-.PHONY: env lab test test-unit test-notebooks test-browser browser-deps notebooks notebook bench bench-exports corpus corpus-survey fuzz clean
+.PHONY: env lab test test-unit test-notebooks test-browser browser-deps notebooks notebook bench bench-exports bench-reference corpus corpus-survey fuzz clean
 
 env: $(STAMP)
 
@@ -90,6 +90,17 @@ bench-exports: $(STAMP)
 	@test -f $(FULL_EXPORTS)/manifest.json || $(PYTHON) tools/export_corpus.py --full $(FULL_EXPORTS)
 	$(PY) benchmarks/bench_exports.py --full-dir $(FULL_EXPORTS)
 	$(PY) benchmarks/update_readme.py
+
+## make bench-reference: what onnxscript's optimize_for_ort, onnxruntime's transformers optimizer and ORT EXTENDED
+## find on the exports issue 19 added, beside fusionlab's passes (counts, no timing), in its own .bench-venv/ (the
+## `bench` extra) so the workbook's .venv stays as it is; benchmarks/results/new_exports_reference.md.
+BENCH_VENV := .bench-venv
+$(BENCH_VENV)/.installed: pyproject.toml
+	@test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e '.[bench]'
+	@touch $@
+bench-reference: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python benchmarks/new_exports_reference.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .cache

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from corpus_graph import (Analysed, _reaches, attrs_str, chain_back, chain_forward, chain_str, constant_only,
-                          scores_path, softmaxes, step)
+from corpus_graph import (Analysed, _reaches, attrs_str, backward_slice, chain_back, chain_forward, chain_str,
+                          constant_only, scores_path, softmaxes, step)
 
 PROJECTIONS = ("MatMul", "Gemm", "Split", "Conv", "LayerNormalization")
 
@@ -175,3 +175,120 @@ def housekeeping(a: Analysed) -> dict[str, object]:
     host = Counter(a.nodes[i].op_type for i in a.host)
     return {"nodes": len(a.nodes), "host": sum(host.values()), "host_ops": host, "Constant": ops.get("Constant", 0),
             "Identity": ops.get("Identity", 0), "weight_only": weight_only}
+
+
+# --------------------------------------------------------------------------------------------------
+# decoder and encoder forms (issue 19's architectures): RMSNorm, rotary, gated MLPs, additive attention
+# operands, float16
+# --------------------------------------------------------------------------------------------------
+
+def _data_users(a: Analysed, i: int) -> list[int]:
+    return [c for o in a.nodes[i].output for c in a.consumers.get(o, []) if c not in a.host]
+
+
+def _weight_mul(a: Analysed, i: int) -> bool:
+    """A Mul by a 1-D weight of more than one element (a norm's gamma)."""
+    n = a.nodes[i]
+    return n.op_type == "Mul" and any(v in a.consts and a.consts[v].ndim == 1 and a.consts[v].size > 1
+                                      for v in n.input)
+
+
+def rms_norms(a: Analysed) -> Counter:
+    """Written-out RMS norms: from the square (Pow(x, 2) or Mul(x, x)), through ReduceMean, to the weight Mul;
+    the chain counted with the op before the square (a Cast to float32 in transformers' form)."""
+    out: Counter = Counter()
+    for i, n in enumerate(a.nodes):
+        square = (n.op_type == "Pow" and any(v in a.consts and a.consts[v].size == 1 and float(a.consts[v]) == 2.0
+                                             for v in n.input[1:])) \
+            or (n.op_type == "Mul" and n.input[0] == n.input[1])
+        users = _data_users(a, i)
+        if not square or len(users) != 1 or a.nodes[users[0]].op_type != "ReduceMean":
+            continue
+        chain, node = [i], i
+        for _ in range(8):
+            nxt = _data_users(a, node)
+            if len(nxt) != 1:
+                break
+            node = nxt[0]
+            chain.append(node)
+            if _weight_mul(a, node):
+                break
+        else:
+            continue
+        if not _weight_mul(a, chain[-1]):
+            continue
+        before = _prev(a, i)
+        order = "Mul(W, ·)" if a.nodes[chain[-1]].input[0] in a.consts else "Mul(·, W)"
+        out[f"{before} → {chain_str(a, chain[:-1], generic=True)} → {order}"] += 1
+    return out
+
+
+def rotary(a: Analysed) -> Counter:
+    """rotate_half as exported: the Neg of the second half, back to its Slice and on to the Add of x·cos."""
+    out: Counter = Counter()
+    for i, n in enumerate(a.nodes):
+        if n.op_type != "Neg":
+            continue
+        back = chain_back(a, n.input[0], ("Slice", "Split", "Gather"), limit=3)
+        fwd = chain_forward(a, i, ("Add",), limit=4)
+        out[chain_str(a, [*back, i, *fwd], generic=True)] += 1
+    for op in ("Cos", "Sin"):
+        k = sum(1 for n in a.nodes if n.op_type == op)
+        if k:
+            out[f"{op} nodes (the rotary table, computed once per forward)"] = k
+    return out
+
+
+def gated_mlps(a: Analysed) -> Counter:
+    """SwiGLU / GeGLU: an activation whose output is multiplied by another projection, into the down MatMul."""
+    out: Counter = Counter()
+    acts = ("Sigmoid", "Gelu", "Tanh", "Erf")
+    for i, n in enumerate(a.nodes):
+        if n.op_type not in acts:
+            continue
+        chain = chain_forward(a, i, ("MatMul",), limit=7)
+        if not chain or a.nodes[chain[-1]].op_type != "MatMul":
+            continue
+        gate = [c for c in chain[:-1] if a.nodes[c].op_type == "Mul"
+                and all(a.producer.get(v) is not None and a.producer[v] not in a.host for v in a.nodes[c].input)
+                and any(_reaches(a, v, "MatMul", 1) for v in a.nodes[c].input)]
+        if not gate:
+            continue
+        start = chain_back(a, n.input[0], ("MatMul",), limit=8)
+        out[chain_str(a, [*start, i, *chain], generic=True)] += 1
+    return out
+
+
+def additive_operand(a: Analysed) -> Counter:
+    """What the first attention's additive score operand (mask, position bias) is computed from: op counts of
+    its device-side nodes (host-side shape arithmetic left out), and the graph inputs it reads as data."""
+    sms = softmaxes(a)
+    if not sms:
+        return Counter()
+    _, _, masks = scores_path(a, sms[0])
+    out: Counter = Counter()
+    inputs = {i.name for i in a.proto.graph.input}
+    for m in masks:
+        region = backward_slice(a, m)
+        ops = Counter(a.nodes[i].op_type for i in region if i not in a.host and a.nodes[i].op_type != "Constant")
+        reads = sorted({v for i in region if a.nodes[i].op_type != "Shape" for v in a.nodes[i].input if v in inputs})
+        out[f"{'none' if not ops else ', '.join(f'{k} {v}' for k, v in ops.most_common())}; reads "
+            f"{', '.join(reads) or 'no input (constant)'}"] += 1
+    return out
+
+
+def float_types(a: Analysed) -> Counter:
+    """In a float16 model: Casts by target type, and the ops whose results are float32 at run time."""
+    out: Counter = Counter()
+    if not any(a.dtype(o.name) == "float16" for o in a.proto.graph.output):
+        return out
+    for i, n in enumerate(a.nodes):
+        if i in a.host:
+            continue
+        if n.op_type == "Cast":
+            kinds = (a.dtype(n.input[0]), a.dtype(n.output[0]))
+            if any(k.startswith("float") for k in kinds):
+                out[f"Cast {kinds[0]} → {kinds[1]}"] += 1
+        elif any(a.dtype(o) == "float32" for o in n.output):
+            out[f"{n.op_type} computing in float32"] += 1
+    return out

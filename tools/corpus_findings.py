@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 
 import corpus_facts as facts
-from corpus_graph import Dump, backward_slice, in_scope, scores_path, softmaxes
+from corpus_graph import Dump, backward_slice, chain_forward, chain_str, in_scope, scores_path, softmaxes
 
 TEXT = ("bert", "bert_eager", "gpt2", "vit")
 CORPUS = Path(__file__).resolve().parent.parent / "tests" / "corpus"
@@ -269,8 +269,141 @@ def skip_layernorm_experiment(file: str = "bert.ts-fold.onnx") -> dict[str, int]
                 for f in (file, "bert_eager.ts-fold.onnx", "bert.dynamo.onnx"))}
 
 
+def _per_setting(per: dict, fn, *, top: bool = True) -> str:
+    """'ts-fold: `chain` (n); dynamo: `chain` (n)' for the most common entry of fn per export."""
+    parts = []
+    for s in ("ts-fold", "ts-nofold", "dynamo"):
+        if s not in per:
+            continue
+        c = fn(per[s]["analysed"])
+        if not c:
+            parts.append(f"{s}: none")
+            continue
+        k, v = c.most_common(1)[0]
+        parts.append(f"{s}: `{k}` ({v})" if top else f"{s}: " + "; ".join(f"`{k}` ({v})" for k, v in c.items()))
+    return "; ".join(parts)
+
+
+def _att(per: dict, key: str) -> str:
+    out = []
+    for s in ("ts-fold", "ts-nofold", "dynamo"):
+        if s in per:
+            f = facts.attention(per[s]["analysed"])
+            out.append(f"{s} `{f[key]}`" if f else f"{s}: no attention found")
+    return "; ".join(out)
+
+
+def _unit_muls(per: dict) -> str:
+    """Multiplications by a constant exactly 1.0 (a no-op an exporter wrote), per export."""
+    out = []
+    for s, r in per.items():
+        a = r["analysed"]
+        n = sum(1 for node in a.nodes if node.op_type == "Mul" and any(
+            v in a.consts and a.consts[v].size == 1 and float(a.consts[v].reshape(-1)[0]) == 1.0 for v in node.input))
+        out.append(f"{s} {n}")
+    return ", ".join(out)
+
+
+def _front_end(per: dict) -> str:
+    """The chain from the first Conv to the Add of the positions (Whisper's conv front end), per export."""
+    out = []
+    for s, r in per.items():
+        a = r["analysed"]
+        conv = next((i for i, n in enumerate(a.nodes) if n.op_type == "Conv"), None)
+        if conv is None:
+            out.append(f"{s}: no Conv")
+            continue
+        out.append(f"{s} `{chain_str(a, [conv, *chain_forward(a, conv, ('Add',), limit=8)])}`")
+    return "; ".join(out)
+
+
+def decoders_and_encoders(by_model: dict) -> str:
+    """The forms of issue 19's architectures, as each exporter writes them."""
+    out = []
+    if "llama" in by_model:
+        per = by_model["llama"]
+        cfg = next(iter(per.values()))["entry"]["config"]
+        out.append(
+            f"- **LLaMA** (LlamaForCausalLM, {cfg['num_attention_heads']} query heads sharing "
+            f"{cfg['num_key_value_heads']} key/value heads). Grouped-query attention is written out: K of the "
+            f"scores MatMul is {_att(per, 'K (input B of the scores MatMul)')}; V is "
+            f"{_att(per, 'V (other context MatMul input)')}. The scores: {_att(per, 'scores')}, with the causal "
+            f"mask built of {_per_setting(per, facts.additive_operand)}. RMSNorm "
+            f"(`weight * (x * rsqrt(mean(x²) + eps))`, in float32): {_per_setting(per, facts.rms_norms)}. Rotary "
+            f"(rotate_half): {_per_setting(per, facts.rotary)}. SwiGLU: {_per_setting(per, facts.gated_mlps)}.")
+    if "t5_encoder" in by_model:
+        per = by_model["t5_encoder"]
+        out.append(
+            f"- **T5 encoder**: scores with no 1/sqrt(d) scale, {_att(per, 'scores')}; the additive operand (the "
+            f"relative position bias, bucketed with Log, computed once in block 0 and reused, plus the padding "
+            f"mask) is built of {_per_setting(per, facts.additive_operand)}. T5 calls attention with scale 1.0, "
+            f"which TorchScript's SDPA writes as a multiply by sqrt(scale) on Q and on K (`Mul(·, 1.0)` once folded; "
+            f"Mul-by-one nodes: "
+            f"{_unit_muls(per)}). T5's RMSNorm (no mean, no bias): "
+            f"{_per_setting(per, facts.rms_norms)}. Gated-gelu: {_per_setting(per, facts.gated_mlps)}.")
+    if "whisper_encoder" in by_model:
+        per = by_model["whisper_encoder"]
+        out.append(
+            f"- **Whisper encoder**: Q is pre-scaled by head_dim^-1/2 before the scores MatMul (and K has no "
+            f"bias): Q {_att(per, 'Q (input A of the scores MatMul)')}; K "
+            f"{_att(per, 'K (input B of the scores MatMul)')}; no mask ({_per_setting(per, facts.additive_operand)}"
+            f"); the attention call's scale 1.0 is again a multiply by sqrt(1.0) on Q and K in TorchScript "
+            f"(Mul-by-one nodes: {_unit_muls(per)}). Conv front end: {_front_end(per)}.")
+    if "swin" in by_model:
+        per = by_model["swin"]
+        nodes = {s: sum(r["original"].values()) for s, r in per.items()}
+        host = {s: facts.housekeeping(r["analysed"])["host"] for s, r in per.items()}
+        sms = {s: len(softmaxes(r["analysed"])) for s, r in per.items()}
+        bias = []
+        for s, r in per.items():
+            ops = facts.additive_operand(r["analysed"])
+            bias.append(f"{s}: computed, `{ops.most_common(1)[0][0]}`" if ops else
+                        f"{s}: an initializer (the exporter folded the table lookup)")
+        out.append(
+            f"- **Swin**: window attention in {sms.get('dynamo')} blocks; the additive operand of the first "
+            f"(unshifted) block is the relative position bias, {'; '.join(bias)}; the scores: "
+            f"{_att(per, 'scores')}. Window partition, cyclic shift and padding are shape arithmetic: host-side "
+            f"shape nodes {', '.join(f'{s} {host[s]}/{nodes[s]}' for s in nodes)}.")
+    return "\n".join(out) or "- (no decoder/encoder of issue 19 in this corpus)"
+
+
+def half_precision(by_model: dict) -> str:
+    """Float16 exports: what stays float32, and how far each export is from its float32 twin."""
+    rows = []
+    for m in ("resnet_fp16", "bert_fp16", "bert_eager_fp16"):
+        for s, r in by_model.get(m, {}).items():
+            c = r["entry"]["check"]
+            kinds = facts.float_types(r["analysed"])
+            f32 = ", ".join(f"{k} {v}" for k, v in kinds.most_common()) or "nothing in float32, no Cast"
+            ext = r["EXTENDED"]
+            rows.append(f"{m} {s}: {f32}; max scaled error vs float32 {c['max_scaled_error_vs_torch']:.2g} "
+                        f"(torch's own float16: {c['torch_float16_scaled_error_vs_float32']:.2g}); onnxruntime "
+                        f"EXTENDED runs it as {sum(ext.values())} nodes ({sum(r['original'].values())} exported) with "
+                        f"{ext.get('Cast', 0)} Casts")
+    if not rows:
+        return "- (no float16 export in this corpus)"
+    err = {s: r["entry"]["check"]["max_scaled_error_vs_torch"] for s, r in by_model.get("resnet_fp16", {}).items()}
+    folded = ""
+    if len(err) == 3 and err["ts-nofold"] < min(err["ts-fold"], err["dynamo"]):
+        folded = (f" The exporters that fold BatchNorm into the float16 Conv weights (ts-fold, dynamo) leave ResNet "
+                  f"{min(err['ts-fold'], err['dynamo']) / err['ts-nofold']:.0f}x further from float32 than the "
+                  "unfolded ts-nofold export: the folded weights are rounded to float16 once more.")
+    bert = [r for m in ("bert_fp16", "bert_eager_fp16") for r in by_model.get(m, {}).values()]
+    gone = sorted({k for r in bert for k in ("Softmax", "Gelu", "LayerNormalization")
+                   if r["original"].get(k) and not r["EXTENDED"].get(k)})
+    new_ops = sorted({k for r in bert for k in r["EXTENDED"] if k not in r["original"] and "." not in k})
+    cpu = (f" Where onnxruntime's CPU provider has no float16 kernel it computes in float32 between Casts (the "
+           f"Casts above, none in the exports), and in the BERTs it replaces {' and '.join(gone)} by their function "
+           f"bodies ({', '.join(new_ops)} appear at EXTENDED): the float16 graph it runs is larger than the "
+           "exported one" + (", and none of its fused kernels appears in it (no com.microsoft op)."
+                             if not any("com.microsoft" in k for r in bert for k in r["EXTENDED"]) else ".")
+           ) if gone else ""
+    return ("- **Float16 exports** (judged against the float32 twin: the same float16 weights widened): "
+            + "; ".join(rows) + "." + folded + cpu)
+
+
 def findings(by_model: dict[str, dict[str, dict]]) -> str:
     """Markdown bullets, each computed from `by_model` (model -> setting -> survey result)."""
     parts = [opsets, folding, shape_arithmetic, attention, masks, projections, norms_and_gelu, cnn_forms,
-             against_onnxruntime]
+             decoders_and_encoders, half_precision, against_onnxruntime]
     return "\n".join(fn(by_model) for fn in parts)

@@ -52,6 +52,19 @@ REGIONS = {
     "efficientnet": [("stem features.0", "features.0"), ("MBConv features.2.0 (SiLU, SE)", "features.2.0")],
     "yolo11": [("Conv + SiLU model.1", "model.1"), ("C2PSA attention model.10", "model.10"),
                ("Detect head model.23 (DFL, anchors)", "model.23")],
+    "llama": [("rotary table (cos, sin)", "model.model.rotary_emb"), ("decoder layer 0", "model.model.layers.0"),
+              ("final norm", "model.model.norm"), ("causal mask construction", "mask")],
+    "t5_encoder": [("block 0 (computes the relative position bias)", "model.encoder.block.0"),
+                   ("mask and position bias, as added to the scores", "mask")],
+    "whisper_encoder": [("conv front end and positions", "model.conv1,model.conv2,=model"),
+                        ("encoder layer 0", "model.layers.0")],
+    "swin": [("patch embeddings", "model.embeddings"),
+             ("shifted-window block model.encoder.layers.0.blocks.1", "model.encoder.layers.0.blocks.1"),
+             ("patch merging model.encoder.layers.0.downsample", "model.encoder.layers.0.downsample"),
+             ("relative position bias and window mask, as added to the first block's scores", "mask")],
+    "resnet_fp16": [("stem", "conv1,bn1,relu,maxpool"), ("BasicBlock with downsample layer2.0", "layer2.0")],
+    "bert_fp16": [("encoder layer 0", "model.encoder.layer.0")],
+    "bert_eager_fp16": [("encoder layer 0", "model.encoder.layer.0")],
 }
 
 
@@ -105,13 +118,17 @@ def measure(entry: dict) -> dict:
     for level in LEVELS:
         res[level] = ops_of(ort_optimised(path, level))
     for tag, passes in (("vertical", ("vertical",)), ("all", ("vertical", "horizontal", "mixed"))):
-        proto = fuse(graph, passes=passes).graph.to_proto()
+        try:
+            proto = fuse(graph, passes=passes).graph.to_proto()
+        except Exception as exc:  # a pass that fails on an export is a finding of the survey, not its end
+            res[tag + "_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            proto = graph.to_proto()
         res[tag] = ops_of(proto)
         res[tag + "+bodies"] = ops_of(proto, functions=True)
         res[tag + "_calls"] = sum(1 for n in proto.graph.node if n.domain == "fusionlab.fused")
         shapey = {f.name for f in proto.functions if any(n.op_type in SHAPE_OPS for n in f.node)}
         res[tag + "_shape_calls"] = sum(1 for n in proto.graph.node if n.op_type in shapey)
-    res["fused_housekeeping"] = facts.housekeeping(analyse_fused(graph))
+    res["fused_housekeeping"] = facts.housekeeping(analyse_fused(graph) if "all_error" not in res else a)
     return res
 
 
@@ -148,6 +165,15 @@ def _new_ops(res: dict, key: str) -> Counter:
     return Counter({k: v for k, v in res[key].items() if k not in res["original"]})
 
 
+def not_exported_section(manifest: dict) -> str:
+    failed = manifest.get("not_exported", [])
+    if not failed:
+        return "Every exporter setting exported every architecture."
+    rows = [[f"`{f['file']}`", f["architecture"], f["setting"], f["stage"], f["error"]] for f in failed]
+    return ("Exports an exporter could not make (`tools/export_corpus.py` writes no file and records the error in "
+            "the manifest's `not_exported`):\n\n" + table(["file", "architecture", "exporter", "stage", "error"], rows))
+
+
 def files_section(results: list[dict]) -> str:
     rows = []
     for r in results:
@@ -164,8 +190,10 @@ def counts_section(results: list[dict]) -> str:
     rows = []
     for r in results:
         n = {k: sum(r[k].values()) for k in ("original", "BASIC", "EXTENDED", "ALL", "vertical", "all")}
-        rows.append([f"`{r['entry']['file']}`", n["original"], n["BASIC"], n["EXTENDED"], n["ALL"], n["vertical"],
-                     f"{n['all']} ({r['all_calls']} function calls, {r['all_shape_calls']} with shape ops inside)"])
+        vertical = f"crash: {r['vertical_error']}" if "vertical_error" in r else n["vertical"]
+        every = f"crash: {r['all_error']}" if "all_error" in r else \
+            f"{n['all']} ({r['all_calls']} function calls, {r['all_shape_calls']} with shape ops inside)"
+        rows.append([f"`{r['entry']['file']}`", n["original"], n["BASIC"], n["EXTENDED"], n["ALL"], vertical, every])
     return table(["file", "original", "ORT BASIC", "ORT EXTENDED", "ORT ALL", "fusionlab vertical",
                   "fusionlab all passes"], rows)
 
@@ -211,8 +239,10 @@ def region_dump(a: Analysed, prefix: str) -> str:
         if not masks:
             return "(no mask operand on the scores)"
         return Dump(a, backward_slice(a, masks[0])).text()
-    region = scope_region(a, prefix)
-    return Dump(a, region, prefix).text() if region else f"(no nodes under {prefix})"
+    parts = prefix.split(",")  # several module paths; "=path": nodes of exactly that scope, not its children
+    region = sorted({i for p in parts for i in (
+        [k for k, sc in enumerate(a.scope) if sc == p[1:]] if p.startswith("=") else scope_region(a, p))})
+    return Dump(a, region, "" if len(parts) > 1 else prefix).text() if region else f"(no nodes under {prefix})"
 
 
 def architecture_section(model: str, results: dict[str, dict]) -> str:
@@ -230,13 +260,22 @@ def architecture_section(model: str, results: dict[str, dict]) -> str:
                       ("Activations", facts.activations),
                       ("MatMul / Gemm: bias adds and transposed inputs", facts.matmuls),
                       ("Squeeze-excitation (pool → … → Mul)", facts.squeeze_excitation),
-                      ("Per-channel scale (layer-scale) Mul", facts.per_channel_scales)):
+                      ("Per-channel scale (layer-scale) Mul", facts.per_channel_scales),
+                      ("RMS norms written out (op before the square → … → weight Mul)", facts.rms_norms),
+                      ("Rotary embedding: rotate_half (Slice → Neg → Concat → …) and the cos/sin table",
+                       facts.rotary),
+                      ("Gated MLPs (SwiGLU / GeGLU: activation × up projection → down MatMul)", facts.gated_mlps),
+                      ("The first attention's additive score operand (mask, position bias): its device-side ops, "
+                       "and the inputs it reads", facts.additive_operand),
+                      ("Float16 models: Casts, and ops computing in float32", facts.float_types)):
         t = _pattern_table({s: fn(r["analysed"]) for s, r in results.items()}, title)
         if t:
             out += [t, ""]
     for title, prefix in REGIONS.get(model, []):
         out += [f"<details><summary>SSA listing: {title} (<code>{prefix}</code>), per exporter</summary>", ""]
         for s in SETTINGS:
+            if s not in results:  # an export this exporter could not make (the files section says why)
+                continue
             r = results[s]
             out += [f"`{r['entry']['file']}`", "", "```text", region_dump(r["analysed"], prefix), "```", ""]
         out += ["</details>", ""]
@@ -267,7 +306,7 @@ def main() -> int:
 
     parts = [HEADER.format(env=environment_line(manifest), dims=DIMS, padding=PADDING),
              "## Key findings", "", findings(by_model), "",
-             "## The files", "", files_section(results), "",
+             "## The files", "", files_section(results), "", not_exported_section(manifest), "",
              "## Nodes: original → onnxruntime → fusionlab", "", COUNTS_NOTE, "", counts_section(results), "",
              "## What onnxruntime EXTENDED fuses that fusionlab does not", "", FUSED_NOTE, "",
              fused_ops_section(results), "",

@@ -7,7 +7,9 @@ with per-channel variety, and BatchNorm statistics that are measured, not defaul
 
 - Conv / Linear / HF Conv1D weights ~ N(0, 1/fan_in), each output channel scaled by exp(U(-0.5, 0.5));
   biases ~ N(0, 0.1);
-- Embedding ~ N(0, 1); LayerNorm/GroupNorm gamma ~ U(0.5, 1.5), beta ~ N(0, 0.1);
+- Embedding ~ N(0, 1) (a frozen one, Whisper's sinusoidal positions, is left as the library made it);
+  LayerNorm/GroupNorm gamma ~ U(0.5, 1.5), beta ~ N(0, 0.1); so are the RMS norms transformers writes as
+  modules of their own (LlamaRMSNorm, T5LayerNorm: a class named *Norm with a 1-D weight and no nn base);
 - BatchNorm gamma ~ U(0.5, 1.5), beta ~ N(0, 0.2); running mean/var measured on random batches (train-mode
   BatchNorm only, cumulative average, as torch.optim.swa_utils.update_bn does), then moved off the batch
   statistics as real running averages are: mean += N(0, 0.1)·std, var *= U(0.8, 1.25);
@@ -48,6 +50,13 @@ def _set_conv_like(mod: nn.Module, fan_in: int, axis: int, g: torch.Generator) -
         mod.bias.copy_(torch.randn(mod.bias.shape, generator=g) * 0.1)
 
 
+def _rms_norm(mod: nn.Module) -> bool:
+    """A norm module of a library's own (LlamaRMSNorm, T5LayerNorm): *Norm class, one 1-D weight, no bias."""
+    w = getattr(mod, "weight", None)
+    return (type(mod).__name__.endswith("Norm") and type(mod).__module__.startswith("transformers.")
+            and isinstance(w, nn.Parameter) and w.dim() == 1 and getattr(mod, "bias", None) is None)
+
+
 def _uniform(t: torch.Tensor, lo: float, hi: float, g: torch.Generator) -> None:
     t.copy_(torch.empty(t.shape).uniform_(lo, hi, generator=g))
 
@@ -62,7 +71,7 @@ def _set_module(mod: nn.Module, g: torch.Generator, kinds: Counter) -> list[torc
     if conv is not None and mod.weight.requires_grad:
         _set_conv_like(mod, *conv, g)
         kinds["conv/linear"] += 1
-    elif isinstance(mod, nn.Embedding):
+    elif isinstance(mod, nn.Embedding) and mod.weight.requires_grad:
         _normal(mod.weight, 1.0, g)
         kinds["embedding"] += 1
     elif isinstance(mod, (nn.LayerNorm, nn.GroupNorm)) and mod.weight is not None:
@@ -70,6 +79,9 @@ def _set_module(mod: nn.Module, g: torch.Generator, kinds: Counter) -> list[torc
         if mod.bias is not None:
             _normal(mod.bias, 0.1, g)
         kinds["layernorm"] += 1
+    elif _rms_norm(mod):
+        _uniform(mod.weight, 0.5, 1.5, g)
+        kinds["rmsnorm"] += 1
     elif isinstance(mod, _BatchNorm) and mod.weight is not None:
         _uniform(mod.weight, 0.5, 1.5, g)
         _normal(mod.bias, 0.2, g)
@@ -132,6 +144,11 @@ def _stats(model: nn.Module) -> dict:
         w = torch.cat([m.weight.detach().flatten() for m in lns])
         out["layernorm"] = {"layers": len(lns), "gamma_mean": round(float(w.mean()), 4),
                             "gamma_std": round(float(w.std()), 4)}
+    rms = [m for m in model.modules() if _rms_norm(m)]
+    if rms:
+        w = torch.cat([m.weight.detach().flatten() for m in rms])
+        out["rmsnorm"] = {"layers": len(rms), "gamma_mean": round(float(w.mean()), 4),
+                          "gamma_std": round(float(w.std()), 4)}
     return out
 
 

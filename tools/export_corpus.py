@@ -10,6 +10,9 @@ exporter with constant folding on and off, and the dynamo exporter (torch's defa
 its default opset. Weights are random but trained-looking (tools/corpus_weights.py). An export is
 written only if onnxruntime reproduces torch on it, it runs at other batch/sequence sizes where an axis
 is dynamic, and its outputs depend on the input (no near-constant model whose every rewrite "verifies").
+A float16 model is judged against its float32 twin in torch (the same fp16 weights, widened). Where an
+exporter cannot export a model (it raises, onnxruntime refuses its file, or the check does), no file is
+written and the manifest's `not_exported` keeps the error.
 
 torch, torchvision, transformers and ultralytics never enter the workbook's .venv: run with any Python,
 this script makes .corpus-venv/ from tools/corpus-requirements.txt (once; again when that file changes)
@@ -46,6 +49,9 @@ SETTINGS = {
 MIN_SENSITIVITY = 0.05
 #: onnxruntime must reproduce torch within atol·max(1, max|y|) (fp32 kernels differ in summation order)
 EXPORT_ATOL = 1e-4
+#: a float16 export is judged against its float32 twin in torch: within this (fp16's unit roundoff is 4.9e-4,
+#: and a dozen layers of fp16 rounding add up; torch's own float16 run is measured beside it in the manifest)
+EXPORT_ATOL_HALF = 1e-2
 
 
 # --------------------------------------------------------------------------------------------------
@@ -146,33 +152,46 @@ def _ort_run(sess, inputs: dict) -> list:
 
 
 def check(built, path: Path) -> dict:
-    """onnxruntime (optimisations off) against torch, at the export sizes and the check sizes; sensitivity."""
+    """The ONNX checker; onnxruntime (optimisations off) against torch, at the export and check sizes; sensitivity."""
     import numpy as np
+    import onnx
     import onnxruntime as ort
     import torch
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:  # the exporter wrote a model that is not valid ONNX
+        raise Refused(f"the ONNX checker (full_check) rejects {path.name}: {str(exc).strip()}") from None
+    try:
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime refuses the file the exporter wrote
+        raise Refused(f"onnxruntime cannot load {path.name}: {str(exc).strip()}") from None
     result = {"outputs": {}, "checked_sizes": [built.export_dims, *built.check_dims]}
-    worst = 0.0
+    worst = worst_torch = 0.0
+    atol = EXPORT_ATOL if built.reference is None else EXPORT_ATOL_HALF
     for i, dims in enumerate(result["checked_sizes"]):
         a = built.make_inputs(1 + 2 * i, **dims)
-        with torch.no_grad():
-            want = built.module(*a.values())
-        want = [t.numpy() for t in ((want,) if isinstance(want, torch.Tensor) else want)]
+        want = _torch_run(built.reference or built.module, a, wide=built.reference is not None)
         got = _ort_run(sess, a)
+        if built.reference is not None:  # torch's own float16 run, against the same float32 one: for scale
+            own = _torch_run(built.module, a, wide=False)
+            worst_torch = max(worst_torch, *(_scaled(w, o) for w, o in zip(want, own)))
         for name, w, g in zip(built.output_names, want, got):
             if w.shape != g.shape:
                 raise Refused(f"{path.name}: {name} has shape {g.shape} in onnxruntime, {w.shape} in torch at {dims}")
-            err = float(np.max(np.abs(w - g))) / max(1.0, float(np.max(np.abs(w))))
+            err = _scaled(w, g)
             worst = max(worst, err)
-            if not np.all(np.isfinite(g)) or err > EXPORT_ATOL:
-                raise Refused(f"{path.name}: {name} differs from torch by {err:.2e} (scaled) at {dims}")
+            if not np.all(np.isfinite(g)) or err > atol:
+                raise Refused(f"{path.name}: {name} differs from torch{' float32' if built.reference else ''} by "
+                              f"{err:.2e} (scaled) at {dims}")
     y1 = _ort_run(sess, built.make_inputs(1, **built.export_dims))
     y2 = _ort_run(sess, built.make_inputs(2, **built.export_dims))
     for name, a, b in zip(built.output_names, y1, y2):
+        if a.dtype == np.float16:  # statistics of half-precision outputs in float64 (no fp16 accumulation)
+            a, b = a.astype(np.float64), b.astype(np.float64)
         std = float(np.std(a))
         sens = float(np.std(a - b)) / max(std, 1e-30)
         result["outputs"][name] = {"std": round(std, 4), "std_other_input": round(float(np.std(b)), 4),
@@ -181,7 +200,29 @@ def check(built, path: Path) -> dict:
             raise Refused(f"{path.name}: output {name} hardly depends on the input (std {std:.2e}, "
                           f"std of the difference between two inputs / std = {sens:.3f} < {MIN_SENSITIVITY})")
     result["max_scaled_error_vs_torch"] = float(f"{worst:.3g}")
+    if built.reference is not None:
+        result["judged_against"] = ("torch float32 twin (the float16 weights widened, float32 inputs); tolerance "
+                                    f"{EXPORT_ATOL_HALF} scaled")
+        result["torch_float16_scaled_error_vs_float32"] = float(f"{worst_torch:.3g}")
     return result
+
+
+def _torch_run(module, inputs: dict, wide: bool) -> list:
+    """The module's outputs as float numpy arrays (with `wide`, float inputs widened to float32 first)."""
+    import torch
+
+    args = [v.float() if wide and v.is_floating_point() else v for v in inputs.values()]
+    with torch.no_grad():
+        out = module(*args)
+    return [t.float().numpy() if wide else t.numpy() for t in ((out,) if isinstance(out, torch.Tensor) else out)]
+
+
+def _scaled(want, got) -> float:
+    """max |want - got| / max(1, max |want|), computed in float64."""
+    import numpy as np
+
+    w, g = np.asarray(want, np.float64), np.asarray(got, np.float64)
+    return float(np.max(np.abs(w - g))) / max(1.0, float(np.max(np.abs(w))))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -241,16 +282,21 @@ def export_architecture(name: str, out: Path, full: bool) -> list[dict]:
     torch.manual_seed(SEED)
     built = BUILDERS[name](full, SEED)
     arch, library = ARCHITECTURES[name]
-    entries = []
+    entries, failures = [], []
     for setting, (exporter, _) in SETTINGS.items():
         path = out / f"{name}.{setting}.onnx"
         print(f"  {path.name} ...", end=" ", flush=True)
-        how = export(built, setting, path)
+        try:
+            how = export(built, setting, path)
+        except Exception as exc:  # the exporter cannot export this model: recorded, not written
+            failures.append(_failure(name, arch, exporter, setting, "torch.onnx.export raised",
+                                     f"{type(exc).__name__}: {exc}", path))
+            continue
         try:
             checked = check(built, path)
-        except Refused:
-            path.unlink()
-            raise
+        except Refused as exc:
+            failures.append(_failure(name, arch, exporter, setting, "export check refused it", str(exc), path))
+            continue
         entry = {**describe(path), "architecture": arch, "model": name, "library": library,
                  "library_version": _library_version(library), "exporter": exporter, "setting": setting,
                  "constant_folding": SETTINGS[setting][1].get("do_constant_folding") if exporter == "torchscript"
@@ -260,22 +306,36 @@ def export_architecture(name: str, out: Path, full: bool) -> list[dict]:
                  "weights": built.weights}
         entries.append(entry)
         print(f"{entry['nodes']} nodes, {entry['size_bytes'] / 1e6:.2f} MB, {how['export_seconds']} s", flush=True)
-    return entries
+    return entries, failures
 
 
-def write_manifest(out: Path, entries: list[dict], full: bool) -> Path:
-    """manifest.json: the environment, then one entry per file (sorted by file name)."""
+def _failure(name: str, arch: str, exporter: str, setting: str, stage: str, message: str, path: Path) -> dict:
+    """A model this exporter setting cannot export: the file is removed, the reason goes into the manifest."""
+    path.unlink(missing_ok=True)
+    lines = [ln.strip() for ln in message.replace(str(path), path.name).splitlines() if ln.strip()]
+    error = (lines[0] if lines else "(no message)")[:400]
+    print(f"NOT EXPORTED ({stage}): {error}", flush=True)
+    return {"file": path.name, "model": name, "architecture": arch, "exporter": exporter, "setting": setting,
+            "stage": stage, "error": error}
+
+
+def write_manifest(out: Path, entries: list[dict], failures: list[dict], full: bool) -> Path:
+    """manifest.json: the environment, one entry per file (sorted by file name), then the exports that failed."""
     from corpus_weights import METHOD
 
     path = out / "manifest.json"
-    old = json.loads(path.read_text())["models"] if path.exists() else []
-    new_files = {e["file"] for e in entries}
-    models = sorted([e for e in old if e["file"] not in new_files] + entries, key=lambda e: e["file"])
+    before = json.loads(path.read_text()) if path.exists() else {}
+    tried = {e["file"] for e in entries} | {f["file"] for f in failures}
+    models = sorted([e for e in before.get("models", []) if e["file"] not in tried] + entries, key=lambda e: e["file"])
+    failed = sorted([f for f in before.get("not_exported", []) if f["file"] not in tried] + failures,
+                    key=lambda f: f["file"])
     doc = {"generated_by": "tools/export_corpus.py" + (" --full" if full else ""),
            "environment": environment(), "settings": {k: v[1] for k, v in SETTINGS.items()},
            "weights_method": METHOD,
-           "checks": {"min_sensitivity": MIN_SENSITIVITY, "export_atol_scaled": EXPORT_ATOL},
-           "total_bytes": sum(e["size_bytes"] for e in models), "models": models}
+           "checks": {"min_sensitivity": MIN_SENSITIVITY, "export_atol_scaled": EXPORT_ATOL,
+                      "export_atol_scaled_float16_vs_float32": EXPORT_ATOL_HALF},
+           "total_bytes": sum(e["size_bytes"] for e in models), "models": models,
+           "not_exported": failed}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
 
@@ -296,13 +356,17 @@ def main(argv: list[str]) -> int:
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     start = time.perf_counter()
-    entries = []
+    entries, failures = [], []
     for name in args.only or BUILDERS:
         print(f"{name}{' (full size)' if args.full else ''}", flush=True)
-        entries += export_architecture(name, out, bool(args.full))
-    path = write_manifest(out, entries, bool(args.full))
+        made, failed = export_architecture(name, out, bool(args.full))
+        entries += made
+        failures += failed
+    path = write_manifest(out, entries, failures, bool(args.full))
     total = sum(e["size_bytes"] for e in json.loads(path.read_text())["models"])
     print(f"{len(entries)} files in {time.perf_counter() - start:.0f} s; {path} lists {total / 1e6:.1f} MB")
+    for f in failures:
+        print(f"not exported: {f['file']} ({f['stage']}): {f['error']}")
     return 0
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import check_output, load_input, parse_passes
-from ..text import MAX_WIDTH, wrap
+from ..text import MAX_WIDTH
 
 
 def register(sub) -> None:
@@ -73,5 +73,6 @@ def run(args) -> int:
     if source is not None:
         fused = sum(1 for n in drawn if len(drawn.covers(n.name)) > 1 or n.domain not in ("", "ai.onnx"))
         what = f" after fusion (from {len(graph)}), {fused} fused ops marked"
-    print(wrap(f"wrote {out} ({len(drawn)} nodes{what})", MAX_WIDTH))
+    line = f"wrote {out} ({len(drawn)} nodes{what})"
+    print(line if len(line) <= MAX_WIDTH else f"wrote {out}\n  ({len(drawn)} nodes{what})")
     return 0

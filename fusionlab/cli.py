@@ -19,7 +19,7 @@ import sys
 from .graph import ModelError
 
 #: command modules, in the order `fusionlab --help` lists them
-COMMANDS = ["fuse", "verify", "bench", "show", "explain", "customop", "profile"]
+COMMANDS = ["fuse", "verify", "bench", "show", "explain", "blame", "report", "customop", "profile"]
 
 
 class UsageError(Exception):

@@ -389,6 +389,9 @@ def save_model(model: "Graph | ir.Model | onnx.ModelProto", path, *, source: Pat
     total = sum(
         (v.const_value.nbytes if v.const_value is not None else 0) for v in model.graph.initializers.values()
     )
+    from .files import default_mode
+
+    mode = default_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -398,6 +401,7 @@ def save_model(model: "Graph | ir.Model | onnx.ModelProto", path, *, source: Pat
             proto = ir.serde.serialize_model(model)
             with open(tmp, "wb") as f:
                 f.write(proto.SerializeToString())
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

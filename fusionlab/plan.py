@@ -12,12 +12,17 @@ from typing import Iterable, Iterator
 
 from .text import text_table
 
-__all__ = ["FusionGroup", "FusionPlan", "Refusal", "PlanError", "VERTICAL", "HORIZONTAL", "MIXED", "KINDS"]
+__all__ = ["FusionGroup", "FusionPlan", "Refusal", "MissGroup", "PlanError", "VERTICAL", "HORIZONTAL", "MIXED", "KINDS",
+           "DEFAULT_PASSES"]
 
 VERTICAL = "vertical"
 HORIZONTAL = "horizontal"
 MIXED = "mixed"
 KINDS = (VERTICAL, HORIZONTAL, MIXED)
+#: the passes every entry point runs unless told otherwise (`fuse`, `plan`, the `fuse`/`explain`/`show`/
+#: `customop`/`profile` commands, the explorer): the ones that measure no slower on the corpus at onnxruntime's
+#: ALL level (benchmarks/). One default, so a prediction describes the model `fuse` writes.
+DEFAULT_PASSES = (VERTICAL,)
 
 
 class PlanError(ValueError):
@@ -26,14 +31,47 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class Refusal:
-    """A candidate a rule looked at and refused: the rule, the node it was anchored on, and why."""
+    """A candidate a rule looked at and refused: the rule, the node it was anchored on, and why.
+
+    `reason` is the whole sentence. Where the rule can say it in parts, `condition` is what it needs (the same
+    words for every candidate it refuses for that reason, so refusals group), `found` the value that failed it
+    (a shape, a constant, a dtype, a second reader, a graph output), and `matched` how many nodes of its
+    pattern were in place when it refused (a near miss matched more; 0 when the rule does not say).
+    """
 
     rule: str
     node: str
     reason: str
+    condition: str = ""
+    found: str = ""
+    matched: int = 0
 
     def __str__(self) -> str:
         return f"{self.rule} {self.node}: {self.reason}"
+
+
+@dataclass
+class MissGroup:
+    """Refusals of one rule for one reason: `condition` (what the rule needs; the whole reason when the rule
+    does not say it in parts) and the candidates it refused. `nearest` is the most pattern nodes any of them
+    had in place: the larger, the nearer the miss."""
+
+    rule: str
+    condition: str
+    structured: bool
+    refusals: list[Refusal]
+
+    @property
+    def nearest(self) -> int:
+        return max((r.matched for r in self.refusals), default=0)
+
+    def found(self) -> list[tuple[str, int]]:
+        """The distinct values that failed the condition, most frequent first, with their counts."""
+        counts: dict[str, int] = {}
+        for r in self.refusals:
+            if r.found:
+                counts[r.found] = counts.get(r.found, 0) + 1
+        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 @dataclass
@@ -190,6 +228,20 @@ class FusionPlan:
         """Refusals, all or those anchored on one node."""
         return [r for r in self.refusals if node is None or r.node == node]
 
+    def near_misses(self, node: str | None = None) -> list["MissGroup"]:
+        """The refusals grouped by rule and condition, nearest misses first (see `MissGroup`)."""
+        groups: dict[tuple[str, str], MissGroup] = {}
+        for r in dict.fromkeys(self.why_not(node)):  # the same refusal met twice counts once
+            key = (r.rule, r.condition or r.reason)
+            groups.setdefault(key, MissGroup(r.rule, r.condition or r.reason, bool(r.condition), [])).refusals.append(r)
+        per_rule: dict[str, list[MissGroup]] = {}
+        for g in groups.values():
+            per_rule.setdefault(g.rule, []).append(g)
+        for gs in per_rule.values():
+            gs.sort(key=lambda g: (-g.nearest, -len(g.refusals), g.condition))
+        rules = sorted(per_rule, key=lambda r: (-per_rule[r][0].nearest, -sum(len(g.refusals) for g in per_rule[r]), r))
+        return [g for r in rules for g in per_rule[r]]
+
     # -- summaries ---------------------------------------------------------------------------------
     @property
     def saved_bytes(self) -> int:
@@ -222,8 +274,12 @@ class FusionPlan:
             for g in self.groups
         ]
 
-    def table(self, max_rows: int | None = None) -> str:
-        """A plain-text table (deterministic: nbval compares it)."""
+    def table(self, max_rows: int | None = None, *, wrap: bool = False) -> str:
+        """A plain-text table (deterministic: nbval compares it) within `text.MAX_WIDTH` columns.
+
+        With `wrap`, a pattern too long for its column continues on the next lines instead of being clipped
+        (the command line's tables; the notebooks' stored tables are rebuilt with it when they next change).
+        """
         rows = self.rows()
         if max_rows is not None and len(rows) > max_rows:
             shown = rows[:max_rows]
@@ -233,6 +289,8 @@ class FusionPlan:
         cells = [[_compact(str(r[h])) if h in ("pattern", "lowered to") else str(r[h]) for h in header]
                  for r in shown]
         out = text_table(header, cells)
+        if wrap and any("…" in line for line in out[2:]):  # a clipped cell: each pattern on lines of its own
+            out = _pattern_lines(header, cells)
         if len(shown) < len(rows):
             out.append(f"... {len(rows) - len(shown)} more groups")
         out.append(
@@ -289,6 +347,21 @@ class FusionPlan:
         except json.JSONDecodeError as exc:
             raise PlanError(f"not a JSON plan ({exc})") from None
         return cls.from_dict(data.get("plan", data) if isinstance(data, dict) else data)
+
+
+def _pattern_lines(header: list[str], cells: list[list[str]]) -> list[str]:
+    """The plan table without its pattern column, each row followed by its pattern, indented, broken after
+    a '+' within the width: nothing clipped."""
+    from .text import MAX_WIDTH, wrap_cell
+
+    k = header.index("pattern")
+    table = text_table(header[:k] + header[k + 1:], [c[:k] + c[k + 1:] for c in cells])
+    n_head = len(table) - len(cells)
+    out = table[:n_head]
+    for line, c in zip(table[n_head:], cells):
+        out.append(line)
+        out += ["    " + piece for piece in wrap_cell(c[k], MAX_WIDTH - 4)]
+    return out
 
 
 def _jsonable(value):

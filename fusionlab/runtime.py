@@ -11,6 +11,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import onnx
@@ -66,8 +67,13 @@ def model_bytes(model) -> bytes:
 def session(model, level: str = "disable", threads: int = 1, *, optimized_path: str | os.PathLike | None = None,
             inter_threads: int = 1, parallel: bool = False, enable_profiling: bool = False,
             profile_prefix: str | None = None, mem_arena: bool = True, custom_ops_library: str | None = None,
-            session_options: ort.SessionOptions | None = None) -> ort.InferenceSession:
-    """An onnxruntime CPU session at a graph-optimisation level ('disable', 'basic', 'extended', 'all')."""
+            session_options: ort.SessionOptions | None = None, disabled_optimizers: Sequence[str] = (),
+            config: dict[str, str] | None = None) -> ort.InferenceSession:
+    """An onnxruntime CPU session at a graph-optimisation level ('disable', 'basic', 'extended', 'all').
+
+    `disabled_optimizers`: graph transformers and rewrite rules to leave out, by their onnxruntime names
+    (`fusionlab.blame.ORT_TRANSFORMERS`); `config`: session config entries (e.g.
+    {"optimization.enable_gelu_approximation": "1"})."""
     if level not in LEVELS:
         raise ValueError(f"unknown optimisation level {level!r}; choose from {sorted(LEVELS)}")
     so = session_options or ort.SessionOptions()
@@ -88,6 +94,8 @@ def session(model, level: str = "disable", threads: int = 1, *, optimized_path: 
             so.profile_file_prefix = profile_prefix
     if custom_ops_library:
         so.register_custom_ops_library(custom_ops_library)
+    for key, value in (config or {}).items():
+        so.add_session_config_entry(key, str(value))
     tmpdir = None
     if isinstance(model, (str, os.PathLike)):
         src = str(model)
@@ -98,7 +106,8 @@ def session(model, level: str = "disable", threads: int = 1, *, optimized_path: 
     else:
         src = model_bytes(model)
     try:
-        sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"],
+                                    **({"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}))
         if tmpdir is not None:
             sess._fusionlab_tmpdir = tmpdir  # weights stay on disk while the session lives
         return sess

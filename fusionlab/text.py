@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["text_table", "MAX_WIDTH", "clip", "wrap"]
+__all__ = ["text_table", "MAX_WIDTH", "clip", "wrap", "wrap_cell"]
 
 #: Widest line a table may print: JupyterLab's notebook column shows about 110 monospace characters
 #: at its default width before it wraps lines (and a wrapped table is unreadable).
@@ -29,6 +29,18 @@ def wrap(text: object, width: int = MAX_WIDTH, indent: str = "    ") -> str:
             out.append(textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False,
                                      drop_whitespace=True))
     return "\n".join(out)
+
+
+def wrap_cell(text: str, width: int, seps: str = "+, ") -> list[str]:
+    """`text` in pieces of at most `width` characters, each ending at a separator where one is in reach
+    ('Reshape+Transpose+...' breaks after a '+'); a piece with no separator in reach is cut at `width`."""
+    out = []
+    while len(text) > width:
+        cut = max(text.rfind(c, 0, width) for c in seps)
+        cut = width if cut < 0 else cut + 1
+        out.append(text[:cut].rstrip())
+        text = text[cut:].lstrip()
+    return out + [text]
 
 
 def _split_header(h: str, cells_width: int) -> tuple[str, str]:

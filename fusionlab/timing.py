@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Sequence
 from .text import text_table
 
 __all__ = [
-    "Timing", "Comparison", "bench", "bench_session", "compare", "compare_models", "comparisons_table",
+    "Timing", "Comparison", "bench", "bench_session", "compare", "compare_models", "comparisons_table", "interleaved",
     "session_at_each_level",
     "machine_info", "median_ci", "format_seconds",
 ]
@@ -296,6 +296,37 @@ def compare(fn_a: Callable[[], object], fn_b: Callable[[], object], *, label_a: 
         if gc_was_enabled:
             gc.enable()
     return Comparison.from_samples(ta, tb, label_a=label_a, label_b=label_b, threads=threads)
+
+
+def interleaved(fns: Mapping[str, Callable[[], object]], *, warmup: int = 3, min_time: float = 0.5,
+                min_rounds: int = 10, max_rounds: int = 2000, timer: Timer = time.perf_counter) -> dict[str, list[float]]:
+    """Per-round times of several candidates run interleaved, the order rotated every round (ABC, BCA, CAB,
+    ...) so drift hits all alike; rounds go on until `min_rounds` and `min_time` seconds in all are reached.
+    Any two of them make a paired `Comparison.from_samples`."""
+    if min_rounds < 1 or max_rounds < min_rounds:
+        raise ValueError("need 1 <= min_rounds <= max_rounds")
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    out: dict[str, list[float]] = {n: [] for n in names}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        spent, r = 0.0, 0
+        while r < max_rounds and (r < min_rounds or spent < min_time):
+            k = r % len(names)
+            for n in names[k:] + names[:k]:
+                t0 = timer()
+                fns[n]()
+                dt = timer() - t0
+                out[n].append(dt)
+                spent += dt
+            r += 1
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return out
 
 
 def comparisons_table(comparisons: Mapping[str, Comparison],

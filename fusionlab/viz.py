@@ -2,10 +2,12 @@
 
 - `to_dot` writes Graphviz DOT text (fusion groups as coloured clusters). It is plain text, so tests and
   nbval can compare it; render it with any Graphviz you have, none is needed here.
-- `layered_layout` + `draw` lay a graph out in layers (a small Sugiyama: longest-path layers, barycenter
-  ordering, dummy points for long edges) and draw it with matplotlib; fusion groups are coloured rounded
-  rectangles behind their members. Deterministic: the same model gives the same picture, byte for byte
-  through `save_picture`.
+- `layered_layout` + `draw` lay a graph out in layers (a small Sugiyama: longest-path layers, every node as
+  late as its readers allow, barycenter ordering, dummy points for long edges) and draw it with matplotlib;
+  fusion groups are coloured rounded rectangles behind their members, fused ops are filled and say which
+  original ops they replace, the legend is on top. Any size: a tall graph goes in bands of layers side by
+  side (`wrap="auto"`) and text is never scaled below readable. Deterministic: the same model gives the same
+  picture, byte for byte through `save_picture`. Constant nodes, like initializers, are weights, not boxes.
 - `netron_view` serves one model with netron on 127.0.0.1 for interactive exploration in an iframe; under
   a Jupyter server with jupyter-server-proxy the iframe goes through the server (`/proxy/127.0.0.1:PORT/`),
   so it works wherever the lab itself is reached (an SSH tunnel, a remote host, a hub).
@@ -63,6 +65,9 @@ class _Item:
     detail: list[str] = field(default_factory=list)  # weight shapes / value shape
     order: int = 0
     group: str | None = None
+    #: for an op that stands for several of the loaded model's ops (a fused op): what it fuses, e.g.
+    #: "Conv+BN+Relu" ("" for an op that is no fusion)
+    fused: str = ""
 
 
 @dataclass
@@ -85,12 +90,15 @@ def _shape_text(value: ir.Value | None) -> str:
 
 
 def _short_name(name: str, op_type: str) -> str:
-    """A node name cut to what helps a reader: '/layer1/layer1.0/conv1/Conv' -> 'layer1.0/conv1'."""
+    """A node name cut to what helps a reader: '/layer1/layer1.0/conv1/Conv' -> 'layer1.0/conv1'.
+
+    A scope repeated by the next one ('/features/features.1/features.1.0/block') counts once."""
     parts = [p for p in re.split(r"[/:]", name) if p]
     if parts and parts[-1] == op_type:
         parts = parts[:-1]
+    parts = [p for i, p in enumerate(parts) if i + 1 == len(parts) or not parts[i + 1].startswith(p)]
     text = "/".join(parts[-2:]) if parts else ""
-    return text if len(text) <= 22 else "…" + text[-21:]
+    return text if len(text) <= 24 else "…" + text[-23:]
 
 
 def _clip(text: str, n: int = 22) -> str:
@@ -231,8 +239,10 @@ def _terminal(kind: str, v: ir.Value, order: int) -> _Item:
 class _SceneBuilder:
     """Collects op boxes, input/output ellipses and de-duplicated edges, one chosen node at a time."""
 
-    def __init__(self, g, order: list[ir.Node], keys: list[str], chosen: set[str]):
+    def __init__(self, g, order: list[ir.Node], keys: list[str], chosen: set[str], source=None):
         self.g, self.chosen = g, chosen
+        #: op types of the model a fused graph was made from (to say what its fused ops stand for)
+        self.source_ops = {n.name: n.op_type for n in (source.graph if source is not None else g.graph)}
         self.key_of = {id(n): k for k, n in zip(keys, order)}
         self.owner, self.captured = _subgraph_reads(g, order, self.key_of)
         self.items: list[_Item] = []
@@ -262,7 +272,8 @@ class _SceneBuilder:
                 continue
             if slot >= len(n.inputs) and v.const_value is not None:
                 continue  # a weight read inside a subgraph: not worth a label
-            if v.const_value is not None or (v.name in initializers and v.producer() is None):
+            if v.const_value is not None or (v.name in initializers and v.producer() is None) or _is_constant_node(
+                    v.producer()):
                 slot_name = slot_names[slot] if slot < len(slot_names) else _clip(v.name or "const", 12)
                 weights.append(f"{slot_name} {_shape_text(v)}".rstrip())
                 continue
@@ -281,17 +292,36 @@ class _SceneBuilder:
             if v.is_graph_output() or external:
                 self.edge(k, self.terminal("output", v, i), "")
 
+    def fused_text(self, n: ir.Node) -> str:
+        """What a fused op stands for: the op types of the loaded nodes it covers ("Conv+BN+Relu"), "fused op"
+        for a contrib or model-local-function op whose origin this graph does not record, else ""."""
+        from .plan import _compact
+
+        covers = self.g.covers(n.name) if hasattr(self.g, "covers") else (n.name,)
+        if len(covers) > 1:
+            ops = [self.source_ops.get(c, "?") for c in covers]
+            return _compact("+".join(ops)) if "?" not in ops else f"{len(covers)} ops"
+        if n.domain not in ("", "ai.onnx"):
+            return "fused op"
+        return ""
+
     def add_op(self, i: int, k: str, n: ir.Node, group: str | None) -> None:
         """The box of node `n` (op type, short name, merged weight shapes) and its edges."""
         weights = self._reads(i, k, n)
         self._writes(i, k, n)
         title = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}:{n.op_type}"
+        if n.domain == "com.microsoft":
+            title = n.op_type  # the contrib domain is said once, in the legend
         self.items.append(_Item(k, "op", title, _short_name(n.name, n.op_type), _merge_weights(weights), order=i,
-                                group=group))
+                                group=group, fused=self.fused_text(n)))
 
     def all_items(self) -> list[_Item]:
         """Input ellipses, op boxes, output ellipses, in that order."""
         return list(self.terminals["input"].values()) + self.items + list(self.terminals["output"].values())
+
+
+def _is_constant_node(n: ir.Node | None) -> bool:
+    return n is not None and n.op_type == "Constant" and n.domain in ("", "ai.onnx")
 
 
 def _visible_groups(plan: FusionPlan | None, items: list[_Item], member_of: dict[str, str]):
@@ -307,8 +337,10 @@ def _visible_groups(plan: FusionPlan | None, items: list[_Item], member_of: dict
     return groups
 
 
-def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0) -> _Scene:
-    """The boxes, edges and visible groups of a picture of `model` (or of `nodes` plus `hops` neighbours)."""
+def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0, source=None) -> _Scene:
+    """The boxes, edges and visible groups of a picture of `model` (or of `nodes` plus `hops` neighbours).
+
+    `source`: the model a fused `model` was made from, so its fused ops say what they stand for."""
     g = as_graph(model, check=False)
     order = g.topological_order()
     keys = _node_keys(order)
@@ -316,9 +348,9 @@ def _scene(model, plan: FusionPlan | None, nodes, hops: int = 0) -> _Scene:
     member_of: dict[str, str] = {}
     if plan is not None:  # a node drawn in the group whose kernel runs it (a later group absorbs an earlier one)
         member_of = {k: gid for k, gid in plan.kernel_of().items() if k in chosen}
-    b = _SceneBuilder(g, order, keys, chosen)
+    b = _SceneBuilder(g, order, keys, chosen, as_graph(source, check=False) if source is not None else None)
     for i, (k, n) in enumerate(zip(keys, order)):
-        if k in chosen:
+        if k in chosen and not _is_constant_node(n):  # a Constant is a weight: a label of its reader, no box
             b.add_op(i, k, n, member_of.get(k))
     return _Scene(name=g.graph.name or "model", items=b.all_items(), edges=b.edges,
                   groups=_visible_groups(plan, b.items, member_of))
@@ -436,6 +468,14 @@ class Layout:
     direction: str = "TB"
     crossings: int = 0
     name: str = "model"
+    #: keys of fused ops (drawn as such)
+    fused: set = field(default_factory=set)
+    #: the band (column of wrapped layers, left to right) of every key; all 0 when the layers are not wrapped
+    band_of: dict = field(default_factory=dict)
+
+    @property
+    def bands(self) -> int:
+        return 1 + max(self.band_of.values(), default=0)
 
     def box(self, key: str) -> tuple[float, float, float, float]:
         """(x0, y0, x1, y1) of one box."""
@@ -461,6 +501,8 @@ class Layout:
 def _item_label(it: _Item) -> tuple[str, str]:
     """(head, sub) lines of a box: op type and short name, or "input x" and the value's shape."""
     if it.kind == "op":
+        if it.fused:
+            return it.title, f"= {it.fused}"
         return it.title, (it.subtitle if it.subtitle != it.title else "")
     return it.title + " " + it.subtitle, (it.detail[0] if it.detail else "")
 
@@ -512,9 +554,9 @@ def _longest_path_layers(sc: _Scene) -> dict[str, int]:
     layer: dict[str, int] = {}
     for k in keys:  # items are in topological order
         layer[k] = max((layer[p] + 1 for p in preds[k]), default=0)
-    for k in reversed(keys):
-        if not preds[k] and succs[k]:
-            layer[k] = max(0, min(layer[s] for s in succs[k]) - 1)
+    for k in reversed(keys):  # every node as late as its readers allow: side computations sit where they are used
+        if succs[k]:
+            layer[k] = max(layer[k], min(layer[s] for s in succs[k]) - 1)
     return layer
 
 
@@ -655,37 +697,138 @@ def _edge_points(a: str, b: str, path: list[str], centre: dict, size: dict, dire
     return [(ax_ + aw / 2, ay)] + inner + [(bx - bw / 2, by)]
 
 
-def _layout_scene(sc: _Scene, direction: str = "TB") -> Layout:
-    """Lay a scene out in layers: rank, split long edges, order to cut crossings, then place the boxes."""
+#: gap between two bands of wrapped layers (inches): room for the edges that go on in the next band
+_GUTTER = 0.6
+#: the height / width a wrapped picture aims at (a little taller than wide: a page, a notebook column)
+_ASPECT = 1.25
+
+
+def _band_breaks(depths: list[float], k: int, gap: float) -> list[int]:
+    """First layer of each of `k` bands of consecutive layers, cut where the running depth passes i/k."""
+    total = sum(depths) + gap * (len(depths) - 1)
+    starts, cur = [0], 0.0
+    for r, d in enumerate(depths):
+        if len(starts) < k and r > starts[-1] and cur >= total * len(starts) / k:
+            starts.append(r)
+        cur += d + gap
+    return starts
+
+
+def _bands(final: list[list[str]], x: dict, rank_pos: list[float], along, across, k: int, gap: float):
+    """(band of each layer, x offset per band, top per band, width and height of the whole) for `k` bands."""
+    depths = [max((across(key) for key in l), default=0.0) for l in final]
+    starts = _band_breaks(depths, k, gap)
+    band = [0] * len(final)
+    for b, st in enumerate(starts):
+        for r in range(st, len(final)):
+            band[r] = b
+    offs, tops, width, height = [], [], 0.0, 0.0
+    for b, st in enumerate(starts):
+        layers = [r for r in range(len(final)) if band[r] == b]
+        keys = [key for r in layers for key in final[r]]
+        lo = min((x[key] - along(key) / 2 for key in keys), default=0.0)
+        hi = max((x[key] + along(key) / 2 for key in keys), default=0.0)
+        offs.append(width + (_GUTTER if b else 0.0) - lo)
+        width += (hi - lo) + (_GUTTER if b else 0.0)
+        tops.append(rank_pos[layers[0]] - depths[layers[0]] / 2)
+        height = max(height, rank_pos[layers[-1]] + depths[layers[-1]] / 2 - tops[-1])
+    return band, offs, tops, width, height
+
+
+def _choose_bands(final, x, rank_pos, along, across, gap: float, wrap) -> int:
+    """How many bands: `wrap` itself when it is a number; for "auto" the count whose picture is nearest
+    `_ASPECT` (height / width), one band when the picture is not tall."""
+    if wrap in (None, False, 1):
+        return 1
+    if wrap != "auto":
+        return max(1, min(int(wrap), len(final)))
+    best, best_err = 1, None
+    for k in range(1, min(len(final), 40) + 1):
+        *_, w, h = _bands(final, x, rank_pos, along, across, k, gap)
+        err = abs(math.log(max(h, 1e-6) / max(w, 1e-6) / _ASPECT))
+        if best_err is None or err < best_err - 1e-9:
+            best, best_err = k, err
+    return best
+
+
+def _banded_edge(pts: list, bands: list[int], bottoms: list[float], gutters: list[float], lane: float) -> list:
+    """An edge's polyline with a detour wherever it goes on in the next band: down below its band, along
+    the gutter, up above the next band's top, then on (TB drawings)."""
+    out = [pts[0]]
+    for (p, q), (bp, bq) in zip(zip(pts, pts[1:]), zip(bands, bands[1:])):
+        if bq != bp:
+            yb, xg = bottoms[bp] - 0.12 - lane, gutters[bq] + lane
+            out += [(p[0], yb), (xg, yb), (xg, 0.12 + lane), (q[0], 0.12 + lane)]
+        out.append(q)
+    return out
+
+
+def _layout_scene(sc: _Scene, direction: str = "TB", wrap=None) -> Layout:
+    """Lay a scene out in layers: rank, split long edges, order to cut crossings, then place the boxes.
+
+    `wrap` (TB only): None/1 one column of layers; an int that many bands of consecutive layers side by side;
+    "auto" as many as bring the picture nearest a page's proportions (a long chain becomes columns).
+    """
     if direction not in ("TB", "LR"):
         raise ValueError(f"direction must be 'TB' or 'LR', not {direction!r}")
     rk = _ranked(sc, _longest_path_layers(sc))
     final = _ordered_layers(rk, {k: g.id for g, ks in sc.groups for k in ks})
     # coordinates: along the layer (order axis) and across layers (rank axis)
     along_i, across_i = (0, 1) if direction == "TB" else (1, 0)
-    x = _along_positions(final, rk, lambda k: rk.size[k][along_i])
-    rank_pos = _rank_positions(final, lambda k: rk.size[k][across_i], _GAP_RANK[direction])
-    centre = {k: ((x[k], -rank_pos[r]) if direction == "TB" else (rank_pos[r], -x[k])) for k, r in rk.rank_of.items()}
+
+    def along(k):
+        return rk.size[k][along_i]
+
+    def across(k):
+        return rk.size[k][across_i]
+
+    x = _along_positions(final, rk, along)
+    gap = _GAP_RANK[direction]
+    rank_pos = _rank_positions(final, across, gap)
+    n_bands = _choose_bands(final, x, rank_pos, along, across, gap, wrap) if direction == "TB" else 1
+    layer_band = [0] * len(final)
+    if n_bands > 1:
+        layer_band, offs, tops, _, _ = _bands(final, x, rank_pos, along, across, n_bands, gap)
+        centre = {k: (x[k] + offs[layer_band[r]], -(rank_pos[r] - tops[layer_band[r]])) for k, r in rk.rank_of.items()}
+    else:
+        centre = {k: ((x[k], -rank_pos[r]) if direction == "TB" else (rank_pos[r], -x[k]))
+                  for k, r in rk.rank_of.items()}
     keys = [it.key for it in sc.items]
     real = set(keys)
+    edges = [(a, b, _edge_points(a, b, path, centre, rk.size, direction)) for a, b, path in rk.chains]
+    if n_bands > 1:
+        band_of_key = {k: layer_band[r] for k, r in rk.rank_of.items()}
+        bottoms = [min(centre[k][1] - rk.size[k][1] / 2 for k in centre if band_of_key[k] == b) for b in range(n_bands)]
+        gutters = [min(centre[k][0] - rk.size[k][0] / 2 for k in centre if band_of_key[k] == b) - _GUTTER / 2
+                   for b in range(n_bands)]
+        crossing = 0
+        for i, (a, b, path) in enumerate(rk.chains):
+            bands = [band_of_key[k] for k in path]
+            if len(set(bands)) > 1:
+                lane = 0.04 * (crossing % 6)  # edges that go on in the next band keep apart
+                crossing += 1
+                edges[i] = (a, b, _banded_edge(edges[i][2], bands, bottoms, gutters, lane))
     return Layout(
         positions={k: centre[k] for k in keys},
         sizes={k: rk.size[k] for k in keys},
         layers=[[k for k in l if k in real] for l in final],
-        edges=[(a, b, _edge_points(a, b, path, centre, rk.size, direction)) for a, b, path in rk.chains],
+        edges=edges,
         kinds={it.key: it.kind for it in sc.items},
         labels={it.key: _item_label(it) for it in sc.items},
         groups=sc.groups,
         direction=direction,
         crossings=rk.crossings(final),
         name=sc.name,
+        fused={it.key for it in sc.items if it.fused},
+        band_of={k: layer_band[r] for k, r in rk.rank_of.items() if k in real},
     )
 
 
 def layered_layout(model, plan: FusionPlan | None = None, nodes=None, *, hops: int = 0,
-                   direction: str = "TB") -> Layout:
-    """Deterministic layered layout of a model (or of `nodes`, plus `hops` neighbours)."""
-    return _layout_scene(_scene(model, plan, nodes, hops), direction)
+                   direction: str = "TB", wrap=None, source=None) -> Layout:
+    """Deterministic layered layout of a model (or of `nodes`, plus `hops` neighbours); see `_layout_scene`
+    for `wrap`, `_scene` for `source`."""
+    return _layout_scene(_scene(model, plan, nodes, hops, source), direction, wrap)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -693,7 +836,12 @@ def layered_layout(model, plan: FusionPlan | None = None, nodes=None, *, hops: i
 # --------------------------------------------------------------------------------------------------
 
 _MAX_INCHES = 40.0
+#: a drawing is never scaled below this (fonts stay readable: 9 pt x 0.7 at 120 dpi is 10 px); a bigger
+#: model makes a bigger picture, in bands of layers (`wrap="auto"`) so it is not one tall strip
+_MIN_SCALE = 0.7
 _MARGIN = 0.2
+_FUSED_FACE, _FUSED_EDGE = "#fff3d1", "#b7791f"
+_LEGEND_ROW = 0.24  # inches per legend row
 
 
 def _legend_entries(groups: list[tuple[FusionGroup, list[str]]]) -> list[tuple[str, str, int]]:
@@ -704,6 +852,18 @@ def _legend_entries(groups: list[tuple[FusionGroup, list[str]]]) -> list[tuple[s
     return [(f"{kind} · {rule} ({n} group{'s' if n != 1 else ''})", col, n) for (kind, rule), (col, n) in seen.items()]
 
 
+def _legend_columns(n: int) -> int:
+    return min(3, n) if n else 1
+
+
+def _group_parts(lay: Layout, ks: list[str]) -> list[list[str]]:
+    """A group's members by band (one rectangle per band, so a group cut by a wrap draws no giant box)."""
+    by_band: dict[int, list[str]] = {}
+    for k in ks:
+        by_band.setdefault(lay.band_of.get(k, 0), []).append(k)
+    return [by_band[b] for b in sorted(by_band)]
+
+
 def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
     from matplotlib.path import Path as MplPath
@@ -712,23 +872,25 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
     member_color = {k: colors[g.id] for g, ks in lay.groups for k in ks}
     pad = 0.09
     label_strip = 0.14  # room above the members for the group's id, so no box hides it
-    # fusion groups: one rounded rectangle per group, behind its members
+    # fusion groups: one rounded rectangle per group (per band it spans), behind its members
     for g, ks in lay.groups:
-        boxes = [lay.box(k) for k in ks]
-        x0, y0 = min(b[0] for b in boxes) - pad, min(b[1] for b in boxes) - pad
-        x1, y1 = max(b[2] for b in boxes) + pad, max(b[3] for b in boxes) + pad + label_strip
         col = colors[g.id]
-        rect = FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=0.1",
-                              facecolor=col, alpha=0.16, edgecolor="none", zorder=1)
-        rect.set_gid(f"group:{g.id}")
-        ax.add_patch(rect)
-        outline = FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=0.1",
-                                 facecolor="none", edgecolor=col, linewidth=1.2 * scale, linestyle="--", zorder=1)
-        outline.set_gid(f"group-outline:{g.id}")
-        ax.add_patch(outline)
-        ax.text(x0 + 0.07, y1 - 0.025, g.id, ha="left", va="top", fontsize=7.5 * scale, color=col, zorder=6,
-                fontfamily=_FONT, fontweight="bold", clip_on=False,
-                bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+        for part_no, part in enumerate(_group_parts(lay, ks)):
+            boxes = [lay.box(k) for k in part]
+            x0, y0 = min(b[0] for b in boxes) - pad, min(b[1] for b in boxes) - pad
+            x1, y1 = max(b[2] for b in boxes) + pad, max(b[3] for b in boxes) + pad + label_strip
+            suffix = "" if part_no == 0 else f":part{part_no}"
+            rect = FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=0.1",
+                                  facecolor=col, alpha=0.16, edgecolor="none", zorder=1)
+            rect.set_gid(f"group:{g.id}" if part_no == 0 else f"group-part:{g.id}{suffix}")
+            ax.add_patch(rect)
+            outline = FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=0.1",
+                                     facecolor="none", edgecolor=col, linewidth=1.2 * scale, linestyle="--", zorder=1)
+            outline.set_gid(f"group-outline:{g.id}{suffix}")
+            ax.add_patch(outline)
+            ax.text(x0 + 0.07, y1 - 0.025, g.id if part_no == 0 else f"{g.id} (cont.)", ha="left", va="top",
+                    fontsize=7.5 * scale, color=col, zorder=6, fontfamily=_FONT, fontweight="bold", clip_on=False,
+                    bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
     # edges
     for a, b, pts in lay.edges:
         codes = [MplPath.MOVETO] + [MplPath.LINETO] * (len(pts) - 1)
@@ -740,8 +902,11 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
         w, h = lay.sizes[k]
         kind = lay.kinds[k]
         head, sub = lay.labels[k]
+        fused = k in lay.fused
         if kind == "op":
             face, edge, lw, rounding = "#ffffff", member_color.get(k, "#444444"), (1.6 if k in member_color else 0.9), 0.06
+            if fused:
+                face, edge, lw = _FUSED_FACE, member_color.get(k, _FUSED_EDGE), 2.2
         else:
             face, edge, lw, rounding = "#eeeeee", "#888888", 0.8, min(h / 2, 0.15)
         box = FancyBboxPatch((xc - w / 2, yc - h / 2), w, h, boxstyle=f"round,pad=0,rounding_size={rounding}",
@@ -751,8 +916,8 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
         if sub:
             ax.text(xc, yc + 0.075, head, ha="center", va="center", fontsize=9 * scale, zorder=4, fontfamily=_FONT,
                     fontweight="bold" if kind == "op" else "normal")
-            ax.text(xc, yc - 0.095, sub, ha="center", va="center", fontsize=7 * scale, color="#555555", zorder=4,
-                    fontfamily=_FONT)
+            ax.text(xc, yc - 0.095, sub, ha="center", va="center", fontsize=7 * scale,
+                    color="#7a4b00" if fused else "#555555", zorder=4, fontfamily=_FONT)
         else:
             ax.text(xc, yc, head, ha="center", va="center", fontsize=9 * scale, zorder=4, fontfamily=_FONT,
                     fontweight="bold" if kind == "op" else "normal")
@@ -762,48 +927,62 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
     ax.set_ylim(y0 - m, y1 + m)
     ax.set_aspect("equal", adjustable="box")
     ax.axis("off")
-    if title:
-        ax.set_title(title, fontsize=11 * scale, fontfamily=_FONT)
     entries = _legend_entries(lay.groups)
-    if entries:
-        handles = [Patch(facecolor=col + "29", edgecolor=col, label=text) for text, col, _ in entries]
-        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(2, len(handles)),
-                  frameon=False, prop={"family": _FONT, "size": 8 * scale}, handlelength=1.6)
+    handles = [Patch(facecolor=col + "29", edgecolor=col, label=text) for text, col, _ in entries]
+    if lay.fused:
+        handles.append(Patch(facecolor=_FUSED_FACE, edgecolor=_FUSED_EDGE, linewidth=2,
+                             label=f"fused op ({len(lay.fused)}): '= …' names the original ops it replaces"))
+    if title:
+        ax.set_title(title, fontsize=11 * scale, fontfamily=_FONT, pad=(6 + _LEGEND_ROW * 72 * scale *
+                     math.ceil(len(handles) / _legend_columns(len(handles))) if handles else 6))
+    if handles:  # at the top, where a reader starts (below a tall drawing it was off screen)
+        ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=_legend_columns(len(handles)),
+                  frameon=False, prop={"family": _FONT, "size": 8 * scale}, handlelength=1.6, borderaxespad=0.3)
 
 
-def _check_size(lay_or_scene_ops: int, max_nodes: int) -> None:
-    if lay_or_scene_ops > max_nodes:
+def _check_size(lay_or_scene_ops: int, max_nodes: int | None) -> None:
+    if max_nodes is not None and lay_or_scene_ops > max_nodes:
         raise ValueError(
             f"graph has {lay_or_scene_ops} nodes, more than max_nodes={max_nodes}: draw a part with "
             f"nodes=[...] (e.g. nodes=viz.neighbourhood(model, ['some_node'], hops=3)) or raise max_nodes"
         )
 
 
+def _legend_rows(lay: Layout) -> int:
+    n = len(_legend_entries(lay.groups)) + (1 if lay.fused else 0)
+    return math.ceil(n / _legend_columns(n)) if n else 0
+
+
 def _figure_inches(lay: Layout, n_legend: int, title: bool) -> tuple[float, float, float, float]:
-    """(width, height, extra height for title and legend, scale to stay under _MAX_INCHES)."""
+    """(width, height, extra height for title and legend, scale): 1 up to _MAX_INCHES, then smaller, never
+    below _MIN_SCALE (a bigger model makes a bigger picture rather than unreadable text)."""
     w = lay.width + 2 * _MARGIN
     h = lay.height + 2 * _MARGIN
-    extra_h = (0.35 if title else 0) + (0.25 * math.ceil(n_legend / 2) + 0.1 if n_legend else 0)
-    scale = min(1.0, _MAX_INCHES / max(w, h + extra_h))
+    extra_h = (0.35 if title else 0) + (_LEGEND_ROW * n_legend + 0.1 if n_legend else 0)
+    scale = max(_MIN_SCALE, min(1.0, _MAX_INCHES / max(w, h + extra_h)))
     return w, h, extra_h, scale
 
 
 def draw(model, plan: FusionPlan | None = None, *, nodes=None, ax=None, title: str | None = None,
-         max_nodes: int = 200, direction: str = "TB", hops: int = 0):
-    """A matplotlib Figure of a model: op boxes, arrows, fusion groups as coloured rounded rectangles."""
-    sc = _scene(model, plan, nodes, hops)
+         max_nodes: int | None = None, direction: str = "TB", hops: int = 0, wrap="auto", source=None):
+    """A matplotlib Figure of a model: op boxes, arrows, fusion groups as coloured rounded rectangles, fused
+    ops (a `source`'s nodes they stand for, or contrib ops) filled, the legend on top.
+
+    Any size: a tall graph is laid out in bands of consecutive layers side by side (`wrap="auto"`; an int
+    forces that many, None one column), and text is never scaled below `_MIN_SCALE`. `max_nodes` refuses
+    bigger drawings when given."""
+    sc = _scene(model, plan, nodes, hops, source)
     _check_size(sc.op_count, max_nodes)
-    lay = _layout_scene(sc, direction)
-    entries = _legend_entries(lay.groups)
-    w, h, extra_h, scale = _figure_inches(lay, len(entries), bool(title))
+    lay = _layout_scene(sc, direction, wrap if ax is None else None)
+    rows = _legend_rows(lay)
+    w, h, extra_h, scale = _figure_inches(lay, rows, bool(title))
     if ax is None:
         import matplotlib.pyplot as plt
 
         fw, fh = max(w, 2.5) * scale, (h + extra_h) * scale
         fig = plt.figure(figsize=(fw, fh))
         plt.close(fig)  # not managed by pyplot: a notebook shows the returned figure once, not twice
-        legend_h = (extra_h - (0.35 if title else 0)) * scale
-        ax = fig.add_axes((0, legend_h / fh, 1, h * scale / fh))
+        ax = fig.add_axes((0, 0, 1, h * scale / fh))  # the legend and the title above it
     else:
         fig = ax.figure
         bbox = ax.get_position()
@@ -816,27 +995,26 @@ def draw(model, plan: FusionPlan | None = None, *, nodes=None, ax=None, title: s
 
 def before_after(model_a, model_b, plan: FusionPlan | None = None, *, nodes_a=None, nodes_b=None,
                  titles: Sequence[str] = ("before", "after"), plan_b: FusionPlan | None = None,
-                 direction: str = "TB", max_nodes: int = 200):
-    """Two models side by side (e.g. before and after fusion); `plan` colours the first one."""
+                 direction: str = "TB", max_nodes: int | None = None):
+    """Two models side by side (e.g. before and after fusion); `plan` colours the first one, and the second's
+    fused ops say which of the first one's ops they stand for."""
     import matplotlib.pyplot as plt
 
-    sa, sb = _scene(model_a, plan, nodes_a), _scene(model_b, plan_b, nodes_b)
+    sa, sb = _scene(model_a, plan, nodes_a), _scene(model_b, plan_b, nodes_b, source=model_a)
     _check_size(sa.op_count, max_nodes)
     _check_size(sb.op_count, max_nodes)
     la, lb = _layout_scene(sa, direction), _layout_scene(sb, direction)
-    ea, eb = len(_legend_entries(la.groups)), len(_legend_entries(lb.groups))
-    wa, ha, xa, _ = _figure_inches(la, ea, True)
-    wb, hb, xb, _ = _figure_inches(lb, eb, True)
+    wa, ha, xa, _ = _figure_inches(la, _legend_rows(la), True)
+    wb, hb, xb, _ = _figure_inches(lb, _legend_rows(lb), True)
     wa, wb = max(wa, 2.2), max(wb, 2.2)
     gap = 0.4
     fw, body = wa + wb + gap, max(ha, hb)
     extra = max(xa, xb)
-    scale = min(1.0, _MAX_INCHES / max(fw, body + extra))
+    scale = max(_MIN_SCALE, min(1.0, _MAX_INCHES / max(fw, body + extra)))
     fig = plt.figure(figsize=(fw * scale, (body + extra) * scale))
     plt.close(fig)
-    bottom = (extra - 0.35) / (body + extra)
-    axa = fig.add_axes((0, bottom, wa / fw, body / (body + extra)))
-    axb = fig.add_axes(((wa + gap) / fw, bottom, wb / fw, body / (body + extra)))
+    axa = fig.add_axes((0, 0, wa / fw, body / (body + extra)))
+    axb = fig.add_axes(((wa + gap) / fw, 0, wb / fw, body / (body + extra)))
     _render(la, axa, title=titles[0] if titles else None, scale=scale)
     _render(lb, axb, title=titles[1] if titles and len(titles) > 1 else None, scale=scale)
     return fig
@@ -855,14 +1033,10 @@ def save_picture(model, path, plan: FusionPlan | None = None, **kw) -> Path:
     metadata = {"Date": None} if fmt == "svg" else {"Software": None}
     buf = io.BytesIO()
     with matplotlib.rc_context({"svg.hashsalt": "fusionlab", "svg.fonttype": "path"}):
-        fig.savefig(buf, format=fmt, metadata=metadata, bbox_inches="tight", dpi=120, facecolor="white")
-    return atomic_write(path, buf.getvalue(), mode=0o644 & ~_umask())
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+        big = fmt == "png" and max(fig.get_size_inches()) > 12  # a big drawing: one render, faster compression
+        fig.savefig(buf, format=fmt, metadata=metadata, bbox_inches=None if big else "tight", dpi=120,
+                    facecolor="white", **({"pil_kwargs": {"compress_level": 3}} if big else {}))
+    return atomic_write(path, buf.getvalue())
 
 
 # --------------------------------------------------------------------------------------------------

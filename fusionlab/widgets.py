@@ -14,7 +14,7 @@ from . import cost
 from .cost.devices import Device, get as get_device, load_devices
 from .graph import as_graph
 from .passes import options_for, plan as plan_passes
-from .plan import FusionPlan
+from .plan import DEFAULT_PASSES, FusionPlan
 from .text import text_table, wrap
 
 __all__ = ["ExplorerResult", "make_plan", "explore_state", "change_line", "what_each_control_governs",
@@ -25,7 +25,7 @@ KINDS = ("vertical", "horizontal", "mixed")
 
 
 
-def make_plan(model, kinds=KINDS, max_group_ops: int | None = 5, buffer_kb: float | None = None,
+def make_plan(model, kinds=DEFAULT_PASSES, max_group_ops: int | None = 5, buffer_kb: float | None = None,
               dims: dict | None = None, *, allow_recompute: bool = False) -> FusionPlan:
     """The plan of the chosen passes in order (`fusionlab.passes.plan`, the one planner), under these thresholds."""
     for kind in kinds:
@@ -62,7 +62,7 @@ class ExplorerResult:
         ])
 
 
-def explore_state(model, max_group_ops: int | None = 5, buffer_kb: float | None = None, kinds=KINDS,
+def explore_state(model, max_group_ops: int | None = 5, buffer_kb: float | None = None, kinds=DEFAULT_PASSES,
                   device: str | Device = "Atlas 300I Pro", *, dims: dict | None = None, picture: bool = False,
                   devices: list | None = None, drop: tuple = ()) -> ExplorerResult:
     """Plan with these thresholds, cost it on `device` and on every preset; optionally draw the groups.
@@ -190,7 +190,7 @@ def plot_sweep(rows: list[dict], ax=None, title: str | None = None):
     return fig
 
 
-def measure(model, kinds=KINDS, max_group_ops: int | None = 5, buffer_kb: float | None = None, *,
+def measure(model, kinds=DEFAULT_PASSES, max_group_ops: int | None = 5, buffer_kb: float | None = None, *,
             dims: dict | None = None, min_time: float = 1.0, plan: FusionPlan | None = None):
     """Fuse with these settings (or apply `plan`, e.g. an edited one), verify, and time both here (1 thread)."""
     from .passes import apply, fuse
@@ -234,12 +234,14 @@ class ExplorerBox:
 
 
 def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: str = "Atlas 300I Pro",
-            buffer_kb: int = 0):
-    """An ipywidgets explorer over `explore_state` and `measure`: controls, what changed, result, picture."""
+            buffer_kb: int = 0, kinds=DEFAULT_PASSES):
+    """An ipywidgets explorer over `explore_state` and `measure`: controls, what changed, result, picture.
+
+    `kinds`: the passes selected at the start (default: those `fuse` runs; the thresholds govern the mixed pass)."""
     import ipywidgets as w
 
     graph = as_graph(model)
-    c = _controls(w, max_group_ops, buffer_kb, device)
+    c = _controls(w, max_group_ops, buffer_kb, device, kinds)
     measured, result, picture = w.Output(), w.Output(), w.Output(layout=w.Layout(
         max_height=f"{PICTURE_MAX_PX}px", overflow="auto", border="1px solid #ddd"))
     for widget, name in ((measured, "measured"), (result, "result"), (picture, "picture")):
@@ -251,9 +253,9 @@ def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: 
     state = {"last": None, "first": None}
 
     def show(*_):
-        res = explore_state(graph, c["ops"].value, c["buf"].value or None, c["kinds"].value or ("vertical",),
+        res = explore_state(graph, c["ops"].value, c["buf"].value or None, c["kinds"].value or DEFAULT_PASSES,
                             c["dev"].value, dims=dims, drop=tuple(c["drop"].value))
-        kept = [g.id for g in make_plan(graph, c["kinds"].value or ("vertical",), c["ops"].value,
+        kept = [g.id for g in make_plan(graph, c["kinds"].value or DEFAULT_PASSES, c["ops"].value,
                                         c["buf"].value or None, dims)]
         if list(c["drop"].options) != kept:
             c["drop"].options = kept  # the groups of the current setting; a dropped id that no longer exists goes
@@ -283,12 +285,12 @@ def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: 
     return box
 
 
-def _controls(w, max_group_ops: int, buffer_kb: int, device: str) -> dict:
+def _controls(w, max_group_ops: int, buffer_kb: int, device: str, kinds=DEFAULT_PASSES) -> dict:
     ops = w.IntSlider(value=max_group_ops, min=1, max=16, description="max ops", continuous_update=False,
                       tooltip="the most ops one fused group may hold")
     buf = w.IntSlider(value=buffer_kb, min=0, max=512, step=16, description="UB KiB", continuous_update=False,
                       tooltip="on-chip buffer a mixed group's tiles may fill (0 = no limit)")
-    kinds = w.SelectMultiple(options=KINDS, value=KINDS, description="kinds", rows=3)
+    kinds = w.SelectMultiple(options=KINDS, value=tuple(kinds), description="kinds", rows=3)
     dev = w.Dropdown(options=list(load_devices()) + ["this machine"], value=device, description="device",
                      layout=w.Layout(width="max-content"))
     drop = w.SelectMultiple(options=[], description="drop", rows=3, layout=w.Layout(width="170px"),

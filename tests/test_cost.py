@@ -204,3 +204,45 @@ def test_as_launched_drops_function_groups_and_one_kernel_per_group_merges_lower
     one = cost.one_kernel_per_group(plan)
     assert [grp.kernels for grp in one] == [1, 1] and plan[0].kernels == 2  # a copy; the plan is unchanged
     assert cost.plan_cost(g, one, DEV).kernels == 2
+
+
+def _group_read_through_a_shape_chain():
+    """x -> Transpose -> Relu -> Reshape -> Sigmoid, the Reshape's target made from Shape(Transpose) by
+    Gather/Unsqueeze/Concat: the exporters' pattern for a head split (every BERT/GPT-2/ViT attention)."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], name="tr", perm=[1, 0]),
+             helper.make_node("Shape", ["t"], ["s"], name="shape"),
+             helper.make_node("Gather", ["s", "zero"], ["s0"], name="gather", axis=0),
+             helper.make_node("Unsqueeze", ["s0", "ax"], ["s0u"], name="unsqueeze"),
+             helper.make_node("Concat", ["s0u", "minus1"], ["target"], name="concat", axis=0),
+             helper.make_node("Relu", ["t"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "target"], ["y0"], name="reshape"),
+             helper.make_node("Sigmoid", ["y0"], ["y"], name="sigmoid")]
+    inits = [tensor("zero", np.array(0, np.int64)), tensor("ax", np.array([0], np.int64)),
+             tensor("minus1", np.array([-1], np.int64))]
+    return load(make_model(nodes, [value_info("x", np.float32, [4, 64])], [value_info("y", np.float32, None)], inits))
+
+
+def test_a_prepared_plan_is_costed_on_the_graph_it_names():
+    # Regression (issue 23): `fusionlab explain` exited 3 on 12 of the 27 corpus exports with "plan groups
+    # [...] form a cycle". The planner works on the prepared copy, where constant folding turned the Shape
+    # chain into a constant, so the group {tr, relu, reshape, sigmoid} is contiguous there; laid over the
+    # loaded model, the chain leaves the group at `tr` and comes back at `reshape`: a cycle. The cost model
+    # now lays a plan over the graph it names (passes.prepare.graph_of).
+    from fusionlab.cost import schedule
+    from fusionlab.passes import plan as make_plan
+    from fusionlab.passes.prepare import graph_of
+
+    g = _group_read_through_a_shape_chain()
+    fplan = make_plan(g, ("mixed",))
+    assert [grp.covers for grp in fplan] == [["tr", "relu", "reshape", "sigmoid"]]
+    with pytest.raises(ValueError, match="cycle"):  # the cause: the loaded model is not the graph the plan names
+        schedule.kernels_of(g.topological_order(), fplan)
+    prepared = graph_of(g, fplan)
+    assert prepared is not g and "shape" not in {n.name for n in prepared} and len(g) == 8  # g itself untouched
+    table = cost.compare(g, {"unfused": None, "fused": fplan}, [DEV])
+    unfused, fused = table.rows
+    assert fused["kernels"] == 1 and unfused["kernels"] > 1
+    a = cost.Analysis(g, None, "fp32")
+    assert a.for_plan(fplan) is a.for_plan(fplan) and a.for_plan(fplan).graph is not g and a.for_plan(None) is a
+    # a plan made without preparation names the loaded model's nodes: costed on the model itself
+    assert graph_of(g, make_plan(g, ("mixed",), prepare=False)) is g

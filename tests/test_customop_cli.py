@@ -72,3 +72,32 @@ def test_bad_model_file(tmp_path, capsys):
     bad.write_bytes(b"not a model")
     assert main(["customop", str(bad), "--group", "v0", "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.startswith("fusionlab customop: error:")
+
+
+def test_a_group_the_planner_found_through_an_identity_becomes_a_custom_op(tmp_path, capsys):
+    """Regression (issue 23, the class of explain's cycle): the plan names the prepared graph, where the
+    Identity between Conv and BN is gone; laid over the loaded model the group was refused ("BatchNormalization
+    'bn' does not follow a Conv of the group")."""
+    import numpy as np
+    from onnx import helper
+
+    from fusionlab.build import make_model, tensor, value_info
+
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Identity", ["c"], ["ci"], name="id"),
+             helper.make_node("BatchNormalization", ["ci", "g", "b", "m", "v"], ["n"], name="bn"),
+             helper.make_node("Relu", ["n"], ["y"], name="relu")]
+    inits = [tensor("w", rng.standard_normal((8, 3, 3, 3)).astype(np.float32)),
+             tensor("g", (1 + 0.1 * rng.standard_normal(8)).astype(np.float32)),
+             tensor("b", rng.standard_normal(8).astype(np.float32)),
+             tensor("m", rng.standard_normal(8).astype(np.float32)), tensor("v", np.full(8, 0.7, np.float32))]
+    src = tmp_path / "id.onnx"
+    src.write_bytes(make_model(nodes, [value_info("x", np.float32, [1, 3, 16, 16])],
+                               [value_info("y", np.float32, [1, 8, 16, 16])], inits).SerializeToString())
+    assert main(["customop", str(src), "--list"]) == 0
+    assert "-> ConvRelu" in capsys.readouterr().out
+    out = tmp_path / "pkg"
+    assert main(["customop", str(src), "--group", "v0", "--out", str(out)]) == 0
+    assert "equivalent" in capsys.readouterr().out
+    assert verify(load(src), load(out / "id_customop.onnx"), custom_ops_library=library_path()).ok

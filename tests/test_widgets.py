@@ -75,12 +75,14 @@ def yolo():
 
 
 def test_every_control_changes_the_plan_from_the_default_state(yolo):
-    """Each threshold governs a pass where it makes sense: from the defaults, moving any control changes the plan."""
-    default = widgets.explore_state(yolo)
-    fewer_ops = widgets.explore_state(yolo, max_group_ops=3)
-    small_ub = widgets.explore_state(yolo, buffer_kb=16)
+    """Each threshold governs a pass where it makes sense: from the defaults with every kind selected (the
+    thresholds govern the mixed pass), moving any control changes the plan."""
+    every = widgets.KINDS
+    default = widgets.explore_state(yolo, kinds=every)
+    fewer_ops = widgets.explore_state(yolo, max_group_ops=3, kinds=every)
+    small_ub = widgets.explore_state(yolo, buffer_kb=16, kinds=every)
     vertical_only = widgets.explore_state(yolo, kinds=("vertical",))
-    other_device = widgets.explore_state(yolo, device="Atlas 800I A2 (Ascend 910B)")
+    other_device = widgets.explore_state(yolo, device="Atlas 800I A2 (Ascend 910B)", kinds=every)
     for moved in (fewer_ops, small_ub, vertical_only):
         assert moved.plan != default.plan
     assert max(g.size for g in fewer_ops.plan) <= 3 < max(g.size for g in default.plan)
@@ -93,10 +95,10 @@ def test_dropping_a_group_feeds_the_executable_plan(yolo):
     from fusionlab import verify
     from fusionlab.passes import apply
 
-    full = widgets.explore_state(yolo)
+    full = widgets.explore_state(yolo, kinds=widgets.KINDS)
     kernel_of = full.plan.kernel_of()
     victim = next(g for g in full.plan if all(kernel_of[c] == g.id for c in g.covers))  # not absorbed later
-    edited = widgets.explore_state(yolo, drop=(victim.id,))
+    edited = widgets.explore_state(yolo, drop=(victim.id,), kinds=widgets.KINDS)
     assert victim.id not in {g.id for g in edited.plan} and len(edited.plan) == len(full.plan) - 1
     assert edited.cost.latency_s != full.cost.latency_s
     assert widgets.change_line(full, edited).startswith(f"dropped None -> {victim.id}: ")
@@ -116,3 +118,19 @@ def test_the_legend_names_the_groups_max_ops_cannot_split():
     assert "Not split by max ops" in legend
     fixed = [g for g in res.plan if g.size > 2 and g.kind == "vertical"]
     assert fixed and all(g.rule in legend for g in fixed)
+
+
+def test_the_explorer_starts_from_the_passes_fuse_runs(yolo):
+    """One meaning: with no kinds given, the explorer plans (and measures) what `fusionlab fuse` writes."""
+    import inspect
+
+    from fusionlab.passes import fuse, plan
+    from fusionlab.plan import DEFAULT_PASSES
+
+    assert inspect.signature(fuse).parameters["passes"].default == DEFAULT_PASSES
+    assert inspect.signature(plan).parameters["passes"].default == DEFAULT_PASSES
+    for fn in (widgets.make_plan, widgets.explore_state, widgets.measure, widgets.explore):
+        assert inspect.signature(fn).parameters["kinds"].default == DEFAULT_PASSES, fn.__name__
+    state = widgets.explore_state(yolo, max_group_ops=None)
+    assert [g.covers for g in state.plan] == [g.covers for g in plan(yolo)]
+    assert state.settings["kinds"] == "+".join(DEFAULT_PASSES)

@@ -14,6 +14,8 @@ from . import load_input, parse_passes
 
 
 def register(sub) -> None:
+    from ..plan import DEFAULT_PASSES
+
     p = sub.add_parser("customop", help="turn a fusion group into a custom op and a CANN custom-op package",
                        description="Replace a fusion-plan group by a custom op (run in onnxruntime with a Python "
                                    "kernel, verified against the original) and generate the CANN files for it.")
@@ -22,7 +24,8 @@ def register(sub) -> None:
                    help="plan group id to replace (repeatable); see --list")
     p.add_argument("--out", metavar="DIR", help="output folder (must be empty or new, unless --force)")
     p.add_argument("--force", action="store_true", help="write into a non-empty DIR (files are replaced)")
-    p.add_argument("--passes", default="vertical", help="passes that make the plan, comma-separated (default vertical)")
+    p.add_argument("--passes", default=",".join(DEFAULT_PASSES),
+                   help=f"passes that make the plan, comma-separated (default {','.join(DEFAULT_PASSES)}, as fuse)")
     p.add_argument("--soc", default="Ascend310P3", help="soc_version for build.sh / atc.sh (default Ascend310P3)")
     p.add_argument("--no-verify", action="store_true", help="skip running both models and comparing outputs")
     p.add_argument("--list", action="store_true", help="list the plan's groups and whether each can become a custom op")
@@ -52,13 +55,17 @@ def run(args) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.list:
+        from ..passes.prepare import graph_of
+        from ..text import MAX_WIDTH, wrap
+
+        work = graph_of(graph, plan)  # the graph the plan's groups name
         for g in plan:
             try:
-                op = declare_group(graph, g)
+                op = declare_group(work, g)
                 verdict = f"-> {op.decl.name}"
             except UnsupportedGroup as exc:
                 verdict = f"no: {str(exc).split(': ', 1)[-1]}"
-            print(f"{g.id:<6} {g.pattern:<40} {verdict}")
+            print(wrap(f"{g.id:<6} {g.pattern:<40} {verdict}", MAX_WIDTH, indent=" " * 8))
         return 0
     if not args.group:
         raise UsageError("choose at least one --group ID (see --list)")

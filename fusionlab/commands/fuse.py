@@ -13,13 +13,15 @@ from . import add_dim_option, check_output, load_input, parse_dims, parse_passes
 
 
 def register(sub) -> None:
+    from ..plan import DEFAULT_PASSES
+
     p = sub.add_parser("fuse", help="fuse operators in a model and write the result",
                        description="Run fusion passes over a model, check the result computes the same outputs "
                                    "as the original (onnxruntime, optimisations off), and write it atomically.")
     p.add_argument("input", help="model to fuse (never overwritten)")
     p.add_argument("-o", "--output", required=True, help="where to write the fused model")
-    p.add_argument("--passes", default="vertical",
-                   help="comma-separated pass names, run in order (default: vertical)")
+    p.add_argument("--passes", default=",".join(DEFAULT_PASSES),
+                   help=f"comma-separated pass names, run in order (default: {','.join(DEFAULT_PASSES)})")
     p.add_argument("--rules", default=None, help="comma-separated subset of vertical rules (default: all)")
     p.add_argument("--lower", default="runtime", choices=["runtime", "functions", "onnx"],
                    help="runtime: onnxruntime com.microsoft fused ops; onnx: standard ops only; "

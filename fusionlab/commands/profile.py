@@ -13,7 +13,8 @@ def register(sub) -> None:
     p.add_argument("model", help="the ONNX model to profile")
     p.add_argument("-o", "--output", required=True, help="trace file to write (JSON)")
     p.add_argument("--fuse", action="store_true",
-                   help="also fuse the model (vertical pass) and profile both: side-by-side table, both in the trace")
+                   help="also fuse the model (the default passes, as fuse) and profile both: side-by-side table, both "
+                        "in the trace")
     p.add_argument("--runs", type=int, default=10, help="profiled runs after warm-up (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up runs left out of the profile (default 2)")
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads (default 1)")
@@ -42,9 +43,10 @@ def run(args) -> int:
     fused = None
     if args.fuse:
         from ..passes import fuse
+        from ..plan import DEFAULT_PASSES
 
         try:
-            fused = fuse(graph, passes=("vertical",)).graph
+            fused = fuse(graph, passes=DEFAULT_PASSES).graph
         except ModuleNotFoundError as exc:
             raise UsageError(f"--fuse needs the vertical pass, which is not available ({exc.name})") from None
     profiles = [profile_model(graph, label="original", **opts)]

@@ -111,6 +111,9 @@ class Analysis:
 
     def __init__(self, graph: Graph, dims: dict | None, precision: str | None):
         self.graph = graph
+        self.dims = dims
+        #: {prepare setting: the Analysis of the graph a plan made with it names} (see `for_plan`)
+        self._planned: dict = {}
         self.info = ShapeInfo.of(graph, dims)
         self.shapes = self.info.concrete_shapes
         self.order = [n for n in graph.topological_order()]
@@ -141,6 +144,31 @@ class Analysis:
                     self.dtypes[o.name] = first or next(
                         (self.dtypes[i.name] for i in n.inputs if i is not None and i.name in self.dtypes), "float32")
         self.costs = {n.name: self._node_cost(n) for n in self.order if n.op_type != "Constant"}
+
+    def for_plan(self, plan: FusionPlan | None, prepared: dict | None = None) -> "Analysis":
+        """The analysis of the graph `plan`'s groups name: this one, or (once) that of the prepared copy.
+
+        A plan made by `fusionlab.passes.plan` names nodes of the prepared model (`passes.prepare.graph_of`);
+        laid over the loaded model its groups can form cycles with the nodes preparation removed.
+        `prepared` ({prepare setting: graph}) shares prepared copies between analyses of one graph.
+        """
+        how = plan.options.get("prepare", False) if plan is not None else False
+        if not how or self._planned.get("self") == how:
+            return self
+        if how not in self._planned:
+            from ..passes.prepare import graph_of
+
+            cache = prepared if prepared is not None else {}
+            if how not in cache:
+                cache[how] = graph_of(self.graph, plan)
+            target = cache[how]
+            if target is self.graph:
+                self._planned[how] = self
+            else:
+                done = Analysis(target, self.dims, self.precision)
+                done._planned["self"] = how
+                self._planned[how] = done
+        return self._planned[how]
 
     def _shapes_from_a_run(self, dims: dict | None) -> None:
         """Fill shapes onnx inference could not (e.g. Slice ends computed from Shape) by running the model once."""
@@ -405,7 +433,8 @@ def plan_cost(graph, plan: FusionPlan | None, device: Device | str, dims: dict |
     """
     device = get_device(device)
     graph = as_graph(graph)
-    a = analysis or Analysis(graph, dims, precision or device.precision)
+    a = (analysis or Analysis(graph, dims, precision or device.precision)).for_plan(plan)
+    graph = a.graph  # a prepared plan is laid over the prepared graph it names
     plan = plan or FusionPlan()
     budget = int(buffer_kb * 1024) if buffer_kb is not None else device.ub_bytes
     ks = schedule.kernels_of(a.order, plan)
@@ -537,11 +566,12 @@ def compare(graph, plans: dict[str, FusionPlan | None], devices: list | None = N
     graph = as_graph(graph)
     devices = [get_device(d) for d in (devices if devices is not None else list(load_devices().values()))]
     rows = []
+    prepared: dict = {}  # each plan's prepared graph made once, whatever the number of devices
     for dev in devices:
         a = Analysis(graph, dims, kw.get("precision") or dev.precision)
         base = None
         for name, plan in plans.items():
-            c = plan_cost(graph, plan, dev, analysis=a, buffer_kb=kw.get("buffer_kb"))
+            c = plan_cost(graph, plan, dev, analysis=a.for_plan(plan, prepared), buffer_kb=kw.get("buffer_kb"))
             base = base if base is not None else c.latency_s
             rows.append({"plan": name, "device": dev.name, "kernels": c.kernels, "latency_s": c.latency_s,
                          "speedup": base / c.latency_s, "MiB_moved": round(c.bytes_moved / 2**20, 3),

@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from ..files import atomic_write
+from ..files import atomic_write, default_mode
 from .declare import DTYPES, OpDecl
 
 __all__ = ["snake", "reg_op_chain", "proto_header", "proto_source", "msopgen_json", "onnx_plugin",
@@ -545,6 +545,6 @@ def write_package(out_dir, files: dict[str, str], *, force: bool = False) -> lis
     written = []
     for rel, text in files.items():
         p = out / rel
-        atomic_write(p, text.encode(), mode=0o755 if p.suffix == ".sh" else 0o644)
+        atomic_write(p, text.encode(), mode=default_mode(p, executable=p.suffix == ".sh"))
         written.append(p)
     return written

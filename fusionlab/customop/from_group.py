@@ -337,8 +337,15 @@ def _replace(graph: Graph, op: CustomOp) -> None:
 
 def replace_groups(model, plan: FusionPlan | FusionGroup | list, ids: list[str] | None = None, *,
                    register_kernels: bool = True) -> CustomOpResult:
-    """A copy of `model` with each chosen plan group replaced by its custom op (kernels registered)."""
+    """A copy of `model` with each chosen plan group replaced by its custom op (kernels registered).
+
+    Given a whole `FusionPlan`, the groups are laid over the graph it names (`passes.prepare.graph_of`: the
+    prepared copy for a plan made with preparation, where an Identity between a Conv and its BN is gone)."""
     source = model if isinstance(model, Graph) else __import__("fusionlab.graph", fromlist=["load"]).load(model)
+    if isinstance(plan, FusionPlan):
+        from ..passes.prepare import graph_of
+
+        source = graph_of(source, plan)
     groups = [plan] if isinstance(plan, FusionGroup) else list(plan)
     if ids is not None:
         known = {g.id for g in groups}

@@ -447,6 +447,8 @@ def write_tile_file(path, n_tiles: int, tile_elems: int, seed: int = 0):
     import tempfile
     from pathlib import Path
 
+    from ..files import default_mode
+
     path = Path(path)
     rng = np.random.default_rng(seed)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -454,6 +456,7 @@ def write_tile_file(path, n_tiles: int, tile_elems: int, seed: int = 0):
         with os.fdopen(fd, "wb") as f:
             for _ in range(n_tiles):
                 f.write(rng.standard_normal(tile_elems, dtype=np.float32).tobytes())
+        os.chmod(tmp, default_mode(path))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

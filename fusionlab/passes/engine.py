@@ -29,14 +29,26 @@ from ..plan import FusionGroup, PlanError, Refusal
 from ..shapes import ShapeInfo
 
 __all__ = ["Refused", "StaleGroup", "Match", "Rule", "Context", "is_op", "attr", "sole_consumer", "consumers",
-           "other_input", "only_read_by", "scalar", "exact", "escapes", "find", "recheck", "replace",
+           "other_input", "only_read_by", "readers_text", "next_reader", "scalar", "exact", "escapes", "find",
+           "recheck", "replace",
            "import_domains", "annotate", "node_index", "copy_attrs", "DEFAULT_DOMAIN"]
 
 DEFAULT_DOMAIN = ("", "ai.onnx")
 
 
 class Refused(Exception):
-    """The pattern is there but the rewrite is not legal; the message says why."""
+    """The pattern is there but the rewrite is not legal; the message says why.
+
+    Optionally in parts (see `fusionlab.plan.Refusal`): `condition` (what the rule needs), `found` (the value
+    that failed it) and `matched` (pattern nodes in place); the message is then "needs <condition>; found
+    <found>" unless one is given.
+    """
+
+    def __init__(self, reason: str = "", *, condition: str = "", found: str = "", matched: int = 0):
+        if not reason and condition:
+            reason = f"needs {condition}" + (f"; found {found}" if found else "")
+        super().__init__(reason)
+        self.condition, self.found, self.matched = condition, found, matched
 
 
 class StaleGroup(PlanError):
@@ -135,6 +147,34 @@ def other_input(node: ir.Node, value: ir.Value) -> ir.Value | None:
     return node.inputs[1] if node.inputs[0] is value else node.inputs[0]
 
 
+def readers_text(value: ir.Value, besides: ir.Node | None = None) -> str:
+    """Why `value` is not one node's alone, in words: "a graph output", "also read by Relu relu_2 (+1 more)"."""
+    if value.is_graph_output():
+        return f"{value.name} is a graph output"
+    others = [n for n in consumers(value) if n is not besides]
+    if not others:
+        return f"{value.name} is read {len(list(value.uses()))} times by {besides.name if besides else '?'}"
+    more = f" (+{len(others) - 1} more)" if len(others) > 1 else ""
+    return f"{value.name} is also read by {others[0].op_type} {others[0].name}{more}"
+
+
+def next_reader(cx: "Context", value: ir.Value, rule: str, anchor: ir.Node, wanted, matched: int) -> ir.Node | None:
+    """The only node reading `value` (`sole_consumer`); when there is none but a reader is the node the pattern
+    takes next (`wanted(node)`), the near miss is recorded under `rule`: the value is a graph output or has
+    another reader, so fusing would lose it (`matched`: pattern nodes in place before this step)."""
+    n = sole_consumer(value)
+    if n is not None:
+        return n
+    fits = [r for r in consumers(value) if cx.free(r) and wanted(r)]
+    if fits:
+        producer = value.producer()
+        what = producer.op_type if producer is not None else "value"
+        cx.refuse(rule, anchor, "", condition=f"the {what}'s output read by the {fits[0].op_type} alone (fusing "
+                                              "removes it)",
+                  found=readers_text(value, fits[0]), matched=matched)
+    return None
+
+
 def only_read_by(value: ir.Value, nodes: Iterable[ir.Node]) -> bool:
     allowed = set(map(id, nodes))
     return not value.is_graph_output() and all(id(u.node) in allowed for u in value.uses())
@@ -194,9 +234,17 @@ class Context:
         """Whether a chain of `nodes` may take one more member under the group-size limit."""
         return self.max_ops is None or len(nodes) < self.max_ops
 
-    def refuse(self, rule: str, node: ir.Node, reason: str) -> None:
-        if self.only is None:
-            self.refusals.append(Refusal(rule, node.name, reason))
+    def refuse(self, rule: str, node: ir.Node, reason: "str | Refused", *, condition: str = "", found: str = "",
+               matched: int = 0) -> None:
+        """Record a refused candidate (while planning; a re-checked group raises instead)."""
+        if self.only is not None:
+            return
+        if isinstance(reason, Refused):
+            condition, found, matched = reason.condition or condition, reason.found or found, reason.matched or matched
+            reason = str(reason)
+        elif not reason and condition:
+            reason = f"needs {condition}" + (f"; found {found}" if found else "")
+        self.refusals.append(Refusal(rule, node.name, reason, condition, found, matched))
 
     # -- facts about values ------------------------------------------------------------------------
     def constant(self, value: ir.Value | None) -> np.ndarray | None:
@@ -264,7 +312,7 @@ def _try(cx: Context, rule: Rule, node: ir.Node) -> Match | None:
     try:
         return rule.match(cx, node)
     except Refused as exc:
-        cx.refuse(rule.names[0], node, str(exc))
+        cx.refuse(rule.names[0], node, exc)
         return None
 
 
@@ -283,7 +331,15 @@ def find(cx: Context, rules: Sequence[Rule]) -> list[Match]:
                 continue
             leak = escapes(m)
             if leak is not None:
-                cx.refuse(m.rule, node, f"intermediate {leak} is read outside the group")
+                value = next(o for n in m.nodes for o in n.outputs if o.name == leak)
+                inside = {id(n) for n in m.nodes}
+                outside = next((r for r in consumers(value) if id(r) not in inside), None)
+                found = f"{leak} is a graph output" if value.is_graph_output() else \
+                    f"{leak} is also read by {outside.op_type} {outside.name}" if outside is not None else leak
+                cx.refuse(m.rule, node, f"intermediate {leak} is read outside the group",
+                          condition="every intermediate read inside the group only (fusing removes it)",
+                          found=found,
+                          matched=len(m.nodes))
                 continue
             clash = next((n for n in m.nodes if id(n) in cx.relied), None) or \
                 next((n for n in m.reads if id(n) in cx.claimed), None)

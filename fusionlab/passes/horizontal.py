@@ -68,7 +68,8 @@ def _anchor_key(cx, node: ir.Node, v: ir.Value):
         if b is not None and cx.constant(b) is None:
             raise Refused("bias is not a constant")
         if _int_attr(node, "group", 1) != 1:
-            raise Refused("grouped convolution")
+            raise Refused("grouped convolution", condition="an ungrouped convolution (group=1)",
+                          found=f"group={_int_attr(node, 'group', 1)}")
         auto = node.attributes.get("auto_pad")
         if auto is not None and auto.value not in ("NOTSET", b"NOTSET"):
             raise Refused("auto_pad")

@@ -53,15 +53,22 @@ def channel_affine(cx, node: ir.Node, cur: ir.Value, channels: int, rank: int, a
         raise Refused("Sub with the constant first is not an affine map of the input")
     c = cx.constant(other)
     if c is None:
-        raise Refused(f"{node.op_type} operand is not a constant")
+        made = other.producer()
+        raise Refused(f"{node.op_type} operand is not a constant", condition=f"a constant as the {node.op_type}'s "
+                      "other operand", found=f"{other.name} (computed by {made.op_type} {made.name})" if made is not None
+                      else f"{other.name} (a graph input)")
     if c.dtype != dtype:
-        raise Refused(f"{node.op_type} constant dtype {c.dtype} differs from {dtype}")
+        raise Refused(f"{node.op_type} constant dtype {c.dtype} differs from {dtype}",
+                      condition=f"a {node.op_type} constant of the conv's dtype {dtype}", found=f"dtype {c.dtype}")
     if c.ndim > rank:
-        raise Refused(f"{node.op_type} constant has rank {c.ndim} > {rank}: it would broadcast the output")
+        raise Refused(f"{node.op_type} constant has rank {c.ndim} > {rank}: it would broadcast the output",
+                      condition=f"a {node.op_type} constant of rank <= {rank}", found=f"rank {c.ndim}")
     padded = (1,) * (rank - c.ndim) + tuple(c.shape)
     for i, d in enumerate(padded):
         if d != 1 and not (i == axis and d == channels):
-            raise Refused(f"{node.op_type} constant shape {c.shape} is not per-channel")
+            raise Refused(f"{node.op_type} constant shape {c.shape} is not per-channel",
+                          condition=f"a per-channel {node.op_type} constant (1 or {channels} along axis {axis})",
+                          found=f"shape {list(c.shape)}")
     flat = c.astype(np.float64).reshape(-1)
     vec = np.broadcast_to(flat if c.size == channels else flat[:1], (channels,)).copy()
     if not np.all(np.isfinite(vec)):

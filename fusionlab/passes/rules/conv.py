@@ -20,7 +20,7 @@ import onnx_ir as ir
 
 from ... import derive
 from ...legality import conv_bn_legal, range_edge_input
-from ..engine import Match, Refused, Rule, attr, copy_attrs, is_op, other_input, sole_consumer
+from ..engine import Match, Refused, Rule, attr, copy_attrs, is_op, next_reader, other_input, sole_consumer
 from ..lowering import FUSED_CONV_ACTIVATIONS, conv_activations, conv_target
 from .activation import hard_sigmoid_after
 from .common import FLOATS, F32, activation, bn_scale_shift, channel_affine, consumers, folded_pads
@@ -72,8 +72,16 @@ def _affine_steps(cx, conv: ir.Node, head: dict, nodes: list) -> tuple[list, str
     steps: list[tuple[ir.Node, np.ndarray, np.ndarray]] = []
     cur = conv.outputs[0]
     bn_rule = "convtranspose_bn" if head["transpose"] else "conv_bn"
+    def foldable(n: ir.Node) -> bool:
+        return n.domain in ("", "ai.onnx") and (
+            (n.op_type == "BatchNormalization" and bn_rule in cx.rules and n.inputs[0] is cur)
+            or (n.op_type in ("Mul", "Add", "Sub") and "conv_scale_bias" in cx.rules
+                and cx.constant(other_input(n, cur)) is not None))
+
     while head["can_fold"] and cx.room(nodes + [s[0] for s in steps]):
-        nxt = sole_consumer(cur)
+        here = len(nodes) + len(steps)
+        nxt = next_reader(cx, cur, bn_rule if any(is_op(n, "BatchNormalization") for n in consumers(cur))
+                          else "conv_scale_bias", conv, foldable, here)
         if nxt is None or not cx.free(nxt) or nxt.domain not in ("", "ai.onnx"):
             break
         try:
@@ -88,7 +96,8 @@ def _affine_steps(cx, conv: ir.Node, head: dict, nodes: list) -> tuple[list, str
                 break
         except Refused as exc:
             why = f"stopped at {nxt.op_type} {nxt.name}: {exc}"
-            cx.refuse(bn_rule if nxt.op_type == "BatchNormalization" else "conv_scale_bias", conv, why)
+            cx.refuse(bn_rule if nxt.op_type == "BatchNormalization" else "conv_scale_bias", conv, why,
+                      condition=exc.condition, found=exc.found, matched=here + 1)
             return steps, why
         steps.append((nxt, s, t))
         cur = nxt.outputs[0]
@@ -130,10 +139,12 @@ def _activation_step(cx, cur: ir.Value, head: dict, nodes: list, has_steps: bool
     hard = hard_sigmoid_after(cx, cur) if "hard_sigmoid" in cx.rules and head["dtype"] == F32 else None
     if hard is not None and not head["transpose"] and cx.lower != "onnx" and cx.room(nodes + hard["nodes"][1:]):
         return hard["nodes"], ("HardSigmoid", {"alpha": hard["alpha"], "beta": hard["beta"]})
-    nxt = sole_consumer(cur)
+    table = conv_activations(head["dtype"], head["transpose"], cx.lower)
+    nxt = next_reader(cx, cur, "conv_bn_act" if has_steps else "conv_act", nodes[0] if not is_op(nodes[0], "Pad")
+                      else nodes[1], lambda n: activation(cx, n, table) is not None, len(nodes))
     if nxt is None or not cx.free(nxt):
         return None
-    found = activation(cx, nxt, conv_activations(head["dtype"], head["transpose"], cx.lower))
+    found = activation(cx, nxt, table)
     return ([nxt], found) if found is not None else None
 
 

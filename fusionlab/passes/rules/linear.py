@@ -12,7 +12,7 @@ import onnx_ir as ir
 
 from ... import derive
 from ...legality import matmul_bn_legal
-from ..engine import Match, Refused, Rule, attr, copy_attrs, is_op, sole_consumer
+from ..engine import Match, Refused, Rule, attr, consumers, copy_attrs, is_op, next_reader, sole_consumer
 from ..lowering import FUSED_GEMM_ACTIVATIONS, gemm_target
 from .common import FLOATS, F32, activation, bn_scale_shift
 
@@ -91,16 +91,28 @@ class LinearChain(Rule):
     anchors = ("MatMul", "Gemm")
 
     def match(self, cx, node: ir.Node) -> Match | None:
-        first = sole_consumer(node.outputs[0]) if len(node.outputs) == 1 else None
-        if first is None or not cx.free(first) or first.domain not in ("", "ai.onnx") or \
-                first.op_type not in ("Add", "BatchNormalization", *FUSED_GEMM_ACTIVATIONS):
-            return None
+        def follows(n: ir.Node) -> bool:
+            return n.domain in ("", "ai.onnx") and n.op_type in ("Add", "BatchNormalization", *FUSED_GEMM_ACTIVATIONS)
+
+        out = node.outputs[0] if len(node.outputs) == 1 else None
         head = _head(cx, node)
-        if head is None:
+        if out is None or head is None:
+            return None
+        nxt = next((n for n in consumers(out) if follows(n)), None)
+        if nxt is not None and (head["gemm"] or head["two_d"]):  # records a second reader / graph output
+            rule = {"Add": "matmul_add_gemm", "BatchNormalization": "gemm_bn" if head["gemm"] else "matmul_bn"}
+            first = next_reader(cx, out, rule.get(nxt.op_type, "gemm_act"), node, follows, 1)
+        else:
+            first = sole_consumer(out)
+        if first is None or not cx.free(first) or not follows(first):
             return None
         if not head["gemm"] and not head["two_d"]:
             if is_op(first, "Add", "BatchNormalization"):
-                raise Refused("MatMul operands are not both known rank 2 (Gemm needs 2-D)")
+                ranks = [cx.rank(v) for v in node.inputs[:2]]
+                raise Refused("MatMul operands are not both known rank 2 (Gemm needs 2-D)",
+                              condition="both MatMul operands of known rank 2 (Gemm is 2-D)",
+                              found="ranks " + " and ".join("unknown" if r is None else str(r) for r in ranks),
+                              matched=2)
             return None
         nodes, add, bn, reason = [node], None, None, ""
         bn_rule = "gemm_bn" if head["gemm"] else "matmul_bn"
@@ -129,7 +141,8 @@ class LinearChain(Rule):
     def _activation(cx, nodes: list, head: dict):
         if "gemm_act" not in cx.rules or cx.lower == "onnx" or head["dtype"] != F32 or not cx.room(nodes):
             return None
-        nxt = sole_consumer(nodes[-1].outputs[0])
+        nxt = next_reader(cx, nodes[-1].outputs[0], "gemm_act", nodes[0],
+                          lambda n: activation(cx, n, FUSED_GEMM_ACTIVATIONS) is not None, len(nodes))
         if nxt is None or not cx.free(nxt):
             return None
         found = activation(cx, nxt, FUSED_GEMM_ACTIVATIONS)

@@ -48,7 +48,10 @@ def _operand(cx, v: ir.Value, perm: list[int], out: ir.Value) -> tuple:
     t = v.producer()
     if is_op(t, "Transpose") and _perm(cx, t) == perm and cx.shape(v) == cx.shape(out):
         return "value", t.inputs[0]
-    raise Refused(f"operand {v.name} is neither a constant nor Transpose(perm {perm}): it would need a new Transpose")
+    made = v.producer()
+    raise Refused(f"operand {v.name} is neither a constant nor Transpose(perm {perm}): it would need a new Transpose",
+                  condition=f"every other operand a constant or Transpose(perm {perm}) (else it needs a new Transpose)",
+                  found=f"{v.name} (computed by {made.op_type})" if made is not None else f"{v.name} (a graph input)")
 
 
 class TransposeCancel(Rule):

@@ -18,7 +18,7 @@ The rules (`fusionlab.passes.rules`, one module per family; rule names in bracke
   [fast_gelu].
 - Decomposed LayerNorm -> ``LayerNormalization`` [layernorm]; [bias Add +] residual Add + LayerNorm ->
   ``com.microsoft:SkipLayerNormalization`` [skip_layernorm]; decomposed RMSNorm (LLaMA/T5 forms) ->
-  ``RMSNormalization`` (opset 23) or onnxruntime's ``SimplifiedLayerNormalization`` [rmsnorm]; [bias Add +]
+  ``RMSNormalization`` (opset 23; below it no valid op exists: refused) [rmsnorm]; [bias Add +]
   residual Add + RMSNorm -> ``com.microsoft:SkipSimplifiedLayerNormalization`` [skip_rmsnorm].
 - Scalar Mul/Div on a MatMul operand or its output, and Transposes of the last two (or batch) axes of an
   operand -> ``com.microsoft:FusedMatMul`` [fused_matmul].

@@ -61,8 +61,7 @@ def interface_problems(original: Graph, fused: Graph) -> list[str]:
     return out
 
 
-#: the domain the checker's copy moves the user's own unknown ops to (a domain onnx does not check)
-_UNCHECKED = "fusionlab.unchecked"
+_ONNX_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 
 
 def unknown_ops(proto: onnx.ModelProto) -> frozenset[str]:
@@ -85,23 +84,62 @@ def unknown_ops(proto: onnx.ModelProto) -> frozenset[str]:
     return frozenset(out)
 
 
-def _unknown_moved(proto: onnx.ModelProto, ops: frozenset[str]) -> onnx.ModelProto:
-    """The model with default-domain nodes of `ops` moved to a domain the checker does not check the schema of,
-    so it still checks everything around them."""
-    moved = [n for n in proto.graph.node if n.domain in ("", "ai.onnx") and n.op_type in ops]
-    for n in moved:
-        n.domain = _UNCHECKED
-    if moved and not any(o.domain == _UNCHECKED for o in proto.opset_import):
-        proto.opset_import.append(onnx.helper.make_opsetid(_UNCHECKED, 1))
+def _stand_ins(graph: Graph, proto: onnx.ModelProto, excused: frozenset[str]) -> onnx.ModelProto:
+    """The model as the checker can check it all: each node onnx has no schema for (onnxruntime's com.microsoft
+    ops; default-domain ops of `excused`) replaced by its outputs as graph inputs, typed and shaped as fusionlab
+    infers them (onnxruntime's symbolic inference knows its own ops).
+
+    Why: a single node of a domain onnx does not know makes onnx's shape inference drop *every* inference error
+    of the model (it cannot be strict about a graph it cannot fully infer), so a fused model holding a FusedConv
+    was never shape-checked at all. The stand-in nodes themselves are checked by onnxruntime when it loads the
+    model (`runcheck`). A node whose outputs fusionlab cannot type stays as it is.
+    """
+    local = {(f.domain, f.name) for f in proto.functions}
+    values = {o.name: o for n in graph.graph for o in n.outputs if o.name}
+    info = None
+    keep, inputs = [], []
+    for n in proto.graph.node:
+        foreign = n.domain not in _ONNX_DOMAINS and (n.domain, n.op_type) not in local
+        if not (foreign or (n.domain in ("", "ai.onnx") and n.op_type in excused)):
+            keep.append(n)
+            continue
+        if info is None:
+            from ..shapes import ShapeInfo
+
+            info = ShapeInfo.of(graph)
+        typed = []
+        for name in n.output:
+            v = values.get(name) if name else None
+            dt, shape = (info.dtype(v), info.shape(v)) if v is not None else (None, None)
+            if name and (dt is None or shape is None):
+                typed = None
+                break
+            if name:
+                typed.append(onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(dt),
+                                                                list(shape)))
+        if typed is None:
+            keep.append(n)
+            continue
+        inputs += typed
+    if not inputs:
+        return proto
+    names = {v.name for v in inputs}
+    del proto.graph.node[:]
+    proto.graph.node.extend(keep)
+    kept_vi = [v for v in proto.graph.value_info if v.name not in names]
+    del proto.graph.value_info[:]
+    proto.graph.value_info.extend(kept_vi)
+    proto.graph.input.extend(inputs)
     return proto
 
 
 def checker_problem(graph: Graph, excused: frozenset[str] = frozenset()) -> str | None:
-    """onnx.checker (full_check) on a graph, as one line; None when it passes. Default-domain nodes of the op
-    types `excused` (the original model's own ops onnx does not know, `unknown_ops`) are not schema-checked."""
+    """onnx.checker (full_check) on a graph, as one line; None when it passes. Nodes onnx has no schema for
+    (contrib ops, and the default-domain op types `excused`: the original's own, `unknown_ops`) stand as their
+    typed outputs (`_stand_ins`), so the shape checks run over everything else."""
     proto = graph.to_proto()
     try:
-        onnx.checker.check_model(_unknown_moved(proto, excused) if excused else proto, full_check=True)
+        onnx.checker.check_model(_stand_ins(graph, proto, excused), full_check=True)
     except Exception as exc:  # ValidationError, InferenceError, or a size error
         text = str(exc).strip()
         return text.splitlines()[0] if text else type(exc).__name__
@@ -111,9 +149,10 @@ def checker_problem(graph: Graph, excused: frozenset[str] = frozenset()) -> str 
 def problems(original: Graph, fused: Graph, *, checker: bool = True) -> list[str]:
     """Everything wrong with `fused` as a rewrite of `original` (empty: valid).
 
-    The checker judges the fused model as it is, except for ops of the original that onnx has no schema for
-    (`unknown_ops`: those nodes are moved out of its sight in both models). If the original fails the checker
-    even so, a fused model failing it too is not reported (the fuzzer's judge and the run check still apply).
+    The checker judges the fused model with every node onnx has no schema for standing as its typed outputs
+    (`_stand_ins`: contrib ops, and ops of the original onnx does not know, `unknown_ops`); an op onnx does not
+    know that the rewrite wrote in the default domain is reported. If the original fails the checker even so,
+    a fused model failing it too is not reported (the fuzzer's judge and the run check still apply).
     """
     out = interface_problems(original, fused)
     if checker and not _too_big(fused):

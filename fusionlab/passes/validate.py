@@ -136,8 +136,15 @@ def _stand_ins(graph: Graph, proto: onnx.ModelProto, excused: frozenset[str]) ->
 def checker_problem(graph: Graph, excused: frozenset[str] = frozenset()) -> str | None:
     """onnx.checker (full_check) on a graph, as one line; None when it passes. Nodes onnx has no schema for
     (contrib ops, and the default-domain op types `excused`: the original's own, `unknown_ops`) stand as their
-    typed outputs (`_stand_ins`), so the shape checks run over everything else."""
-    proto = graph.to_proto()
+    typed outputs (`_stand_ins`), so the shape checks run over everything else.
+
+    The checker reads the graph without the bytes of its big float weights (`shapes._light_proto`: they are
+    declared as typed inputs of their shapes), which it never looks at beyond their type and shape: checking
+    ResNet-50 no longer serialises its 100 MB twice. That the bytes fit the shapes is checked where they are
+    read, by onnxruntime loading the model (`runcheck`)."""
+    from ..shapes import _light_proto
+
+    proto = _light_proto(graph)
     try:
         onnx.checker.check_model(_stand_ins(graph, proto, excused), full_check=True)
     except Exception as exc:  # ValidationError, InferenceError, or a size error

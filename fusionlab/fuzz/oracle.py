@@ -128,6 +128,42 @@ def _spread(base, runs) -> np.ndarray:
     return out
 
 
+def input_runs(sess, feeds: dict, ulps: float, seed: int, n: int = 4) -> list[dict]:
+    """`n` runs of a session with every float input moved by up to `ulps` ulps ({output: array} each)."""
+    rng = np.random.default_rng(seed)
+    names = [o.name for o in sess.get_outputs()]
+    runs = []
+    for _ in range(n):
+        moved = {k: _nudged(v, rng, ulps) for k, v in feeds.items()}  # overridden initializers too
+        runs.append(dict(zip(names, sess.run(None, moved))))
+    return runs
+
+
+def parameter_runs(model: onnx.ModelProto, feeds: dict, seed: int, n: int = 4) -> list[dict]:
+    """`n` runs of `model` with every stored float parameter (initializers, Constant tensors) moved by up to one ulp
+    of its own dtype: the rounding that storing the parameters in that dtype implies, and all a weight fold changes
+    (the folded weights are rounded once more). Empty when a perturbed copy cannot be run."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for _ in range(n):
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        tensors = list(m.graph.initializer) + [a.t for node in m.graph.node if node.op_type == "Constant"
+                                               for a in node.attribute if a.name == "value"]
+        for t in tensors:
+            a = onnx.numpy_helper.to_array(t)
+            if a.dtype.kind == "f" and a.size:
+                t.CopyFrom(onnx.numpy_helper.from_array(_nudged(a, rng), t.name))
+        try:
+            sess = _session(m)
+            names = [o.name for o in sess.get_outputs()]
+            wanted = {i.name for i in m.graph.input}  # overridable initializers included
+            runs.append(dict(zip(names, sess.run(None, {k: v for k, v in feeds.items() if k in wanted}))))
+        except Exception:  # noqa: BLE001 - cannot perturb: no sensitivity from parameters
+            return []
+    return runs
+
+
 class Case:
     """An original model with its draws, its outputs on them and (on demand) its float64 reference outputs."""
 
@@ -148,12 +184,7 @@ class Case:
         """The original's outputs of draw `k` with every float input moved by up to `ulps` ulps (4 runs)."""
         key = ("perturbed", k, ulps)
         if key not in self._unstable:
-            rng = np.random.default_rng(77 + k)
-            runs = []
-            for _ in range(4):
-                feeds = {n: _nudged(v, rng, ulps) for n, v in self.feeds[k].items()}
-                runs.append(dict(zip(self.names, self._sess.run(None, feeds))))
-            self._unstable[key] = runs
+            self._unstable[key] = input_runs(self._sess, self.feeds[k], ulps, 77 + k)
         return self._unstable[key]
 
     def sensitivity(self, k: int, name: str) -> np.ndarray:
@@ -173,26 +204,7 @@ class Case:
         """
         key = ("params", k)
         if key not in self._unstable:
-            rng = np.random.default_rng(91 + k)
-            runs = []
-            for _ in range(4):
-                m = onnx.ModelProto()
-                m.CopyFrom(self.model)
-                tensors = list(m.graph.initializer) + [a.t for n in m.graph.node if n.op_type == "Constant"
-                                                       for a in n.attribute if a.name == "value"]
-                for t in tensors:
-                    a = onnx.numpy_helper.to_array(t)
-                    if a.dtype.kind == "f" and a.size:
-                        t.CopyFrom(onnx.numpy_helper.from_array(_nudged(a, rng), t.name))
-                try:
-                    sess = _session(m)
-                    wanted = {i.name for i in m.graph.input}  # overridable initializers included
-                    runs.append(dict(zip(self.names, sess.run(None, {n: v for n, v in self.feeds[k].items()
-                                                                     if n in wanted}))))
-                except Exception:  # noqa: BLE001 - cannot perturb: no sensitivity from parameters
-                    runs = []
-                    break
-            self._unstable[key] = runs
+            self._unstable[key] = parameter_runs(self.model, self.feeds[k], 91 + k)
         return _spread(self.outputs[k][name], [run[name] for run in self._unstable[key]])
 
     def unstable(self, k: int, name: str) -> np.ndarray:

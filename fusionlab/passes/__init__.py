@@ -173,6 +173,7 @@ def apply(model, fplan: FusionPlan, *, validate: bool = True, compare: bool = Tr
     original = as_graph(model)
     graph = original.copy()
     if fplan.options.get("prepare", False):
+        # "no-fold": plans written by fuse's former retry without folding (issue 19 removed it) replay as written
         _prepare(graph, FusionPlan(), fold=fplan.options["prepare"] != "no-fold")
     order = fplan.options.get("passes") or [p for p in ("vertical", "horizontal", "mixed")
                                            if any(_KIND_PASS[g.kind] == p for g in fplan)]

@@ -92,15 +92,24 @@ def _stand_ins(graph: Graph, proto: onnx.ModelProto, excused: frozenset[str]) ->
     Why: a single node of a domain onnx does not know makes onnx's shape inference drop *every* inference error
     of the model (it cannot be strict about a graph it cannot fully infer), so a fused model holding a FusedConv
     was never shape-checked at all. The stand-in nodes themselves are checked by onnxruntime when it loads the
-    model (`runcheck`). A node whose outputs fusionlab cannot type stays as it is.
+    model (`runcheck`). A node whose outputs fusionlab cannot type stays where it is (an excused default-domain op
+then moves to a domain the checker does not check, as a contrib op stays in its own). A call of a model-local function
+    whose body holds such a node (the mixed pass wraps a contrib or an excused op with its neighbours) stands in
+    the same way, and a function no call reads any more is left out of the copy.
     """
-    local = {(f.domain, f.name) for f in proto.functions}
+    local = {(f.domain, f.name): f for f in proto.functions}
+
+    def unknown(n, seen=()) -> bool:
+        key = (n.domain, n.op_type)
+        if key in local:
+            return key not in seen and any(unknown(b, seen + (key,)) for b in local[key].node)
+        return n.domain not in _ONNX_DOMAINS or (n.domain in ("", "ai.onnx") and n.op_type in excused)
+
     values = {o.name: o for n in graph.graph for o in n.outputs if o.name}
     info = None
     keep, inputs = [], []
     for n in proto.graph.node:
-        foreign = n.domain not in _ONNX_DOMAINS and (n.domain, n.op_type) not in local
-        if not (foreign or (n.domain in ("", "ai.onnx") and n.op_type in excused)):
+        if not unknown(n):
             keep.append(n)
             continue
         if info is None:
@@ -121,16 +130,40 @@ def _stand_ins(graph: Graph, proto: onnx.ModelProto, excused: frozenset[str]) ->
             keep.append(n)
             continue
         inputs += typed
+    _unchecked(proto, excused)
     if not inputs:
         return proto
     names = {v.name for v in inputs}
     del proto.graph.node[:]
     proto.graph.node.extend(keep)
+    called = {(n.domain, n.op_type) for n in keep}
+    for f in [f for f in proto.functions if (f.domain, f.name) in local and (f.domain, f.name) not in called]:
+        if not any((b.domain, b.op_type) == (f.domain, f.name) for g in proto.functions for b in g.node):
+            proto.functions.remove(f)
     kept_vi = [v for v in proto.graph.value_info if v.name not in names]
     del proto.graph.value_info[:]
     proto.graph.value_info.extend(kept_vi)
     proto.graph.input.extend(inputs)
     return proto
+
+
+#: the domain an excused op the checker's copy cannot stand in moves to (a domain onnx does not check)
+_UNCHECKED = "fusionlab.unchecked"
+
+
+def _unchecked(proto: onnx.ModelProto, excused: frozenset[str]) -> None:
+    """Excused default-domain ops still in the copy (main graph and function bodies) moved to `_UNCHECKED`."""
+    def move(nodes, imports) -> None:
+        hit = [n for n in nodes if n.domain in ("", "ai.onnx") and n.op_type in excused]
+        for n in hit:
+            n.domain = _UNCHECKED
+        if hit and not any(o.domain == _UNCHECKED for o in imports):
+            imports.append(onnx.helper.make_opsetid(_UNCHECKED, 1))
+
+    if excused:
+        move(proto.graph.node, proto.opset_import)
+        for f in proto.functions:
+            move(f.node, f.opset_import)
 
 
 def checker_problem(graph: Graph, excused: frozenset[str] = frozenset()) -> str | None:

@@ -111,7 +111,7 @@ def rmsnorm(tokens: int, hidden: int, batch: int = 1):
     return make_model(rmsnorm_nodes("x", "y"), [value_info("x", shape=[batch, tokens, hidden])],
                       [value_info("y", shape=[batch, tokens, hidden])],
                       _inits(two=np.float32(2.0), axes=np.array([-1], np.int64), eps=np.float32(1e-6),
-                             g=(1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)), opset=20)
+                             g=(1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)), opset=23)
 
 
 def cnblock_tail(b: int, s: int, c: int, *, cancel: bool):
@@ -194,7 +194,7 @@ def cases(quick: bool) -> list[tuple[str, tuple[str, ...], str, object]]:
              residual_norm(seq, hid, "ln", batch=b)),
             ("skip_layernorm", ("skip_layernorm",), f"... pre-LN, the sum read again, {where}",
              residual_norm(seq, hid, "ln", batch=b, sum_read=True)),
-            ("rmsnorm", ("rmsnorm",), f"LLaMA RMSNorm (Cast, Pow, ..., Mul), {where}", rmsnorm(seq, hid, b)),
+            ("rmsnorm", ("rmsnorm",), f"LLaMA RMSNorm (Cast, Pow, ..., Mul), {where}, opset 23", rmsnorm(seq, hid, b)),
             ("skip_rmsnorm", ("skip_rmsnorm",), f"MatMul + bias + residual + RMSNorm, {where}",
              residual_norm(seq, hid, "rms", batch=b)),
         ]

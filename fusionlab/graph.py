@@ -523,6 +523,8 @@ class Graph:
         self.origin: dict[str, tuple[str, ...]] = {}
         #: every node name this graph has used, removed ones included (`names()` never hands them out again)
         self._retired: set[str] = set()
+        #: graph output -> why its declared shape was dropped (it contradicted what the graph computes; `prepare`)
+        self.undeclared_outputs: dict[str, str] = {}
         made = name_nodes(model.graph)
         if made:
             self.notes.append(f"{len(made)} node(s) had no name or a repeated one; named <op>_<position>: "
@@ -687,6 +689,7 @@ class Graph:
         copy.notes = list(self.notes)
         copy.origin = dict(self.origin)
         copy._retired = set(self._retired)
+        copy.undeclared_outputs = dict(self.undeclared_outputs)
         return copy
 
     def names(self) -> Names:

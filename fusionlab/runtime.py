@@ -113,8 +113,7 @@ def session(model, level: str = "disable", threads: int = 1, *, optimized_path: 
         return sess
     except Exception as exc:  # onnxruntime raises its own exception types
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(str(model) if isinstance(model, (str, os.PathLike)) else "<model>",
-                         f"onnxruntime cannot load it: {msg}") from None
+        raise ModelError(_source(model), f"onnxruntime cannot load it: {msg}") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -172,7 +171,8 @@ def make_feeds(model, *, seed: int = 0, dims: dict[str, int] | None = None,
     feeds = {}
     for inp in sess.get_inputs():
         if inp.type not in _ORT_TYPES:
-            raise ModelError("<model>", f"input {inp.name!r} has unsupported type {inp.type}")
+            raise ModelError(_source(model), f"input {inp.name!r} has unsupported type {inp.type} "
+                             "(random inputs cannot be made for it)")
         dtype = np.dtype(_ORT_TYPES[inp.type])
         if inp.name in shapes:
             shape = tuple(shapes[inp.name])
@@ -195,24 +195,34 @@ def make_feeds(model, *, seed: int = 0, dims: dict[str, int] | None = None,
 
 
 def run(model, feeds: dict | None = None, *, level: str = "disable", threads: int = 1, seed: int = 0,
-        dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Run a model once; returns {output name: array}."""
+        dims: dict[str, int] | None = None, source: str | None = None) -> dict[str, np.ndarray]:
+    """Run a model once; returns {output name: array}. A failure is a ModelError naming `source` (default: the
+    model's path or name, "<model>" for a bare session)."""
     sess = model if isinstance(model, ort.InferenceSession) else session(model, level, threads)
     if feeds is None:
         feeds = make_feeds(model, seed=seed, dims=dims, sess=sess)
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, _run_session(sess, names, feeds)))
+    return dict(zip(names, _run_session(sess, names, feeds, source or _source(model))))
 
 
-def _run_session(sess: ort.InferenceSession, names: list[str], feeds: dict) -> list:
-    """sess.run with onnxruntime's failures turned into one-line ModelErrors (and no C++ log line)."""
+def _source(model) -> str:
+    """How an error names a model: its path, a Graph's name, else "<model>"."""
+    if isinstance(model, (str, os.PathLike)):
+        return str(model)
+    if isinstance(model, Graph) and model.name:
+        return model.name
+    return "<model>"
+
+
+def _run_session(sess: ort.InferenceSession, names: list[str], feeds: dict, source: str = "<model>") -> list:
+    """sess.run with onnxruntime's failures turned into one-line ModelErrors naming `source` (no C++ log line)."""
     opts = ort.RunOptions()
     opts.log_severity_level = 4
     try:
         return sess.run(names, feeds, opts)
     except Exception as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError("<model>", f"onnxruntime failed to run it: {msg}") from None
+        raise ModelError(source, f"onnxruntime failed to run it: {msg}") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -303,6 +313,8 @@ def _compare(name, a: np.ndarray, b: np.ndarray, rtol, atol, scale_atol: bool = 
     if a.shape != b.shape or a.dtype != b.dtype:
         return OutputCheck(name, a.shape, str(a.dtype), float("inf"), float("inf"), r, t, False,
                            f"shape/dtype {b.shape}/{b.dtype} != {a.shape}/{a.dtype}")
+    if a.dtype.kind in "fc" and np.array_equal(a, b, equal_nan=True):  # the common case, without float64 copies
+        return OutputCheck(name, a.shape, str(a.dtype), 0.0, 0.0, r, t, True)
     if a.dtype.kind not in "fc":
         equal = bool(np.array_equal(a, b))
         diff = 0.0 if equal else float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
@@ -335,7 +347,8 @@ def verify(original, fused, *, rtol: float | None = None, atol: float | None = N
            draws: int = DRAWS, dims: dict[str, int] | None = None, feeds: dict | None = None,
            fused_level: str = "disable", custom_ops_library: str | None = None,
            fused_session: ort.InferenceSession | None = None, scale_atol: bool = True,
-           reference: str = "auto") -> VerifyReport:
+           reference: str = "auto", original_session: ort.InferenceSession | None = None,
+           expected: dict | None = None, got: dict | None = None) -> VerifyReport:
     """Compare every output of `fused` with `original` on `draws` random input draws (seeds `seed`, `seed`+1, ...).
 
     The original runs with onnxruntime's optimisations off. Tolerances default per dtype (fp32:
@@ -353,11 +366,20 @@ def verify(original, fused, *, rtol: float | None = None, atol: float | None = N
     still passes when the fused value is no further from the float32 one than REFERENCE_FACTOR times the
     original's distance plus the tolerance (a rewrite that rounds in another order, not one that
     computes something else). Given `feeds`, those are the one draw. Each output reports its worst draw.
+    Sessions already made (`original_session`, `fused_session`) are reused, and with `feeds`, outputs already
+    computed on them (`expected` from the original, `got` from the fused model) are judged without running
+    again. A failure to run names the model that failed: the original's is a ModelError naming it, the fused
+    model's names "the fused model".
     """
     if reference not in ("auto", "always", "never"):
         raise ValueError(f"reference must be 'auto', 'always' or 'never', not {reference!r}")
-    ref_sess = session(original, "disable")
+    if (expected is not None or got is not None) and feeds is None:
+        raise ValueError("expected/got outputs need the feeds they were computed on")
+    ref_sess = original_session or session(original, "disable")
     sess = fused_session or session(fused, fused_level, custom_ops_library=custom_ops_library)
+    original_name, fused_name = _source(original), _source(fused)
+    if fused_name == original_name:
+        fused_name = "the fused model"
     got_names = [o.name for o in sess.get_outputs()]
     needed = {i.name for i in sess.get_inputs()}
     draw_feeds = [feeds] if feeds is not None else \
@@ -367,15 +389,16 @@ def verify(original, fused, *, rtol: float | None = None, atol: float | None = N
     worst: dict[str, OutputCheck] = {}
     refs, feeds_of = {}, {}
     for k, f in enumerate(draw_feeds):
-        ref = run(ref_sess, f)
-        got = dict(zip(got_names, _run_session(sess, got_names, {n: v for n, v in f.items() if n in needed})))
-        for name, expected in ref.items():
-            if name not in got:
-                check = OutputCheck(name, np.shape(expected), str(np.asarray(expected).dtype),
+        ref = expected if expected is not None else run(ref_sess, f, source=original_name)
+        outs = got if got is not None else \
+            dict(zip(got_names, _run_session(sess, got_names, {n: v for n, v in f.items() if n in needed}, fused_name)))
+        for name, want in ref.items():
+            if name not in outs:
+                check = OutputCheck(name, np.shape(want), str(np.asarray(want).dtype),
                                     float("inf"), float("inf"), 0, 0, False, "output missing")
             else:
-                check = _compare(name, expected, got[name], rtol, atol, scale_atol)
-                wide.judge(check, k, f, expected, got[name], rtol, atol, scale_atol)
+                check = _compare(name, want, outs[name], rtol, atol, scale_atol)
+                wide.judge(check, k, f, want, outs[name], rtol, atol, scale_atol)
             check.draw = k
             before = worst.get(name)
             if before is None or (before.ok and (not check.ok or check.max_abs > before.max_abs)):

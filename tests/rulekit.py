@@ -40,15 +40,27 @@ def mk(nodes, inputs, outputs, inits=(), **kw) -> onnx.ModelProto:
 
 
 def check(model, rules, expect: dict | None = None, **opts):
-    """Fuse with `rules`, check the result loads and computes the same (fp32 rtol 1e-4, atol 1e-5)."""
+    """Fuse with `rules`, check the result passes the full checker as it is (when the original does), loads and
+    computes the same (fp32 rtol 1e-4, atol 1e-5)."""
     res = fuse(model, ("vertical",), rules=rules, **opts)
     proto = res.graph.to_proto()
+    if _checker_accepts(model):
+        onnx.checker.check_model(proto, full_check=True)  # no op onnx does not know, whatever onnxruntime runs
     load(proto)
     report = verify(model, proto)
     assert report.ok, report.table()
     if expect is not None:
         assert res.after == dict(sorted(expect.items())), res.after
     return res
+
+
+def _checker_accepts(model) -> bool:
+    try:
+        onnx.checker.check_model(model if isinstance(model, onnx.ModelProto) else load(model).to_proto(),
+                                 full_check=True)
+    except Exception:
+        return False
+    return True
 
 
 def refused(model, rules, node: str, **opts) -> list[str]:

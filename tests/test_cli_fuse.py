@@ -175,3 +175,88 @@ def test_an_internal_failure_exits_3_names_the_rule_and_writes_nothing(tmp_path,
     err = _bad_cmd(["fuse", str(model_file), "-o", str(out)], capsys, 3)
     assert "internal error" in err and "pass vertical" in err and "rule conv_bn_act" in err and "group v0" in err
     assert "bug" in err and not out.exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# issue 19: the net runs the model; every error names the model that fails
+# --------------------------------------------------------------------------------------------------
+
+def _far_gather(monkeypatch):
+    """conv_bn_act's rewrite, followed by a Gather whose indices onnxruntime refuses at run time (not the checker)."""
+    import numpy as np
+
+    from fusionlab.passes.rules import conv
+
+    real = conv.ConvChain.rewrite
+
+    def broken(self, cx, m):
+        nodes = real(self, cx, m)
+        out = nodes[-1].outputs[0]
+        idx = cx.initializer("far", np.full(4, 99, np.int64))
+        g = cx.node("Gather", [out, idx], {"axis": -1}, base="far_gather")
+        add = cx.node("Add", [out, g.outputs[0]], {}, base="far_add")
+        return nodes + [g, add]
+
+    monkeypatch.setattr(conv.ConvChain, "rewrite", broken)
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-verify"]])
+def test_a_fused_model_that_does_not_run_exits_3_naming_it_even_with_no_verify(tmp_path, model_file, capsys,
+                                                                              monkeypatch, flags):
+    _far_gather(monkeypatch)
+    out = tmp_path / "out.onnx"
+    err = _bad_cmd(["fuse", str(model_file), "-o", str(out)] + flags, capsys, 3)
+    assert "fails to run the fused model" in err and "rule conv_bn_act" in err and str(model_file) not in err
+    assert not out.exists()
+
+
+def test_no_verify_still_runs_the_fused_model_and_says_so(tmp_path, model_file, capsys):
+    assert main(["fuse", str(model_file), "-o", str(tmp_path / "out.onnx"), "--no-verify"]) == 0
+    assert "not compared with the original (--no-verify); the fused model ran on random inputs (dims batch=2)" in \
+        capsys.readouterr().out
+
+
+def _bf16_add(tmp_path):
+    from onnx import TensorProto
+
+    m = make_model([h.make_node("Add", ["a", "b"], ["c"], name="add")],
+                   [h.make_tensor_value_info(n, TensorProto.BFLOAT16, [2, 3]) for n in "ab"],
+                   [h.make_tensor_value_info("c", TensorProto.BFLOAT16, [2, 3])])
+    p = tmp_path / "bf16.onnx"
+    p.write_bytes(m.SerializeToString())
+    return p
+
+
+def _gather_out_of_range(tmp_path):
+    nodes = [h.make_node("Add", ["idx", "five"], ["i5"], name="shift"),
+             h.make_node("Gather", ["table", "i5"], ["g"], axis=0, name="gather"), h.make_node("Relu", ["g"], ["y"])]
+    m = make_model(nodes, [value_info("idx", np.int64, [3])], [value_info("y", shape=[3, 4])],
+                   [tensor("table", np.ones((2, 4), np.float32)), tensor("five", np.array(5, np.int64))])
+    p = tmp_path / "gather.onnx"
+    p.write_bytes(m.SerializeToString())
+    return p
+
+
+def _no_outputs(tmp_path):
+    m = make_model([h.make_node("Relu", ["x"], ["y"])], [value_info("x", shape=[2])], [])
+    p = tmp_path / "silent.onnx"
+    p.write_bytes(m.SerializeToString())
+    return p
+
+
+@pytest.mark.parametrize("make, says", [(_bf16_add, "onnxruntime cannot load it"),
+                                        (_gather_out_of_range, "onnxruntime failed to run it"),
+                                        (_no_outputs, "has no outputs")])
+@pytest.mark.parametrize("flags", [[], ["--no-verify"]])
+def test_a_model_onnxruntime_cannot_load_or_run_is_refused_naming_it(tmp_path, capsys, make, says, flags):
+    """The user's model, not a fusionlab bug: exit 2, one line naming the input (not "<model>")."""
+    src = make(tmp_path)
+    out = tmp_path / "out.onnx"
+    code = 0 if (make is _gather_out_of_range and flags) else 2  # --no-verify: nothing compared, the run not judged
+    if code == 0:
+        assert main(["fuse", str(src), "-o", str(out)] + flags) == 0
+        assert "not run: the original does not run on random inputs" in capsys.readouterr().out
+        return
+    err = _bad_cmd(["fuse", str(src), "-o", str(out)] + flags, capsys, 2)
+    assert err.startswith(f"fusionlab fuse: error: {src}: ") and says in err and "<model>" not in err
+    assert not out.exists()

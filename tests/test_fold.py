@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 import pytest
 from onnx import helper as h
 
@@ -162,3 +165,91 @@ def test_a_weight_reshape_still_folds():
                    [tensor("W", RNG.standard_normal((2, 6)).astype(np.float32)), tensor("s", np.array([6, 2], np.int64))])
     res = fuse(m, ())
     assert res.after == {"MatMul": 1} and verify(m, res.graph).ok
+
+
+# --------------------------------------------------------------------------------------------------
+# no-op arithmetic (issue 19): the operand forwarded is the one proved to pass through
+# --------------------------------------------------------------------------------------------------
+
+H = 8
+
+
+def _noop_model(op: str, first: bool, cshape: tuple, *, batch="batch", dtype=np.float32, form="init", lead=None):
+    """x <op> c (or c <op> x) with c neutral, then MatMul (floats; the Hugging Face norm: weight * hidden, then a
+    projection) or Cast + Add (integers): forwarding the constant instead of x breaks the shapes or the values."""
+    neutral = 0 if op in ("Add", "Sub") else 1
+    c = np.full(cshape, neutral, dtype=dtype)
+    ins = ["c", "x"] if first else ["x", "c"]
+    nodes = [h.make_node(op, ins, ["n"], name="noop")]
+    inits = [tensor("c", c)] if form == "init" else []
+    if form == "constant":
+        nodes.insert(0, h.make_node("Constant", [], ["c"], name="const", value=tensor("c", c)))
+    if np.dtype(dtype).kind == "f":
+        nodes.append(h.make_node("MatMul", ["n", "W"], ["y"], name="proj"))
+        inits.append(tensor("W", RNG.standard_normal((H, 4)).astype(dtype)))
+        out = value_info("y", dtype, lead or [batch, 3, 4])
+    else:
+        nodes += [h.make_node("Cast", ["n"], ["nf"], name="cast", to=1), h.make_node("Relu", ["nf"], ["y"], name="relu")]
+        out = value_info("y", np.float32, [batch, 3, H])
+    return make_model(nodes, [value_info("x", dtype, [batch, 3, H])], [out], inits)
+
+
+NEUTRAL = [("Mul", True, np.float32), ("Mul", False, np.float32), ("Div", False, np.float32),
+           ("Mul", True, np.float16), ("Add", True, np.int64), ("Add", False, np.int64), ("Sub", False, np.int64),
+           ("Mul", True, np.int32), ("Div", False, np.int64)]
+
+
+@pytest.mark.parametrize("op, first, dtype", NEUTRAL, ids=lambda v: getattr(v, "__name__", str(v)))
+@pytest.mark.parametrize("cshape", [(), (1,), (H,), (1, 1, H), (3, 1)], ids=str)
+@pytest.mark.parametrize("batch", ["batch", 2])
+def test_a_noop_forwards_the_operand_it_proved_neutral(op, first, dtype, cshape, batch):
+    """The family of issue 19's repro: the neutral constant on either side, of every shape that leaves x's shape,
+    symbolic or static batch. The node is removed and every reader reads x itself."""
+    m = _noop_model(op, first, cshape, batch=batch, dtype=dtype)
+    g = load(m)
+    assert fold.fold(g)["no-op arithmetic"] == 1 and "noop" not in {n.name for n in g}
+    reader = next(n for n in g if n.name in ("proj", "cast"))
+    assert reader.inputs[0].name == "x"
+    res = fuse(m)  # the safety net runs it (batch 2, and compares)
+    assert res.check.ran and res.check.compared
+    for b in (1, 3):
+        assert verify(m, res.graph, dims={"batch": b}).ok
+
+
+@pytest.mark.parametrize("case", ["rank up", "dim up", "batch up", "almost one", "overridable", "x / ones first",
+                                  "float + 0"])
+def test_neutral_looking_constants_that_are_no_noop_stay(case):
+    """Ones that broadcast x up (a rank more, or a dim > 1 where x has 1), a value one ulp from one, ones a user
+    may override, 1 / x, and x + 0.0 (it turns -0.0 into +0.0) are no identity: nothing folds, and it runs."""
+    if case == "rank up":
+        m = _noop_model("Mul", True, (1, 1, 1, H), lead=[1, "batch", 3, 4])
+    elif case == "dim up":
+        m = _noop_model("Mul", False, (2, 3, H), batch=1, lead=[2, 3, 4])
+    elif case == "batch up":
+        m = _noop_model("Mul", True, (2, 1, 1), batch=1, lead=[2, 3, 4])
+    elif case == "almost one":
+        m = _noop_model("Mul", True, (H,))
+        m.graph.initializer[0].CopyFrom(tensor("c", np.full(H, np.nextafter(np.float32(1), np.float32(2)))))
+    elif case == "overridable":
+        m = _noop_model("Mul", False, (H,))
+        m.graph.input.append(value_info("c", np.float32, [H]))
+    elif case == "x / ones first":
+        m = _noop_model("Div", True, (H,))
+    else:
+        m = _noop_model("Add", False, (H,))
+    g = load(m)
+    assert fold.fold(g)["no-op arithmetic"] == 0 and "noop" in {n.name for n in g}
+    res = fuse(m)
+    assert res.check.ran and res.check.compared
+
+
+def test_a_noop_whose_output_is_a_graph_output_keeps_the_declared_shape():
+    """The generator's first find (seed 19, graph 19-11): the output's declared [N, 24] must survive the bypass."""
+    from fusionlab.passes.validate import problems
+
+    m = onnx.load(str(Path(__file__).parent / "data" / "fuzz_repros"
+                      / "fuzz_noop_bypass_graph_output_keeps_declared_shape.onnx"))
+    g = load(m)
+    res = fuse(g)
+    assert not problems(g, res.graph)
+    assert [d if isinstance(d, int) else None for d in res.graph.graph.outputs[0].shape] == [None, 24]

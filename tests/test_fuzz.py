@@ -99,6 +99,65 @@ def test_generator_covers_dtypes_opsets_names_and_near_misses():
         assert tags[pattern] > 0, pattern
 
 
+def test_generator_writes_what_exporters_write():
+    """Issue 19: neutral constants on either side (ones * x, x * ones, x / ones, integer + 0, ones that broadcast x up),
+    TorchScript's dynamic Reshape through Shape -> Gather -> Unsqueeze -> Concat, tied weights through Identity,
+    norm weights of exactly one, symbolic dims; every emitter module declares its patterns."""
+    from fusionlab.fuzz import exporters
+    from fusionlab.fuzz.builder import Pattern
+    from fusionlab.fuzz.generate import MODULES
+
+    assert exporters in MODULES and all(isinstance(p, Pattern) for m in MODULES for p in m.PATTERNS)
+    tags, dims = Counter(), 0
+    for seed in range(150):
+        model, t = generate_with_tags(f"exp-{seed}")
+        tags.update(t)
+        dims += any(d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim)
+    for idiom in ("neutral_mul", "neutral_mul_first", "neutral_div", "dynamic_reshape", "dynamic_flatten",
+                  "shape_noop", "tied_weight", "ln_fresh_weights", "nm:ones_broadcast_up"):
+        assert tags[idiom] > 0, idiom
+    assert sum(v for k, v in tags.items() if k.startswith("int_")) > 3
+    assert dims > 40
+
+
+_ONES_FIRST = ("neutral_mul_first", "ln_fresh_weights", "int_add_first", "int_mul_first")
+
+
+def test_the_generator_sees_the_noop_fold_bug_class(monkeypatch):
+    """Issue 19's no-op fold, planted back (the bypass forwards input 0 whatever the no-op test found): the extended
+    generator makes graphs that expose it, and blame names preparation (no pass, no rule)."""
+    from fusionlab.passes import fold
+
+    real = fold.noop_operand
+    monkeypatch.setattr(fold, "noop_operand", lambda cx, node: None if real(cx, node) is None else 0)
+    failed, labels = 0, set()
+    for i in range(80):
+        model, tags = generate_with_tags(f"noop-{i}")
+        if not any(t in tags for t in _ONES_FIRST):
+            continue
+        case = Case(model, 1, {})
+        out = judge(case, ("vertical",))
+        if out.failed:
+            failed += 1
+            labels.add(oracle.blame(case, ("vertical",), out).label)
+    assert failed >= 3 and labels == {"prepare"}, (failed, labels)
+    monkeypatch.setattr(fold, "noop_operand", real)
+    assert not judge(Case(generate_with_tags("noop-0")[0], 1, {}), ("vertical",)).failed
+
+
+def test_a_safety_net_alarm_the_judge_does_not_share_is_a_failure(monkeypatch):
+    """fuse() raising "disagrees" where the judge accepts the result (fused again with compare=False) would tell a
+    user of a bug that is none: counted as a crash of its own class, not hidden."""
+    from fusionlab.passes import runcheck
+
+    def alarm(original, check, expected, got):
+        raise runcheck.RunFailure("the fused model disagrees with the original on random inputs (planted)")
+
+    monkeypatch.setattr(runcheck, "_compare", alarm)
+    out = judge(Case(_gelu_model(), 1), ("vertical",))
+    assert out.kind == "crash" and out.symptom.startswith("safety net false alarm"), out
+
+
 def test_most_generated_models_trigger_a_rule():
     fired = Counter()
     for seed in range(40):

@@ -53,15 +53,15 @@ def rms_nodes(x="x", y="y", form="llama", *, eps_shape=(), exponent=2.0):
     return nodes, inits
 
 
-def rms_model(form="llama", opset=20, **kw):
+def rms_model(form="llama", opset=23, **kw):
     nodes, inits = rms_nodes(form=form, **kw)
     dt = np.float16 if form == "fp16" else np.float32
     return mk(nodes, [value_info("x", dt, ["batch", 7, H])], [value_info("y", dt, ["batch", 7, H])], inits, opset=opset)
 
 
 @pytest.mark.parametrize("form", ["llama", "plain", "mul", "div1", "divx", "pow", "fp16"])
-def test_rmsnorm_forms_become_simplified_layernorm(form):
-    res = check(rms_model(form), ("rmsnorm",), {"SimplifiedLayerNormalization": 1})
+def test_rmsnorm_forms_become_rmsnormalization(form):
+    res = check(rms_model(form), ("rmsnorm",), {"RMSNormalization": 1})
     node = next(iter(res.graph))
     assert node.attributes["epsilon"].value == pytest.approx(1e-6) and node.attributes["stash_type"].value == 1
 
@@ -71,11 +71,20 @@ def test_rmsnorm_opset23_is_the_standard_op_even_with_standard_ops_only():
         check(rms_model("plain", opset=23), ("rmsnorm",), {"RMSNormalization": 1}, lower=lower)
 
 
+@pytest.mark.parametrize("opset", range(18, 23))  # ReduceMean takes axes as an input from 18
+@pytest.mark.parametrize("lower", ["runtime", "onnx", "functions"])
+def test_rmsnorm_below_opset_23_is_refused_at_every_lowering(opset, lower):
+    """Issue 19: at opset 20 the rule wrote SimplifiedLayerNormalization, which onnx.checker rejects (onnx has no
+    such op at any opset; onnxruntime registers it in the ONNX domain only). No valid op exists below 23."""
+    reasons = refused(rms_model("llama", opset=opset), ("rmsnorm",), "mean", lower=lower)
+    assert any("needs opset 23" in x and "onnx.checker rejects it" in x for x in reasons), reasons
+
+
 def test_rmsnorm_fp16_input_with_fp32_scale_keeps_the_cast():
     nodes, inits = rms_nodes(form="llama")
     inits[-1] = tensor("gamma", (1 + 0.1 * r(H)).astype(np.float32))
-    m = mk(nodes, [value_info("x", np.float16, [2, 7, H])], [value_info("y", np.float32, [2, 7, H])], inits, opset=20)
-    check(m, ("rmsnorm",), {"Cast": 1, "SimplifiedLayerNormalization": 1})
+    m = mk(nodes, [value_info("x", np.float16, [2, 7, H])], [value_info("y", np.float32, [2, 7, H])], inits, opset=23)
+    check(m, ("rmsnorm",), {"Cast": 1, "RMSNormalization": 1})
 
 
 RMS_REFUSALS = {
@@ -84,7 +93,7 @@ RMS_REFUSALS = {
     "scale not [H]": (lambda: _with_scale(np.full([7, H], 1.5, np.float32)), "mean", "is not [H]"),
     "intermediate read elsewhere": (lambda: _extra_output("std"), "mean", "read outside the RMSNorm pattern"),
     "input read elsewhere": (lambda: _extra_output("sq", first=True), "mean", "read outside the RMSNorm pattern"),
-    "standard ops below opset 23": (lambda: rms_model("plain"), "mean", "needs opset 23"),
+    "standard ops below opset 23": (lambda: rms_model("plain", opset=20), "mean", "needs opset 23"),
 }
 
 

@@ -44,7 +44,9 @@ def register(sub) -> None:
     p.add_argument("--select-level", choices=["disable", "basic", "extended", "all"], default="disable",
                    help="onnxruntime level the selection times at (default disable)")
     p.add_argument("--report", default=None, help="also write the plan and op counts as JSON here")
-    p.add_argument("--no-verify", action="store_true", help="skip checking the fused model against the original")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip comparing the fused model with the original (it is still loaded and run once on "
+                        "random inputs: a model that does not run is never written)")
     add_dim_option(p)
     p.set_defaults(func=run)
 
@@ -99,18 +101,24 @@ def run(args) -> int:
     names = plan_in.options.get("passes", []) if plan_in is not None else parse_passes(args.passes)
     options = _options(args, names) if plan_in is None else {}
     graph = load_input(args.input)
+    if not len(graph.graph.outputs):
+        raise ModelError(args.input, "the model has no outputs: nothing to fuse or check")
+    compare = not args.no_verify
     try:
-        result = apply(graph, plan_in) if plan_in is not None else \
-            fuse(graph, names, select=args.select, select_level=args.select_level, **options)
+        result = apply(graph, plan_in, compare=compare) if plan_in is not None else \
+            fuse(graph, names, compare=compare, select=args.select, select_level=args.select_level, **options)
     except StaleGroup as exc:
         raise UsageError(f"{args.plan}: {exc}; the plan does not fit {args.input}") from None
     except ValueError as exc:
         if isinstance(exc, ModelError):
             raise
         raise UsageError(str(exc).splitlines()[0]) from None
-    verdict = "not verified (--no-verify)"
-    if not args.no_verify:
-        report = _verify(graph, result.graph, dims)
+    check = result.check
+    if args.no_verify:
+        verdict = "not compared with the original (--no-verify); " + \
+            (f"the fused model ran on random inputs{_dims_note(check.dims)}" if check.ran else f"not run: {check.note}")
+    else:
+        report = _verify(graph, result, dims, args.input)
         if not report.ok:
             print(report.table())
             print("fusionlab fuse: the fused model is NOT equivalent; nothing written")
@@ -121,6 +129,7 @@ def run(args) -> int:
         _write_json_atomic(report_path, {
             "input": str(args.input), "output": str(args.output), "passes": names, "options": options,
             "before": result.before, "after": result.after, "verified": not args.no_verify,
+            "run_check": check.summary(),
             "plan": result.plan.to_dict(),
         })
     print(result.summary())
@@ -132,14 +141,27 @@ def run(args) -> int:
     return 0
 
 
-def _verify(graph, fused, dims):
-    """Verify, blaming the fused model (an internal failure) when onnxruntime cannot load it."""
+def _dims_note(dims: dict) -> str:
+    return f" (dims {', '.join(f'{k}={v}' for k, v in sorted(dims.items()))})" if dims else ""
+
+
+def _verify(graph, result, dims, source: str):
+    """Verify on `verify`'s draws, reusing the safety net's sessions. A failure to run names the model that fails:
+    the input (ModelError, exit 2) or the fused model (FusionError: fusionlab's fault, exit 3)."""
     from ..graph import ModelError
     from ..passes import FusionError
     from ..runtime import session, verify
 
+    check = result.check
     try:
-        sess = session(fused, "disable")
+        fused_sess = check.fused_session if check is not None and check.fused_session is not None else \
+            session(result.graph, "disable")
     except ModelError as exc:
         raise FusionError(f"onnxruntime cannot load the fused model: {exc.problem}") from None
-    return verify(graph, fused, dims=dims, fused_session=sess)
+    try:
+        return verify(graph, result.graph, dims=dims, fused_session=fused_sess,
+                      original_session=check.original_session if check is not None else None)
+    except ModelError as exc:
+        if exc.source == source:
+            raise
+        raise FusionError(f"the fused model: {exc.problem}") from None

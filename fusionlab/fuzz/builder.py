@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["Builder", "Shape", "broadcast", "DTYPES"]
+__all__ = ["Builder", "Shape", "broadcast", "DTYPES", "Pattern", "is_map", "static_last"]
 
 Shape = tuple  # of int | str (a symbolic dim name)
 
 #: numpy dtype -> ONNX element type, for the dtypes the generator uses
 DTYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
           np.dtype(np.float64): TensorProto.DOUBLE, np.dtype(np.int64): TensorProto.INT64,
+          np.dtype(np.int32): TensorProto.INT32,
           np.dtype(np.bool_): TensorProto.BOOL}
 
 
@@ -40,6 +42,35 @@ def broadcast(*shapes: Shape) -> Shape:
             raise ValueError(f"shapes {shapes} do not broadcast")
         out.append(real[0])
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One emitter and where it applies: `weight(b, x)` is its relative chance on tensor `x` (0: not here).
+
+    Each emitter module lists its patterns in `PATTERNS`; `generate` draws among the patterns of every module
+    in `generate.MODULES` that apply to the tensor at hand. `emit(b, x, pool)` writes into the builder and
+    returns the tensor(s) it leaves live.
+    """
+
+    emit: Callable
+    weight: Callable
+
+    @property
+    def name(self) -> str:
+        return self.emit.__name__
+
+
+def static_last(b: "Builder", x: str) -> bool:
+    """`x` has a rank and a static last dimension."""
+    shape = b.shape(x)
+    return bool(shape) and isinstance(shape[-1], int)
+
+
+def is_map(b: "Builder", x: str) -> bool:
+    """`x` is an NCHW map with static C, H and W (the batch may be symbolic)."""
+    shape = b.shape(x)
+    return len(shape) == 4 and all(isinstance(d, int) for d in shape[1:])
 
 
 @dataclass

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .builder import Builder, broadcast
+from .builder import Builder, Pattern, broadcast, is_map
 from .norms import reduce
 
-__all__ = ["chain", "to_vector", "reduction"]
+__all__ = ["chain", "to_vector", "reduction", "PATTERNS"]
 
 _UNARY = ("Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "Softplus", "Erf", "Identity")
 
@@ -139,3 +139,10 @@ def to_vector(b: Builder, x: str, pool: list[str] | None = None) -> str:
         spec = [0, -1] if isinstance(n, str) or b.rng.random() < 0.5 else [n, c]
         return b.node("Reshape", [g, b.ints(spec, "shape")], (n, c))
     return reduce(b, "ReduceMean", x, [2, 3], keepdims=0)
+
+
+PATTERNS = (
+    Pattern(chain, lambda b, x: 0.8),
+    Pattern(reduction, lambda b, x: 0.3 if len(b.shape(x)) >= 2 else 0.0),
+    Pattern(to_vector, lambda b, x: 0.6 if is_map(b, x) and b.dtype != np.float64 else 0.0),
+)

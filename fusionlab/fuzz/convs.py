@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .builder import Builder
+from .builder import Builder, Pattern, is_map
 
 __all__ = ["conv_chain", "pool_chain", "activation", "channel_affine", "batchnorm", "conv_out", "pad", "conv_spec",
-           "conv_apply"]
+           "conv_apply", "PATTERNS"]
 
 
 def conv_out(size: int, k: int, s: int, d: int, p0: int, p1: int) -> int:
@@ -348,3 +348,9 @@ def pool_chain(b: Builder, x: str, pool: list[str]) -> str:
         b.tags.append("nm:maxpool_indices")
         return y
     return b.node(op, [p], (n, c, oh, ow), **attrs)
+
+
+PATTERNS = (
+    Pattern(conv_chain, lambda b, x: 5.0 if is_map(b, x) and b.dtype != np.float64 else 0.0),
+    Pattern(pool_chain, lambda b, x: 1.5 if is_map(b, x) else 0.0),
+)

@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from .builder import Builder
+from .builder import Builder, Pattern
 
-__all__ = ["erf_gelu", "tanh_gelu", "silu", "bias_add"]
+__all__ = ["erf_gelu", "tanh_gelu", "silu", "bias_add", "PATTERNS"]
 
 SQRT2 = math.sqrt(2.0)
 SQRT_2_PI = math.sqrt(2.0 / math.pi)
@@ -139,3 +139,15 @@ def silu(b: Builder, x: str, pool: list[str]) -> str:
             b.tags.append("nm:silu_other_operand")
     b.mark_inner(s)
     return b.binary("Mul", other, s)
+
+
+def _rank(b: Builder, x: str) -> int:
+    return len(b.shape(x))
+
+
+PATTERNS = (
+    Pattern(silu, lambda b, x: 0.4),
+    Pattern(erf_gelu, lambda b, x: (1.5 if _rank(b, x) == 3 else 0.6)
+            if _rank(b, x) >= 1 and b.dtype != np.float64 and b.opset >= 9 else 0.0),
+    Pattern(tanh_gelu, lambda b, x: (1.5 if _rank(b, x) == 3 else 0.5) if _rank(b, x) >= 1 else 0.0),
+)

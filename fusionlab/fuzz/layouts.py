@@ -16,10 +16,12 @@ run-time input.
 
 from __future__ import annotations
 
-from .builder import Builder
+import numpy as np
+
+from .builder import Builder, Pattern, is_map
 from .convs import activation
 
-__all__ = ["channels_last"]
+__all__ = ["channels_last", "PATTERNS"]
 
 TO_LAST, TO_FIRST = [0, 2, 3, 1], [0, 3, 1, 2]
 
@@ -129,3 +131,6 @@ def channels_last(b: Builder, x: str, pool: list[str]) -> str:
         y = b.binary("Add", y, x)
         b.tags.append("residual")
     return y
+
+
+PATTERNS = (Pattern(channels_last, lambda b, x: 1.2 if is_map(b, x) and b.dtype != np.float64 else 0.0),)

@@ -7,10 +7,12 @@ Conv/MatMul/Gemm siblings with the same or (near miss) different followers.
 
 from __future__ import annotations
 
-from .builder import Builder
+import numpy as np
+
+from .builder import Builder, Pattern, is_map, static_last
 from .convs import activation, batchnorm, conv_apply, conv_spec
 
-__all__ = ["linear_chain", "horizontal"]
+__all__ = ["linear_chain", "horizontal", "PATTERNS"]
 
 
 def _bias_shape(b: Builder, out_shape: tuple) -> tuple[tuple, str]:
@@ -161,3 +163,14 @@ def horizontal(b: Builder, x: str, pool: list[str]) -> list[str]:
         c = sum(int(b.shape(o)[1]) for o in outs)
         return [b.node("Concat", outs, (n, c, hh, ww), axis=1)]
     return outs
+
+
+def _rows(b: Builder, x: str) -> bool:
+    """[batch, features] or [batch, seq, hidden] with a static last dimension."""
+    return len(b.shape(x)) in (2, 3) and static_last(b, x)
+
+
+PATTERNS = (
+    Pattern(linear_chain, lambda b, x: 4.0 if _rows(b, x) else 0.0),
+    Pattern(horizontal, lambda b, x: 1.5 if _rows(b, x) else 1.8 if is_map(b, x) and b.dtype != np.float64 else 0.0),
+)

@@ -2,14 +2,18 @@
 
 Decomposed: mean = ReduceMean(x), d = x - mean, var = ReduceMean(d^2 or d*d), n = d / sqrt(var + eps)
 (or d * Reciprocal(...)), then optional * gamma, + beta. Near misses: Pow(d, 2.0015), eps of rank 3-5,
-reduction over the wrong axis, gamma/beta that are run-time inputs, the variance of another tensor.
+reduction over the wrong axis, gamma/beta that are run-time inputs, the variance of another tensor. A quarter of
+the norms have freshly initialised weights: gamma exactly one, beta exactly zero (what an export of an untrained
+model holds; the scale Mul is then a no-op a fold may remove, on whichever side the weight is).
 """
 
 from __future__ import annotations
 
-from .builder import Builder
+import numpy as np
 
-__all__ = ["reduce", "layernorm", "add_layernorm"]
+from .builder import Builder, Pattern, static_last
+
+__all__ = ["reduce", "layernorm", "add_layernorm", "PATTERNS"]
 
 
 def reduce(b: Builder, op: str, x: str, axes: list[int] | None, keepdims: int = 1) -> str:
@@ -65,11 +69,18 @@ def layernorm(b: Builder, x: str, pool: list[str]) -> str:
     b.mark_inner(mean, d, sq, var, ve, s)
     y = n
     if isinstance(h, int) and b.rng.random() < 0.9:
+        fresh = b.rng.random() < 0.25  # a freshly initialised norm: gamma exactly one, beta exactly zero
+        if fresh:
+            b.tags.append("ln_fresh_weights")
         b.mark_inner(y)
-        y = b.binary("Mul", y, b.weight((h,), "gamma", "ln_gamma", near_miss=b.miss("ln_gamma")))
+        gamma = b.const(np.ones((h,), dtype=b.dtype), "gamma") if fresh else \
+            b.weight((h,), "gamma", "ln_gamma", near_miss=b.miss("ln_gamma"))
+        y = b.binary("Mul", y, gamma)  # either operand order (Hugging Face writes weight * hidden)
         if b.rng.random() < 0.75:
             b.mark_inner(y)
-            y = b.binary("Add", y, b.weight((h,), "beta", "ln_beta", scale=0.3, near_miss=b.miss("ln_beta")))
+            beta = b.const(np.zeros((h,), dtype=b.dtype), "beta") if fresh else \
+                b.weight((h,), "beta", "ln_beta", scale=0.3, near_miss=b.miss("ln_beta"))
+            y = b.binary("Add", y, beta)
     return y
 
 
@@ -103,8 +114,22 @@ def add_layernorm(b: Builder, x: str, pool: list[str]) -> str:
     if not all(isinstance(d, int) for d in norm_shape):
         attrs.pop("axis", None)
         norm_shape = (h,)
-    ins = [a, b.weight(norm_shape, "lng", "ln_scale")]
+    fresh = b.rng.random() < 0.2  # scale exactly one, bias exactly zero
+    if fresh:
+        b.tags.append("ln_fresh_weights")
+    ins = [a, b.const(np.ones(norm_shape, dtype=b.dtype), "lng") if fresh else b.weight(norm_shape, "lng", "ln_scale")]
     if b.rng.random() < 0.7:
-        ins.append(b.weight(norm_shape, "lnb", "ln_bias", scale=0.3))
+        ins.append(b.const(np.zeros(norm_shape, dtype=b.dtype), "lnb") if fresh else
+                   b.weight(norm_shape, "lnb", "ln_bias", scale=0.3))
     return b.node("LayerNormalization", ins, shape, **attrs)
 
+
+def _normable(b: Builder, x: str) -> bool:
+    return len(b.shape(x)) >= 2 and static_last(b, x)
+
+
+PATTERNS = (
+    Pattern(layernorm, lambda b, x: (2.0 if len(b.shape(x)) == 3 else 0.6) if _normable(b, x) else 0.0),
+    Pattern(add_layernorm, lambda b, x: (1.2 if len(b.shape(x)) == 3 else 0.3)
+            if _normable(b, x) and b.opset >= 17 else 0.0),
+)

@@ -10,8 +10,11 @@ A pass module exposes `OPTIONS` (the options it takes, with defaults) and two fu
 Module-level:
 
 - `fuse(model, passes, **options)` runs the passes in order on a copy of the model (each pass plans on the
-  graph the previous one rewrote) and checks the result (`validate`): the caller's model is never modified,
-  and a broken rewrite raises `FusionError` instead of being returned;
+  graph the previous one rewrote) and checks the result: statically (`validate`: the full checker, names,
+  the interface) and by running it (`runcheck`: onnxruntime loads and runs the fused model once on small random
+  inputs and compares it with the original). The caller's model is never modified, and a broken rewrite
+  raises `FusionError` naming the pass, rule and group after which the model first breaks, instead of being
+  returned;
 - `plan(model, passes, **options)` is the one planner every view uses (explain, show, customop, the
   explorer): the plan `fuse` would make, without the fused graph;
 - `apply(model, plan)` rewrites a copy of the model exactly as a plan says — one read from JSON, possibly
@@ -21,12 +24,13 @@ Module-level:
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..graph import Graph, as_graph
 from ..plan import HORIZONTAL, MIXED, VERTICAL, FusionPlan, PlanError
 from .engine import StaleGroup
 from .options import split_options
+from .runcheck import RunCheck, RunFailure, run_check
 from .validate import FusionError, problems
 
 __all__ = ["PASSES", "FusionResult", "FusionError", "StaleGroup", "PlanError", "fuse", "plan", "plan_only", "apply",
@@ -50,6 +54,8 @@ class FusionResult:
     plan: FusionPlan
     before: dict
     after: dict
+    #: what the safety net's run found (None without validation); its sessions and draw are reused by `verify`
+    check: RunCheck | None = field(default=None, repr=False)
 
     def summary(self) -> str:
         lines = [f"nodes: {sum(self.before.values())} -> {sum(self.after.values())}"]
@@ -95,12 +101,14 @@ def _merge(combined: FusionPlan, part: FusionPlan, name: str) -> None:
     combined.options.update(part.options)
 
 
-def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = True, select: str | None = None,
-         select_level: str = "disable", **options) -> FusionResult:
+def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = True, compare: bool = True,
+         select: str | None = None, select_level: str = "disable", **options) -> FusionResult:
     """Run the named passes in order on a copy of `model`; returns the fused graph and the combined plan.
 
     The copy is first prepared (`fusionlab.passes.prepare`: clean-up and constant folding) unless
-    `prepare=False`; the result is checked (`validate`) and a broken rewrite raises `FusionError`.
+    `prepare=False`. With `validate` (the default) the result is checked statically and by running it once
+    (`runcheck`; `compare=False` runs it without comparing it with the original), and a broken rewrite
+    raises `FusionError`; a model onnxruntime cannot load at all is refused (`ModelError` naming it).
     `select="measured"` keeps only the groups that measure faster than the ops they replace, timed on the
     model's own shapes at onnxruntime level `select_level` (`fusionlab.passes.select`).
     """
@@ -112,7 +120,7 @@ def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = 
     graph = original.copy()
     combined = FusionPlan(model=original.name, options={"passes": passes, "prepare": prepare})
     if prepare:
-        _prepare(graph, combined, fold=prepare != "no-fold")
+        _prepare(graph, combined)
     for name in passes:
         module = get_pass(name)
         part = module.plan(graph, **per_pass[name])
@@ -126,18 +134,7 @@ def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = 
         combined.options["select"] = {"by": select, "level": select_level}
     result = FusionResult(graph, combined, original.op_counts(), graph.op_counts())
     if validate:
-        try:
-            _check(original, result)
-        except FusionError:
-            if prepare != "no-fold" and any(n.startswith("prepare:") and "fold" in n for n in combined.notes):
-                # A fold can make shape inference see through a model whose own declared shapes are wrong
-                # (a value_info that contradicts what the graph computes); keep that model as it was.
-                retry = fuse(model, passes, prepare="no-fold", validate=True, select=select,
-                             select_level=select_level, **options)
-                retry.plan.notes.append("prepare: constant folding skipped: the folded model contradicts "
-                                        "the model's own declared shapes")
-                return retry
-            raise
+        _check(original, result, compare=compare, dims=options.get("dims"))
     return result
 
 
@@ -156,6 +153,8 @@ def _prepare(graph: Graph, fplan: FusionPlan, fold: bool = True) -> None:
     done = run_prepare(graph, fold=fold)
     if done:
         fplan.notes.append("prepare: " + ", ".join(f"{k} {v}" for k, v in done.items()))
+    for name, why in graph.undeclared_outputs.items():
+        fplan.notes.append(f"prepare: graph output {name!r} {why}: declared as computed")
 
 
 def _apply_part(graph: Graph, module, part: FusionPlan, name: str) -> None:
@@ -168,11 +167,13 @@ def _apply_part(graph: Graph, module, part: FusionPlan, name: str) -> None:
         raise FusionError(f"{type(exc).__name__}: {exc}", pass_name=name, group=group) from exc
 
 
-def apply(model, fplan: FusionPlan, *, validate: bool = True) -> FusionResult:
-    """Rewrite a copy of `model` exactly as `fplan` says, pass by pass in the plan's order."""
+def apply(model, fplan: FusionPlan, *, validate: bool = True, compare: bool = True) -> FusionResult:
+    """Rewrite a copy of `model` exactly as `fplan` says, pass by pass in the plan's order; checked as `fuse`
+    checks (`validate`, `compare`)."""
     original = as_graph(model)
     graph = original.copy()
     if fplan.options.get("prepare", False):
+        # "no-fold": plans written by fuse's former retry without folding (issue 19 removed it) replay as written
         _prepare(graph, FusionPlan(), fold=fplan.options["prepare"] != "no-fold")
     order = fplan.options.get("passes") or [p for p in ("vertical", "horizontal", "mixed")
                                            if any(_KIND_PASS[g.kind] == p for g in fplan)]
@@ -185,29 +186,75 @@ def apply(model, fplan: FusionPlan, *, validate: bool = True) -> FusionResult:
         _apply_part(graph, get_pass(name), part, name)
     result = FusionResult(graph, fplan, original.op_counts(), graph.op_counts())
     if validate:
-        _check(original, result)
+        _check(original, result, compare=compare, dims=_plan_dims(fplan))
     return result
 
 
-def _check(original: Graph, result: FusionResult) -> None:
-    """FusionError if the fused graph is not a valid rewrite, naming the first group that breaks it."""
-    found = problems(original, result.graph)
-    if not found:
-        return
-    culprit = _first_bad_group(original, result.plan)
-    if culprit is not None:
-        raise FusionError(found[0], pass_name=_KIND_PASS[culprit.kind], rule=culprit.rule, group=culprit.id)
-    raise FusionError(found[0])
-
-
-def _first_bad_group(original: Graph, fplan: FusionPlan):
-    """Apply the plan one group at a time; the first group after which the model is broken, if any."""
-    for k in range(1, len(fplan) + 1):
-        prefix = FusionPlan(list(fplan)[:k], options=fplan.options)
-        try:
-            partial = apply(original, prefix, validate=False)
-        except Exception:
-            return fplan[k - 1]
-        if problems(original, partial.graph):
-            return fplan[k - 1]
+def _plan_dims(fplan: FusionPlan) -> dict | None:
+    """The symbolic-dim sizes the plan was made for (a pass's `dims` option), if any."""
+    for value in fplan.options.values():
+        if isinstance(value, dict) and value.get("dims"):
+            return dict(value["dims"])
     return None
+
+
+def _check(original: Graph, result: FusionResult, *, compare: bool = True, dims: dict | None = None) -> None:
+    """FusionError if the fused graph is not a valid rewrite or does not run (or, with `compare`, does not agree
+    with the original on random inputs), naming the step after which it first breaks; sets `result.check`."""
+    found = problems(original, result.graph)
+    if found:
+        raise _blamed(original, result.plan, found[0], lambda g: bool(problems(original, g)))
+    sessions: dict = {}
+    try:
+        result.check = run_check(original, result.graph, compare=compare, dims=dims, sessions=sessions)
+    except RunFailure as exc:
+        def broken(g: Graph) -> bool:
+            try:
+                run_check(original, g, compare=compare, dims=dims, sessions=sessions)
+            except RunFailure:
+                return True
+            return False
+
+        raise _blamed(original, result.plan, exc.problem, broken) from None
+
+
+def _blamed(original: Graph, fplan: FusionPlan, problem: str, broken) -> FusionError:
+    """The FusionError for `problem`, naming where the model first breaks: preparation (its clean-up or its
+    constant folding), or the first group of the plan after which `broken(graph)` holds."""
+    step = _first_bad_prefix(original, fplan, broken)
+    if step is None:
+        return FusionError(problem)
+    if step == 0:
+        no_fold = original.copy()
+        _prepare(no_fold, FusionPlan(), fold=False)
+        if broken(no_fold):
+            return FusionError(problem, pass_name="prepare", rule="cleanup")
+        return FusionError(problem, pass_name="prepare", rule="fold")
+    culprit = fplan[step - 1]
+    return FusionError(problem, pass_name=_KIND_PASS[culprit.kind], rule=culprit.rule, group=culprit.id)
+
+
+def _first_bad_prefix(original: Graph, fplan: FusionPlan, broken) -> int | None:
+    """The fewest leading groups of the plan whose rewrite (after preparation) is broken; 0: preparation alone
+    already is; None: not even the whole plan replayed is. By bisection (a model once broken stays broken)."""
+    groups = list(fplan)
+
+    def bad(k: int) -> bool:
+        try:
+            partial = apply(original, FusionPlan(groups[:k], options=fplan.options), validate=False)
+        except Exception:
+            return True
+        return broken(partial.graph)
+
+    if fplan.options.get("prepare", False) and bad(0):
+        return 0
+    if not groups or not bad(len(groups)):
+        return None
+    lo, hi = 0, len(groups)  # bad(lo) is False (or untested: no preparation), bad(hi) is True
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if bad(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

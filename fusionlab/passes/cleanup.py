@@ -25,7 +25,7 @@ from ..graph import Graph, name_nodes
 from ..plan import FusionPlan
 from .options import check_options
 
-__all__ = ["clean", "needed", "ensure_node_names", "remove_dead", "lift_constants", "plan", "apply", "OPTIONS"]
+__all__ = ["clean", "needed", "ensure_node_names", "remove_dead", "lift_constants", "bypass", "plan", "apply", "OPTIONS"]
 
 #: clean-up takes no options
 OPTIONS: dict = {}
@@ -53,29 +53,39 @@ def _is_noop_dropout(graph: Graph, node: ir.Node) -> bool:
     return True
 
 
-def _bypass(graph: Graph, node: ir.Node) -> bool:
-    """Remove a node that forwards its first input unchanged; False if a graph-output name forbids it."""
+def bypass(graph: Graph, node: ir.Node, *, keep: int) -> bool:
+    """Remove `node`, which computes exactly its input `keep`: its readers read that input instead.
+
+    The caller names the input the node forwards (an Identity or Dropout its input 0, a no-op ``ones * x`` its
+    input 1): the operand that was proven to pass through is the one forwarded, by construction. False (nothing
+    changed) if a graph-output name forbids it. A graph output taken over keeps its declared type and shape:
+    that declaration is the model's interface.
+    """
     g = graph.graph
-    x, y = node.inputs[0], node.outputs[0]
+    x, y = node.inputs[keep] if keep < len(node.inputs) else None, node.outputs[0]
     if x is None:
         return False
     if any(extra.uses() or extra.is_graph_output() for extra in node.outputs[1:]):
         return False
-    if x.type is None:
-        x.type = y.type
-    if x.shape is None:
-        x.shape = y.shape
     if y.is_graph_output():
         # Only an intermediate value produced in this graph may take over the output's name.
         if x.is_graph_input() or x.is_initializer() or x.is_graph_output() or x.producer() is None:
             return False
         if x.producer().graph is not g:
             return False
+        if y.type is not None:
+            x.type = y.type
+        if y.shape is not None:
+            x.shape = y.shape
         name = y.name
         y.name = f"{name}__bypassed"
         y.replace_all_uses_with(x, replace_graph_outputs=True)
         x.name = name
     else:
+        if x.type is None:
+            x.type = y.type
+        if x.shape is None:
+            x.shape = y.shape
         y.replace_all_uses_with(x)
     g.remove(node, safe=True)
     return True
@@ -163,9 +173,9 @@ def clean(graph: Graph) -> dict[str, int]:
         if node.graph is not graph.graph:
             continue
         if node.op_type == "Identity" and node.domain in _DEFAULT and len(node.inputs) == 1:
-            report["Identity"] += int(_bypass(graph, node))
+            report["Identity"] += int(bypass(graph, node, keep=0))
         elif _is_noop_dropout(graph, node):
-            report["Dropout"] += int(_bypass(graph, node))
+            report["Dropout"] += int(bypass(graph, node, keep=0))
     report["Constant"] = lift_constants(graph)
     report["dead nodes"], report["dead initializers"] = remove_dead(graph)
     return dict(sorted(report.items()))

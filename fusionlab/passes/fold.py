@@ -28,7 +28,7 @@ import onnx_ir as ir
 from ..graph import Graph
 from ..shapes import ShapeInfo
 from .shape_values import ShapeValues
-from .cleanup import _bypass
+from .cleanup import bypass
 
 __all__ = ["fold", "needed", "MAX_FOLD_BYTES", "HOST_OPS", "is_host_side"]
 
@@ -160,12 +160,16 @@ def _replace_by_constants(cx: _Folder, node: ir.Node, arrays: list[np.ndarray]) 
     g.remove(node, safe=True)
 
 
-def _noop_operand(cx: "_Folder", node: ir.Node) -> ir.Value | None:
-    """x when `node` is x + 0, x - 0 (integers), x * 1 or x / 1 with a constant that leaves x's shape and dtype."""
+def noop_operand(cx: "_Folder", node: ir.Node) -> int | None:
+    """The index of x when `node` is x + 0, 0 + x, x - 0 (integers), x * 1, 1 * x or x / 1 with a constant that
+    leaves x's shape and dtype (it must not broadcast x up, in rank or in any dimension); None otherwise.
+
+    The index, not the value: `bypass` forwards exactly the input this test proved to pass through.
+    """
     if node.domain not in ("", "ai.onnx") or node.op_type not in ("Add", "Sub", "Mul", "Div") or len(node.inputs) != 2:
         return None
-    for k in ((0, 1), (1, 0)) if node.op_type in ("Add", "Mul") else ((0, 1),):
-        x, c_v = node.inputs[k[0]], node.inputs[k[1]]
+    for keep, other in ((0, 1), (1, 0)) if node.op_type in ("Add", "Mul") else ((0, 1),):
+        x, c_v = node.inputs[keep], node.inputs[other]
         c = cx.graph.constant(c_v) if c_v is not None else None
         if x is None or c is None or cx.graph.constant(x) is not None:
             continue
@@ -177,7 +181,7 @@ def _noop_operand(cx: "_Folder", node: ir.Node) -> ir.Value | None:
             continue  # -0.0 + 0.0 is +0.0: not the identity on floats
         padded = (1,) * (len(shape) - c.ndim) + tuple(c.shape)
         if all(d == 1 or d == s for d, s in zip(padded, shape)):
-            return x
+            return keep
     return None
 
 
@@ -191,7 +195,8 @@ def fold(graph: Graph) -> dict[str, int]:
                 graph.constant(node.inputs[0]) is None:  # a reshape of data; its output may be a graph output
             cx.shapes += _simplify_reshape(cx, node)
             continue
-        if node.graph is graph.graph and _noop_operand(cx, node) is not None and _bypass(graph, node):
+        keep = noop_operand(cx, node) if node.graph is graph.graph else None
+        if keep is not None and bypass(graph, node, keep=keep):
             cx.noops += 1
             continue
         if node.graph is not graph.graph or not _foldable_op(node):

@@ -8,6 +8,9 @@ the dtype and the opset:
 - ``"onnx"``: standard ONNX ops only (folding, Gemm, opset-17 LayerNormalization, opset-20 Gelu);
 - ``"functions"``: ``"runtime"``, plus groups with no fused kernel written as model-local functions.
 
+Every target is valid at the model's opset under onnx.checker (full check): a default-domain op onnx has no
+schema for (onnxruntime's SimplifiedLayerNormalization) is never written, whatever onnxruntime would run.
+
 A `Target` names the emitted ops and counts the kernels they launch, which is what a group saves.
 """
 
@@ -19,7 +22,7 @@ import numpy as np
 
 __all__ = ["LOWERINGS", "Target", "FUSED_CONV_ACTIVATIONS", "FUSED_GEMM_ACTIVATIONS", "ELEMENTWISE_ACTIVATIONS",
            "conv_target", "gemm_target", "gelu_target", "fast_gelu_target", "contrib_target", "layernorm_target",
-           "attention_target", "rmsnorm_target", "RUNTIME_ONNX_OPS"]
+           "attention_target", "rmsnorm_target"]
 
 LOWERINGS = ("runtime", "functions", "onnx")
 _F32 = np.dtype(np.float32)
@@ -112,13 +115,11 @@ def layernorm_target(opset: int) -> Target | None:
     return Target("LayerNormalization") if opset >= 17 else None
 
 
-#: ops onnxruntime registers in the ONNX domain although onnx has no such op (the checker does not know them)
-RUNTIME_ONNX_OPS = frozenset({"SimplifiedLayerNormalization"})
-
-
 def rmsnorm_target(opset: int, lower: str) -> Target | None:
-    """RMSNorm: the opset-23 `RMSNormalization`, else onnxruntime's `SimplifiedLayerNormalization` (an op it
-    registers in the ONNX domain, so not with standard ops only)."""
-    if opset >= 23:
-        return Target("RMSNormalization")
-    return None if lower == "onnx" else Target("SimplifiedLayerNormalization")
+    """RMSNorm: the opset-23 `RMSNormalization`; None below opset 23.
+
+    onnxruntime's own `SimplifiedLayerNormalization` is registered in the ONNX domain only (not in
+    com.microsoft, where onnxruntime does not find it), and onnx has no such op, so a model holding it fails
+    onnx.checker at every opset: no valid lowering exists below 23 (the residual form has one,
+    com.microsoft:SkipSimplifiedLayerNormalization)."""
+    return Target("RMSNormalization") if opset >= 23 else None

@@ -4,8 +4,9 @@ The forms: the square as Pow(x, 2) or x * x; ReduceMean over the last axis; + ep
 Div(1, Sqrt), Pow(., -0.5) or x / Sqrt; the scale last. LLaMA and T5 cast to float32 first and back before
 the scale (``weight * hidden.to(input_dtype)``): both Casts are members.
 
-- ``rmsnorm`` -> the opset-23 ``RMSNormalization``, else onnxruntime's ``SimplifiedLayerNormalization`` (an op
-  it registers in the ONNX domain; not with standard ops only), stash_type 1 (float32 inside);
+- ``rmsnorm`` -> the opset-23 ``RMSNormalization``, stash_type 1 (float32 inside); refused below opset 23:
+  onnxruntime's ``SimplifiedLayerNormalization`` exists only in the ONNX domain, where onnx has no such op, so a
+  model holding it fails onnx.checker at every opset (and onnxruntime does not find it in com.microsoft);
 - ``skip_rmsnorm``: a residual Add [+ a constant [H] bias] then RMSNorm (decomposed or either op) ->
   ``com.microsoft:SkipSimplifiedLayerNormalization`` (the sum handed on as its 4th output when read elsewhere).
 """
@@ -153,14 +154,14 @@ def _plain(cx, anchor: ir.Node, nodes: list, x: ir.Value, gamma, eps: float) -> 
         return None  # already the op
     target = rmsnorm_target(cx.graph.opset, cx.lower)
     if target is None:
-        raise Refused(f"RMSNormalization needs opset 23 (model has {cx.graph.opset}); SimplifiedLayerNormalization "
-                      "is onnxruntime's")
+        raise Refused(f"RMSNormalization needs opset 23 (model has {cx.graph.opset}); onnxruntime's "
+                      "SimplifiedLayerNormalization is no ONNX op (onnx.checker rejects it at every opset)")
     return Match("rmsnorm", anchor, nodes, "mean of squares over the last axis, + eps, inverse root, [H] scale",
                  target.op, outputs=[nodes[-1].outputs[0]], data={"x": x, "gamma": gamma, "eps": eps})
 
 
 class DecomposedRMSNorm(Rule):
-    """x * rsqrt(mean(x^2) + eps) * gamma -> RMSNormalization / SimplifiedLayerNormalization [+ residual: Skip...]."""
+    """x * rsqrt(mean(x^2) + eps) * gamma -> RMSNormalization (opset 23) [+ residual: SkipSimplified...]."""
 
     names = ("rmsnorm", "skip_rmsnorm")
     anchors = ("ReduceMean",)

@@ -4,6 +4,13 @@ TorchScript writes ``x.chunk(2, dim)`` as two Slices of x with starts and ends c
 (constants once the shape arithmetic is folded); the dynamo exporter writes a Split. Slices of one tensor on
 one axis, step 1, whose [start, end) ranges tile the axis exactly (the dimension known), become one Split
 with those sizes. Reading x once instead of once per slice is what onnxruntime's own graph does too.
+
+Not on shape arithmetic: the dynamo exporter slices a shape vector into its leading dims, one dim and the last
+(``Shape(x)[:-2]``, ``[-2:-1]``, ``[-1:]``, for LLaMA's ``repeat_kv``), and those Slices tile it too. Slices of an
+integer vector are host-side shape computations, no kernel to save, and onnx's shape inference propagates
+values through Slice but not through Split: the rewrite left every dimension computed from them unknown
+(``[B, 1, S, T]`` became ``[unk, 1, unk, unk]``) and, with the exporter's declared shapes, the model
+contradictory (issue 19's LLaMA export failed the full checker). They are refused with that reason.
 """
 
 from __future__ import annotations
@@ -76,6 +83,10 @@ class SliceSplit(Rule):
                               f"of length {dims[axis]}")
             return None
         nodes = [s for _, _, s in chosen]
+        dt = cx.dtype(x)
+        if dt is not None and dt.kind in "iu" and len(dims) == 1:
+            raise Refused(f"{x.name} is a shape vector: Slices of it are shape arithmetic, which shape inference "
+                          "follows through Slice and not through Split")
         return Match("slice_split", first, nodes, f"{len(nodes)} Slices tile axis {axis} of {x.name}", "Split",
                      outputs=[s.outputs[0] for s in nodes],
                      data={"x": x, "axis": axis, "sizes": [end - start for start, end, _ in chosen]})

@@ -498,6 +498,8 @@ def blame_passes(model, passes=None, *, draws: int = 3, dims: dict | None = None
     graph = as_graph(model)
     passes = list(passes or DEFAULT_PASSES)
     opts = options_for(passes, dims=dims, **options)
+    # the fuse() safety net would refuse the very difference blame is here to find: run it, compare below
+    opts["compare"] = False
     result = fuse(graph, passes, **opts)
 
     def check(plan) -> Verdict:

@@ -196,6 +196,36 @@ def conv_bn_relu(in_ch: int = 3, out_ch: int = 16, k: int = 3, stride: int = 1, 
                      [value_info("output", np.float32, [batch, out_ch, out, out])], "conv_bn_relu")
 
 
+def offset_layernorm(n: int = 64, *, offset: float = 100.0, spread: float = 0.1, rows: int = 4,
+                     dtype=np.float16, seed: int = 0, opset: int = 18) -> onnx.ModelProto:
+    """``x * spread + offset``, then a LayerNorm written out as exporters write it, then Relu.
+
+    Rows far from zero mean with a small spread: the written-out graph subtracts the mean before it squares, so
+    it keeps its accuracy; a kernel that takes the variance as E[x²] - E[x]² in one pass loses it. A model on
+    which onnxruntime's LayerNormFusion changes the outputs (notebook 10 walks `fusionlab blame` through it).
+    """
+    rng = np.random.default_rng(seed)
+    inits = [tensor("spread", np.array(spread, dtype)), tensor("offset", np.array(offset, dtype)),
+             tensor("axes", np.array([-1], np.int64)), tensor("two", np.array(2.0, dtype)),
+             tensor("eps", np.array(1e-5, dtype)),
+             tensor("gamma", (1 + 0.1 * rng.standard_normal(n)).astype(dtype)),
+             tensor("beta", (0.1 * rng.standard_normal(n)).astype(dtype))]
+    nodes = [helper.make_node("Mul", ["x", "spread"], ["xs"], name="spread"),
+             helper.make_node("Add", ["xs", "offset"], ["xo"], name="offset"),
+             helper.make_node("ReduceMean", ["xo", "axes"], ["m"], name="mean"),
+             helper.make_node("Sub", ["xo", "m"], ["d"], name="sub"),
+             helper.make_node("Pow", ["d", "two"], ["sq"], name="pow"),
+             helper.make_node("ReduceMean", ["sq", "axes"], ["var"], name="var"),
+             helper.make_node("Add", ["var", "eps"], ["ve"], name="add_eps"),
+             helper.make_node("Sqrt", ["ve"], ["std"], name="sqrt"),
+             helper.make_node("Div", ["d", "std"], ["nrm"], name="div"),
+             helper.make_node("Mul", ["nrm", "gamma"], ["sc"], name="scale"),
+             helper.make_node("Add", ["sc", "beta"], ["y"], name="shift"),
+             helper.make_node("Relu", ["y"], ["z"], name="relu")]
+    return make_model(nodes, [value_info("x", dtype, [rows, n])], [value_info("z", dtype, [rows, n])], inits,
+                      opset=opset)
+
+
 def tanh_gelu(form: str = "pow", x: str = "x", out: str = "y", k: float = 0.044715):
     """A decomposed tanh-GELU, 0.5·x·(1 + tanh(√(2/π)·(x + k·x³))), in one of the ways exporters write it.
 

@@ -14,7 +14,9 @@
 # - the seed's three fixes (§4.1), each measured here with interleaved runs: **launch gaps** → fusion and
 #   parallel branches; **frequent allocation** → memory arena and IO binding; **low compute density** → threads;
 # - the seed's evaluation model (§6.2): compute utilisation, bandwidth utilisation and TOPS/W, measured for this
-#   CPU and modelled for the Atlas presets, with the seed's targets on a roofline.
+#   CPU and modelled for the Atlas presets, with the seed's targets on a roofline;
+# - when a fusion changes the answer, how `fusionlab blame` finds which of onnxruntime's graph transformers did
+#   it, how far each result is from a float64 reference, and what disabling it costs (§10).
 #
 # **What is measured and what is modelled.** Everything timed here runs on this machine's CPU with onnxruntime.
 # The seed's numbers come from Ascend hardware (msprof on Atlas cards), which we do not have: for those devices
@@ -408,7 +410,64 @@ plt.close(fig)
 fig
 
 # %% [markdown]
-# ## 10. The seed's troubleshooting table (§4.2), checked
+# ## 10. When a fusion changes the answer: `fusionlab blame`
+#
+# The seed's first troubleshooting row (§11 below) is an accuracy anomaly after fusion. Before guessing at a
+# cause, find *which* optimisation changed the outputs. `fusionlab blame` runs the model unoptimised
+# (DISABLE_ALL) and at the level you deploy, compares the two with the dtype's tolerance, and, if they differ,
+# bisects onnxruntime's `disabled_optimizers` until one graph transformer is left.
+#
+# The model, built in code (`zoo.offset_layernorm`): float16 rows whose mean (100) is large next to their
+# spread (0.1), through a LayerNorm written out as exporters write it (ReduceMean, Sub, Pow, ReduceMean, Add,
+# Sqrt, Div, Mul, Add), then Relu. At BASIC level onnxruntime fuses those nine ops into one
+# `LayerNormalization`.
+#
+# **Predict first:** will the fused model agree with the unfused one within float16's tolerance? If not, which of
+# the two is nearer a float64 computation of the same graph?
+
+# %%
+from dataclasses import replace
+
+from fusionlab.blame import blame_ort
+from fusionlab.commands.blame import ort_lines
+
+ln16 = zoo.offset_layernorm()  # float16, rows of mean 100 and spread 0.1
+found = blame_ort(ln16, level="all", shrink_budget=None, time_budget=0.3, rounds=7)
+for line in ort_lines(replace(found, cost=None), "offset_layernorm"):
+    print(wrap(line))
+
+# %% [markdown]
+# The answer, read from the lines above: the outputs differ beyond float16's tolerance, one transformer is
+# responsible, and the float64 reference says which result to trust. Here the *unfused* graph is the accurate one:
+# it subtracts the mean before it squares. onnxruntime's CPU `LayerNormalization` kernel accumulates the sum and
+# the sum of squares in one pass and takes the variance as E[x²] − E[x]² (in float32): with a mean of 100 and a
+# spread of 0.1 the two terms are 10000.01 and 10000.00, equal to six significant digits of float32's seven, so
+# the subtraction keeps mostly rounding. (The table shows the other transformers too: without LayerNormFusion,
+# SimplifiedLayerNormFusion takes over part of the pattern, and that result stays within tolerance.)
+# That is a property of the kernel, not of fusion as such; fusion is what routed the model onto that kernel.
+#
+# The fix blame prints is one line of session options. What it costs, measured (interleaved runs, the ratio
+# with its 95% interval):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+found.cost
+
+# %% [markdown]
+# On the command line the same is `fusionlab blame model.onnx --level all`; it also shrinks the model to the
+# smallest subgraph that still differs and writes it next to the input, a repro to attach to a bug report.
+# `--only fusionlab` asks the same question of fusionlab's own passes (rule and group). Here is the shrink:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+repro_dir = Path(tempfile.mkdtemp())
+shrunk = blame_ort(ln16, level="all", shrink_budget=20, repro=repro_dir / "ln16.repro.onnx", rounds=3,
+                   time_budget=0.1)
+print(f"repro: {shrunk.repro.name}, {shrunk.repro_nodes[0]} -> {shrunk.repro_nodes[1]} nodes; still blamed on "
+      f"{', '.join(shrunk.culprits)}")
+
+# %% [markdown]
+# ## 11. The seed's troubleshooting table (§4.2), checked
 #
 # The write-up ends its performance advice with a table of symptoms, causes and fixes. Two rows are right, one is
 # vague and one fix is wrong. Here each row is set against what is true, and against the place in this workbook
@@ -416,7 +475,7 @@ fig
 #
 # | symptom | the seed's cause → fix | what is true, and where it is shown |
 # |---|---|---|
-# | accuracy anomaly after fusion | "value range changed by fusion" → "add a normalisation layer" | Vague cause, wrong fix. The real causes are folding in fp16 (rounding, and overflow when $\gamma/\sqrt{\sigma^2+\epsilon}$ is large), a rewrite whose legality was not checked (BN in training mode, a second consumer), or a tolerance that is too strict for the depth of the network. Notebook `01` shows the fp16 cases; every fusion in this workbook is compared with the unfused model (`fusionlab.verify`). |
+# | accuracy anomaly after fusion | "value range changed by fusion" → "add a normalisation layer" | Vague cause, wrong fix. The real causes are folding in fp16 (rounding, and overflow when $\gamma/\sqrt{\sigma^2+\epsilon}$ is large), a rewrite whose legality was not checked (BN in training mode, a second consumer), or a tolerance that is too strict for the depth of the network. Notebook `01` shows the fp16 cases; §10 here finds the responsible optimisation with `fusionlab blame`; every fusion in this workbook is compared with the unfused model (`fusionlab.verify`). |
 # | memory leak | "workspace not freed" → "use the `ACL_MEM_MALLOC_HUGE` flag" | The cause is right, the fix is not. `ACL_MEM_MALLOC_HUGE_FIRST` is an `aclrtMalloc` page policy: blocks over 1 MiB come from 2 MiB huge pages when there are any. It frees nothing. The fix for a leak is to pair every `aclrtMalloc` with `aclrtFree` and destroy datasets and buffers after use. Better still, allocate the workspace once and reuse it, as onnxruntime's arena does (§7). |
 # | build failure | TBE / driver version mismatch | Right. The CANN toolkit, driver and firmware versions must match (compatibility tables in the CANN release notes), and `--soc_version` must name the chip exactly (`Ascend310P3`, `Ascend910B4`, ...). Notebook `09` generates the package and the `atc` command with that parameter. |
 # | slower after fusion | bad fusion strategy → analyse with msprof | Right: fusion can make a model slower. Notebook `03` §6 measures it (horizontally fused Inception is slower than the original once onnxruntime optimises both), and notebook `05` §5 shows, with the over-fusion curve, that in the cost model bigger groups are not the cause on YOLOv5 or BERT (latency falls with group size, then flattens: no group outgrows a core's UB). Profile before and after (§5 here, with the profiler's own cost in mind, §3); switch off a single CANN fusion pass with a `fusion_switch.cfg` (notebook `09`). |
@@ -447,6 +506,8 @@ for cid in ("s42-accuracy-anomaly", "s42-memory-leak", "s42-build-failure", "s42
 # - **Frequent allocation → preallocation**: onnxruntime already preallocates by default (arena + memory
 #   patterns); §7 measures what switching them off costs and what IO binding adds.
 # - **Low compute density → more parallelism** is measured in §8 and expressed as utilisation of the cores used.
+# - **An accuracy anomaly after fusion** has a culprit you can name: `fusionlab blame` bisects onnxruntime's
+#   transformers, compares both results with a float64 reference and prints what disabling the culprit costs (§10).
 # - The seed's evaluation model is easy to compute once FLOPs and bytes are known (cost model) and time is known
 #   (profile or roofline). Its 4 TOPS/W target is above what the 300I Duo can reach at rated power.
 #

@@ -230,3 +230,17 @@ def test_the_command_blames_our_rule_by_name(wrong_conv_fold, tmp_path, capsys, 
     assert "responsible: rule conv_bn_act, group v0" in out and "onnxruntime" not in out.splitlines()[0]
     assert (tmp_path / "two.fusionlab-repro.onnx").exists()
     assert main(["blame", str(src), "--config", "novalue"]) == 2
+
+
+def test_the_float16_offset_layernorm_of_notebook_10_is_blamed_on_layernorm_fusion():
+    # the model notebook 10 walks blame through: onnxruntime's fused LayerNormalization (float16 on the CPU)
+    # moves the outputs beyond float16's tolerance, and the float64 reference says the fused one is the worse
+    from fusionlab.blame import blame_ort
+    from fusionlab.zoo import offset_layernorm
+
+    res = blame_ort(offset_layernorm(), shrink_budget=None, rounds=2, time_budget=0.05)
+    assert res.differs and res.culprits == ["LayerNormFusionL1"]
+    assert res.fixed.ok
+    assert res.reference["all"] > 10 * res.reference["disable"]
+    clean = blame_ort(offset_layernorm(offset=0.0, spread=1.0), shrink_budget=None, rounds=2, time_budget=0.05)
+    assert not clean.differs

@@ -20,7 +20,7 @@ export JUPYTER_CONFIG_PATH := $(CURDIR)/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900
 
-.PHONY: env lab test test-unit test-notebooks test-browser browser-deps notebooks notebook bench bench-exports bench-reference corpus corpus-survey fuzz clean
+.PHONY: env lab test test-unit test-notebooks test-browser browser-deps notebooks notebook bench bench-exports bench-new-exports bench-reference corpus corpus-survey fuzz clean
 
 env: $(STAMP)
 
@@ -90,6 +90,14 @@ bench-exports: $(STAMP)
 	@test -f $(FULL_EXPORTS)/manifest.json || $(PYTHON) tools/export_corpus.py --full $(FULL_EXPORTS)
 	$(PY) benchmarks/bench_exports.py --full-dir $(FULL_EXPORTS)
 	$(PY) benchmarks/update_readme.py
+
+## make bench-new-exports: the same benchmark on the small exports issue 19 added to tests/corpus/ (LLaMA, T5,
+## Whisper, Swin, float16 ResNet and BERTs), in .bench-venv/; benchmarks/results/new_exports.md.
+NEW_EXPORTS := llama t5_encoder whisper_encoder swin resnet_fp16 bert_fp16 bert_eager_fp16
+bench-new-exports: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python benchmarks/bench_exports.py --full-dir tests/corpus --only $(NEW_EXPORTS) \
+	  --tools "fusionlab vertical" "onnxscript optimize_for_ort" "onnxruntime transformers optimizer" \
+	  --out new_exports --title "The exports issue 19 added (small configs): fusionlab, onnxscript and onnxruntime's transformers optimizer"
 
 ## make bench-reference: what onnxscript's optimize_for_ort, onnxruntime's transformers optimizer and ORT EXTENDED
 ## find on the exports issue 19 added, beside fusionlab's passes (counts, no timing), in its own .bench-venv/ (the

@@ -37,10 +37,16 @@ from fusionlab.passes import fuse
 from fusionlab.runtime import make_feeds, session
 
 FULL = ROOT / ".cache" / "corpus-full"
-ORDER = ("bert", "bert_eager", "gpt2", "vit", "convnext", "mobilenetv3", "efficientnet", "yolo11", "googlenet")
+SOURCE: Path | None = None  # the models' folder of this run (main sets it)
+ORDER = ("bert", "bert_eager", "gpt2", "vit", "convnext", "mobilenetv3", "efficientnet", "yolo11", "googlenet",
+         # the architectures issue 19 added (small configs, in tests/corpus/ only: `make bench-new-exports`)
+         "llama", "t5_encoder", "whisper_encoder", "swin", "resnet_fp16", "bert_fp16", "bert_eager_fp16")
 SETTINGS = ("ts-fold", "ts-nofold", "dynamo")
 #: the onnxruntime transformers optimizer's model_type per corpus architecture (others: not applicable)
-ORT_MODEL_TYPES = {"bert": "bert", "bert_eager": "bert", "gpt2": "gpt2", "vit": "vit"}
+ORT_MODEL_TYPES = {"bert": "bert", "bert_eager": "bert", "gpt2": "gpt2", "vit": "vit",
+                   "llama": "qwen3",  # "decoder-only with RoPE, GQA, RMSNorm" (LLaMA has no type of its own)
+                   "t5_encoder": "t5", "whisper_encoder": "bart",  # onnxruntime's Whisper tooling optimises as bart
+                   "swin": "swin", "bert_fp16": "bert", "bert_eager_fp16": "bert"}
 
 
 def nodes_of(model) -> int:
@@ -75,9 +81,14 @@ def onnxscript_tool(path: Path, entry: dict):
 
 
 def _heads_hidden(config: dict) -> tuple[int, int]:
-    heads = config.get("num_attention_heads") or config.get("n_head") or 12
-    hidden = config.get("hidden_size") or config.get("n_embd") or 768
-    return int(heads), int(hidden)
+    """Heads and hidden size for the transformers optimizer; 0, 0 (let it detect) where the config has no single
+    value (Swin: heads per stage)."""
+    heads = (config.get("num_attention_heads") or config.get("n_head") or config.get("num_heads")
+             or config.get("encoder_attention_heads") or 12)
+    hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model") or 768
+    if not isinstance(heads, int) or not isinstance(hidden, int):
+        return 0, 0
+    return heads, hidden
 
 
 def ort_transformers_tool(path: Path, entry: dict):
@@ -116,13 +127,18 @@ def _paired(sess_a, sess_b, feeds: dict, min_time: float, rounds: int):
                           label_b="optimised", min_time=min_time, min_rounds=rounds)
 
 
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:160]}" if text else type(exc).__name__
+
+
 def bench_tool(name: str, tool, path: Path, entry: dict, ctx: dict) -> dict:
     """One optimiser on one model: produce, verify, count, time at both settings."""
     start = time.perf_counter()
     try:
         model, fusions = tool(path, entry)
     except Exception as exc:  # a third-party optimiser failing on a model is a result, not a crash
-        return {"tool": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
+        return {"tool": name, "error": first_line(exc)}
     seconds = time.perf_counter() - start
     if model is None:
         return {"tool": name, "skipped": next(iter(fusions.values()))}
@@ -138,7 +154,7 @@ def bench_tool(name: str, tool, path: Path, entry: dict, ctx: dict) -> dict:
         row["verified"] = bool(report.ok)
         dis, al = session(model, "disable"), session(model, "all")
     except Exception as exc:
-        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        row["error"] = first_line(exc)
         return row
     row["vs_extended"] = _paired(ctx["ext"], dis, ctx["feeds"], ctx["min_time"], ctx["rounds"])
     row["vs_all"] = _paired(ctx["all"], al, ctx["feeds"], ctx["min_time"], ctx["rounds"])
@@ -168,7 +184,7 @@ def _cell(row: dict, key: str) -> str:
     return _ratio(row[key]) if key in row else "—"
 
 
-def render(rows: list[dict], min_time: float, rounds: int) -> str:
+def render(rows: list[dict], min_time: float, rounds: int, source: str | None = None) -> str:
     table = []
     for r in rows:
         nodes = f"{r['original_nodes']} / {r['ort_extended_nodes']} / {r.get('nodes', '—')}"
@@ -183,12 +199,14 @@ def render(rows: list[dict], min_time: float, rounds: int) -> str:
     return "\n\n".join([
         "# Full-size third-party exports: fusionlab, onnxscript and onnxruntime's transformers optimizer",
         machine_line() + "; 1 intra-op thread; inputs batch 1 (text: the exported sequence length, 128 at full "
-        "size, no padding); each ratio = time(original) / "
+        "size, 32 in the test corpus, no padding); each ratio = time(original) / "
         f"time(optimised), median of paired interleaved rounds (>= {rounds} rounds, >= {min_time} s per side), "
         "95% CI; > 1: the optimised model is faster.",
         "The machine is shared (2 cores, other jobs running): read ratios whose CI includes 1 as no difference. "
-        "Made by `benchmarks/bench_exports.py` (`make bench-exports`) on the exports of `tools/export_corpus.py "
-        "--full`; the onnxruntime transformers optimizer ran with opt_level=0 (its Python fusions only) and only on "
+        + (f"Made by `benchmarks/bench_exports.py` (`make bench-new-exports`) on the small test-corpus exports in "
+           f"`{source}`" if source else "Made by `benchmarks/bench_exports.py` (`make bench-exports`) on the "
+           "exports of `tools/export_corpus.py --full`")
+        + "; the onnxruntime transformers optimizer ran with opt_level=0 (its Python fusions only) and only on "
         "transformer models.",
         markdown_table(head, table)])
 
@@ -210,12 +228,13 @@ def _load(path: Path) -> list[dict]:
 
 
 def _save(rows: list[dict], out: str, title: str | None, min_time: float, rounds: int) -> None:
+    source = None if SOURCE is None or SOURCE.resolve() == FULL.resolve() else SOURCE.resolve().relative_to(ROOT)
     raw = [{k: (v.ratios if isinstance(v, (timing.Comparison, Stored)) else v) for k, v in r.items()} for r in rows]
     (RESULTS / f"{out}.json").parent.mkdir(parents=True, exist_ok=True)
     tmp = RESULTS / f".{out}.json.tmp"
     tmp.write_text(json.dumps(raw, indent=1) + "\n")
     tmp.replace(RESULTS / f"{out}.json")
-    text = render(rows, min_time, rounds)
+    text = render(rows, min_time, rounds, str(source) if source else None)
     if title:
         text = f"# {title}" + text[text.index("\n"):]
     (RESULTS / f"{out}.md").write_text(text.rstrip() + "\n")
@@ -234,6 +253,8 @@ def main() -> int:
                     help="measure in this process (default: one process per model, so each model's memory, "
                          "several GB at full size, goes back to the system before the next)")
     args = ap.parse_args()
+    global SOURCE
+    SOURCE = args.full_dir
     manifest = json.loads((args.full_dir / "manifest.json").read_text())
     entries = [e for e in manifest["models"] if not args.only or e["model"] in args.only or e["file"] in args.only]
     entries.sort(key=lambda e: (ORDER.index(e["model"]) if e["model"] in ORDER else 99, SETTINGS.index(e["setting"])))

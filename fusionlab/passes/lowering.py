@@ -70,13 +70,15 @@ class Target:
         return self.op
 
 
-def float16_refusal(op: str, dtype) -> str | None:
+def float16_refusal(op: str, dtype, found: str = ""):
     """None when `op` (domain-qualified: "com.microsoft:FusedMatMul") may be written for `dtype`; for float16
-    and an op outside `FLOAT16_CPU_KERNELS`, the one-line reason it may not."""
+    and an op outside `FLOAT16_CPU_KERNELS`, the `Refused` saying so (`found`: the group's nodes), for a rule
+    to raise or record. One condition for every rule, so `explain --why-not` counts them together."""
     if dtype is None or np.dtype(dtype) != np.float16 or op in FLOAT16_CPU_KERNELS:
         return None
-    return (f"{op} has no float16 CPU kernel in onnxruntime 1.31 (float32 only; onnxruntime would run it in "
-            "float32 between Casts it inserts)")
+    from .engine import Refused  # engine imports this module
+    return Refused(condition=f"a float16 CPU kernel for {op} (onnxruntime 1.31 has float32 only, and would run "
+                   "it in float32 between Casts it inserts)", found=found or "float16 operands")
 
 
 def conv_target(act: str | None, dtype, transpose: bool, lower: str) -> Target:

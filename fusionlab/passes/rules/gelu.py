@@ -173,7 +173,8 @@ class TanhGelu(_BiasOp):
             return None
         nodes, x = proof
         if cx.dtype(tanh.inputs[0]) == F16:
-            _refuse_float16(cx, tanh, x, nodes, "tanh-GELU", op="com.microsoft:FastGelu")
+            _refuse_float16(cx, tanh, x, nodes, "tanh-GELU", op="com.microsoft:FastGelu" if cx.lower != "onnx"
+                            else "Gelu(tanh)")
         bias = bias_before(cx, x, nodes) if cx.lower != "onnx" else None
         if bias is not None:
             return Match("fast_gelu", tanh, [bias[0]] + nodes,

@@ -17,6 +17,7 @@ from fusionlab import verify
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.passes import fuse
 from fusionlab.passes.lowering import FLOAT16_CPU_KERNELS, float16_refusal
+from rulekit import CORPUS, corpus_files
 
 F16 = np.float16
 RNG = np.random.default_rng(16)
@@ -270,3 +271,37 @@ def test_generator_writes_float16_skip_layernorm_with_the_projection_bias_and_it
         assert outcome.kind == "ok", outcome.detail
         return
     pytest.fail("no float16 Add + bias + LayerNormalization graph that fuses in 4000 seeds")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the float16 corpus exports: every group the CPU build cannot run on float16 is refused by name
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", corpus_files("resnet_fp16.dynamo", "resnet_fp16.ts-fold", "resnet_fp16.ts-nofold"))
+def test_every_relu_of_the_float16_resnets_is_refused_by_name(name):
+    from fusionlab import load
+    m = load(CORPUS / f"{name}.onnx")
+    res = fuse(m, ("vertical",))
+    said = " ".join(r.reason for r in res.plan.refusals
+                    if r.rule in ("conv_act", "conv_bn_act", "conv_add_act") and f"{KERNEL} com.microsoft:FusedConv" in r.reason)
+    relus = [n.name for n in m if n.op_type == "Relu"]
+    assert len(relus) == 17 and all(f"Relu {r}" in said for r in relus), said
+    assert "com.microsoft:FusedConv" not in res.after and res.after.get("Relu") == 17
+    if name.endswith("ts-nofold"):
+        assert res.after.get("Conv") == 20 and "BatchNormalization" not in res.after  # the BNs fold
+
+
+@pytest.mark.parametrize("name", corpus_files("bert_fp16.dynamo", "bert_eager_fp16.dynamo", "bert_eager_fp16.ts-fold",
+                                              "bert_eager_fp16.ts-nofold"))
+def test_every_gelu_and_the_pooler_of_the_float16_berts_are_refused_by_name(name):
+    from fusionlab import load
+    m = load(CORPUS / f"{name}.onnx")
+    res = fuse(m, ("vertical",))
+    by_rule = {}
+    for x in res.plan.refusals:
+        if KERNEL in x.reason:
+            by_rule.setdefault(x.rule, []).append(x.reason)
+    gelus = [n.name for n in m if n.op_type == "Gelu"]
+    assert len(gelus) == 2 and all(any(f"Gelu {g}" in w and "BiasGelu" in w for w in by_rule["bias_gelu"]) for g in gelus)
+    assert any("FusedGemm" in w and "Tanh" in w for w in by_rule["gemm_act"])

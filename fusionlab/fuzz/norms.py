@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .builder import Builder, Pattern, static_last
+from .gelus import bias_add
 
 __all__ = ["reduce", "layernorm", "add_layernorm", "PATTERNS"]
 
@@ -85,13 +86,19 @@ def layernorm(b: Builder, x: str, pool: list[str]) -> str:
 
 
 def add_layernorm(b: Builder, x: str, pool: list[str]) -> str:
-    """x + skip (a tensor of the same shape or a bias) -> LayerNormalization (opset 17+): SkipLayerNorm's pattern."""
+    """[x + bias ->] x + skip (a tensor of the same shape or a bias) -> LayerNormalization (opset 17+):
+    SkipLayerNorm's pattern, with its bias input (in every dtype the generator picks: float16 too, which the
+    Skip*LayerNormalization kernels take)."""
     shape = b.shape(x)
     h = shape[-1]
     if b.opset < 17 or not isinstance(h, int):
         return layernorm(b, x, pool)
     b.tags.append("add_layernorm")
     same = [t for t in pool if b.shape(t) == shape and t != x]
+    if b.rng.random() < 0.35:  # the projection's bias first (BERT's MatMul -> + bias -> + residual -> LN)
+        x = bias_add(b, x)
+        b.mark_inner(x)
+        b.tags.append("skip_bias")
     if same and b.rng.random() < 0.8:
         skip = b.rng.choice(same)
     elif b.rng.random() < 0.5:

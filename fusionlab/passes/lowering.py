@@ -22,10 +22,24 @@ import numpy as np
 
 __all__ = ["LOWERINGS", "Target", "FUSED_CONV_ACTIVATIONS", "FUSED_GEMM_ACTIVATIONS", "ELEMENTWISE_ACTIVATIONS",
            "conv_target", "gemm_target", "gelu_target", "fast_gelu_target", "contrib_target", "layernorm_target",
-           "attention_target", "rmsnorm_target"]
+           "attention_target", "rmsnorm_target", "FLOAT16_CPU_KERNELS", "float16_refusal"]
 
 LOWERINGS = ("runtime", "functions", "onnx")
 _F32 = np.dtype(np.float32)
+
+#: The ops fusionlab writes that onnxruntime 1.31's CPU build runs on float16 itself: the MLFloat16 kernel
+#: registrations of contrib_ops/cpu/cpu_contrib_kernels.cc and providers/cpu/cpu_execution_provider.cc, each
+#: checked by running a one-node float16 model on CPUExecutionProvider (these run with no Cast inserted).
+#: Everything else fusionlab writes is float32-only there: FusedMatMul, FusedGemm, Gelu, BiasGelu, FastGelu,
+#: QuickGelu, MultiHeadAttention (untyped or float-only registrations) and FusedConv, whose MLFloat16 kernel
+#: is compiled only with MLAS_F16VEC_INTRINSICS_SUPPORTED (ARM64 builds with fp16 arithmetic, not x86-64);
+#: so are the standard MatMul, Gemm, Conv, Gelu, Softmax, which onnxruntime runs in float32 between Casts it
+#: inserts itself. A contrib op is written for float16 only when it is in this table (`float16_refusal`).
+FLOAT16_CPU_KERNELS = frozenset({
+    "LayerNormalization", "RMSNormalization", "com.microsoft:SkipLayerNormalization",
+    "com.microsoft:SkipSimplifiedLayerNormalization", "com.microsoft:GroupQueryAttention",
+    "com.microsoft:RotaryEmbedding",
+})
 
 #: activations onnxruntime 1.31's CPU FusedConv kernel accepts -> (attribute, default) of its params
 FUSED_CONV_ACTIVATIONS = {
@@ -54,6 +68,17 @@ class Target:
 
     def __str__(self) -> str:
         return self.op
+
+
+def float16_refusal(op: str, dtype, found: str = ""):
+    """None when `op` (domain-qualified: "com.microsoft:FusedMatMul") may be written for `dtype`; for float16
+    and an op outside `FLOAT16_CPU_KERNELS`, the `Refused` saying so (`found`: the group's nodes), for a rule
+    to raise or record. One condition for every rule, so `explain --why-not` counts them together."""
+    if dtype is None or np.dtype(dtype) != np.float16 or op in FLOAT16_CPU_KERNELS:
+        return None
+    from .engine import Refused  # engine imports this module
+    return Refused(condition=f"a float16 CPU kernel for {op} (onnxruntime 1.31 has float32 only, and would run "
+                   "it in float32 between Casts it inserts)", found=found or "float16 operands")
 
 
 def conv_target(act: str | None, dtype, transpose: bool, lower: str) -> Target:

@@ -19,7 +19,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, consumers, is_op, other_input, sole_consumer
-from ..lowering import contrib_target
+from ..lowering import contrib_target, float16_refusal
 from .common import F32, FLOATS, activation
 
 __all__ = ["SiLU", "HardActivation", "hard_activation", "hard_sigmoid_after"]
@@ -36,12 +36,15 @@ class SiLU(Rule):
 
     def match(self, cx, sig: ir.Node) -> Match | None:
         target = contrib_target("QuickGelu", cx.lower)
-        if target is None or sig.inputs[0] is None or cx.dtype(sig.inputs[0]) != F32:
+        if target is None or sig.inputs[0] is None or cx.dtype(sig.inputs[0]) not in (F32, np.dtype(np.float16)):
             return None
         x = sig.inputs[0]
         mul = sole_consumer(sig.outputs[0])
         if not is_op(mul, "Mul") or other_input(mul, sig.outputs[0]) is not x or not cx.free(sig, mul):
             return None
+        fp16 = float16_refusal(target.op, cx.dtype(x), f"float16 x * sigmoid(x) at {sig.name}")
+        if fp16:
+            raise fp16
         return Match("silu", sig, [sig, mul], "x * sigmoid(x) with a single-consumer sigmoid", target.op)
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:

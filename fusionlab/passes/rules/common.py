@@ -9,10 +9,11 @@ from ... import derive
 from ..engine import Refused, attr, consumers, sole_consumer
 from ..lowering import ELEMENTWISE_ACTIVATIONS, FUSED_GEMM_ACTIVATIONS
 
-__all__ = ["FLOATS", "F32", "bn_checks", "bn_scale_shift", "channel_affine", "activation", "folded_pads", "consumers"]
+__all__ = ["FLOATS", "F32", "F16", "bn_checks", "bn_scale_shift", "channel_affine", "activation", "folded_pads", "consumers"]
 
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
 
 
 def bn_checks(cx, bn: ir.Node) -> None:

@@ -12,8 +12,8 @@ import math
 import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, attr, exact, is_op, only_read_by, other_input, sole_consumer
-from ..lowering import contrib_target, fast_gelu_target, gelu_target
-from .common import FLOATS, F32
+from ..lowering import contrib_target, fast_gelu_target, float16_refusal, gelu_target
+from .common import FLOATS, F16, F32
 from .poly import prove_tanh_gelu
 
 __all__ = ["ErfGelu", "GeluAfterBias", "TanhGelu", "bias_before"]
@@ -78,6 +78,16 @@ def bias_before(cx, x: ir.Value, readers: list[ir.Node]) -> tuple[ir.Node, ir.Va
     return None
 
 
+def _refuse_float16(cx, anchor: ir.Node, x: ir.Value, nodes: list[ir.Node], what: str, op: str = "") -> None:
+    """A float16 GELU: no GELU op has a float16 CPU kernel (lowering.FLOAT16_CPU_KERNELS), so Refused, naming
+    the op the group would have become (BiasGelu / FastGelu with the bias Add before it, else Gelu)."""
+    bias = bias_before(cx, x, nodes) if cx.lower != "onnx" else None
+    if not op:
+        op = "com.microsoft:BiasGelu" if bias is not None else str(gelu_target(F32, cx.graph.opset, cx.lower) or "Gelu")
+    where = "float16 " + (f"bias Add {bias[0].name} + " if bias is not None else "") + f"{what} at {anchor.name}"
+    raise float16_refusal(op, F16, where)
+
+
 class _BiasOp(Rule):
     """Rewrites of the form op(input, bias) in com.microsoft after a bias Add: BiasGelu, FastGelu(x, bias)."""
 
@@ -104,6 +114,8 @@ class ErfGelu(_BiasOp):
         nodes, x = core
         dt = cx.dtype(x)
         target = contrib_target("BiasGelu", cx.lower)
+        if dt == F16:
+            _refuse_float16(cx, erf, x, nodes, "erf-GELU")
         bias = bias_before(cx, x, nodes) if "bias_gelu" in cx.rules and target and dt == F32 else None
         if bias is not None:
             return Match("bias_gelu", erf, [bias[0]] + nodes, "Add of a 1-D bias over the last axis, then erf-GELU",
@@ -134,11 +146,14 @@ class GeluAfterBias(_BiasOp):
             return None
         rule, op = ("fast_gelu", "FastGelu") if approx == "tanh" else ("bias_gelu", "BiasGelu")
         x = gelu.inputs[0] if gelu.inputs else None
-        if rule not in cx.rules or x is None or cx.dtype(x) != F32 or not cx.free(gelu):
+        if rule not in cx.rules or x is None or cx.dtype(x) not in (F32, F16) or not cx.free(gelu):
             return None
         found = bias_before(cx, x, [gelu])
         if found is None:
             return None
+        fp16 = float16_refusal(f"com.microsoft:{op}", cx.dtype(x), f"float16 bias Add {found[0].name} + Gelu {gelu.name}")
+        if fp16:
+            raise fp16
         return Match(rule, gelu, [found[0], gelu], f"Add of a 1-D constant bias, then Gelu ({approx})",
                      f"com.microsoft:{op}", data={"bias": found})
 
@@ -151,12 +166,15 @@ class TanhGelu(_BiasOp):
     fixed = True
 
     def match(self, cx, tanh: ir.Node) -> Match | None:
-        if tanh.inputs[0] is None or not cx.free(tanh) or cx.dtype(tanh.inputs[0]) != F32:
+        if tanh.inputs[0] is None or not cx.free(tanh) or cx.dtype(tanh.inputs[0]) not in (F32, F16):
             return None
         proof = prove_tanh_gelu(cx, tanh)
         if proof is None:
             return None
         nodes, x = proof
+        if cx.dtype(tanh.inputs[0]) == F16:
+            _refuse_float16(cx, tanh, x, nodes, "tanh-GELU", op="com.microsoft:FastGelu" if cx.lower != "onnx"
+                            else "Gelu(tanh)")
         bias = bias_before(cx, x, nodes) if cx.lower != "onnx" else None
         if bias is not None:
             return Match("fast_gelu", tanh, [bias[0]] + nodes,

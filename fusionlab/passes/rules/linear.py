@@ -13,7 +13,7 @@ import onnx_ir as ir
 from ... import derive
 from ...legality import matmul_bn_legal
 from ..engine import Match, Refused, Rule, attr, consumers, copy_attrs, is_op, next_reader, sole_consumer
-from ..lowering import FUSED_GEMM_ACTIVATIONS, gemm_target
+from ..lowering import FUSED_GEMM_ACTIVATIONS, float16_refusal, gemm_target
 from .common import FLOATS, F32, activation, bn_scale_shift
 
 __all__ = ["LinearChain"]
@@ -139,7 +139,16 @@ class LinearChain(Rule):
 
     @staticmethod
     def _activation(cx, nodes: list, head: dict):
-        if "gemm_act" not in cx.rules or cx.lower == "onnx" or head["dtype"] != F32 or not cx.room(nodes):
+        if "gemm_act" not in cx.rules or cx.lower == "onnx" or not cx.room(nodes):
+            return None
+        if float16_refusal("com.microsoft:FusedGemm", head["dtype"]):
+            after = next((n for n in consumers(nodes[-1].outputs[0])
+                          if activation(cx, n, FUSED_GEMM_ACTIVATIONS) is not None), None)
+            if after is not None:
+                cx.refuse("gemm_act", nodes[0], float16_refusal("com.microsoft:FusedGemm", head["dtype"],
+                                                                f"float16 {after.op_type} {after.name}"))
+            return None
+        if head["dtype"] != F32:
             return None
         nxt = next_reader(cx, nodes[-1].outputs[0], "gemm_act", nodes[0],
                           lambda n: activation(cx, n, FUSED_GEMM_ACTIVATIONS) is not None, len(nodes))

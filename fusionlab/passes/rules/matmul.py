@@ -20,7 +20,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, attr, is_op, other_input, sole_consumer
-from ..lowering import contrib_target
+from ..lowering import contrib_target, float16_refusal
 from .common import F32
 
 __all__ = ["FusedMatMul", "transpose_flags"]
@@ -136,6 +136,9 @@ class FusedMatMul(Rule):
             return None
         for w in whys:  # fused without them: say why they stayed
             cx.refuse("fused_matmul", mm, w)
+        fp16 = float16_refusal("com.microsoft:FusedMatMul", cx.dtype(mm.inputs[0]), f"float16 MatMul {mm.name}")
+        if fp16:
+            raise fp16
         if cx.dtype(mm.inputs[0]) != F32 or cx.dtype(mm.inputs[1]) != F32:
             raise Refused(f"FusedMatMul's CPU kernel takes float32 only (operands are {cx.dtype(mm.inputs[0])})")
         ra, rb = cx.rank(a["value"]), cx.rank(b["value"])

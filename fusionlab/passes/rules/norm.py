@@ -17,7 +17,7 @@ import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, only_read_by, other_input, sole_consumer
 from ..lowering import contrib_target, layernorm_target
-from .common import F32
+from .common import F16, F32
 
 __all__ = ["DecomposedLayerNorm", "SkipLayerNorm", "residual_add", "skip_inputs", "skip_node", "skip_outputs",
            "reduces_last_axis", "square_of"]
@@ -111,8 +111,8 @@ def _bias_split(cx, node: ir.Node, h) -> tuple[ir.Value, ir.Value] | None:
 
 
 def residual_add(cx, x: ir.Value, readers: list[ir.Node], *, hand_on_sum: bool = True) -> dict | None:
-    """x = input + skip [+ bias] of two same-shape, non-constant fp32 tensors of rank 2 or 3 (what the CPU
-    Skip*LayerNormalization kernels take), the bias a constant [H] added to one of them first.
+    """x = input + skip [+ bias] of two same-shape, non-constant float32 or float16 tensors of rank 2 or 3 (what
+    the CPU Skip*LayerNormalization kernels take: both have float16 kernels, `lowering.FLOAT16_CPU_KERNELS`), the bias a constant [H] added to one of them first.
 
     `sum` is True when x has readers besides `readers` (pre-LN blocks reuse the residual sum): the fused op
     then hands x on as its 4th output (input_skip_bias_sum), if `hand_on_sum`.
@@ -140,7 +140,7 @@ def residual_add(cx, x: ir.Value, readers: list[ir.Node], *, hand_on_sum: bool =
     sa, sb = cx.shape(found["input"]), cx.shape(found["skip"])
     if sa is None or sb is None or sa != sb or None in sa or len(sa) not in (2, 3):
         return None
-    if cx.dtype(a) != F32 or cx.dtype(b) != F32:
+    if cx.dtype(a) != cx.dtype(b) or cx.dtype(a) not in (F32, F16):
         return None
     return found
 

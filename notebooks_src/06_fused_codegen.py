@@ -94,7 +94,7 @@ else:
     where = f"consistent with the bytes ratio of {demo.ratio:.2f}×: its interval {c.ci_low:.2f}–{c.ci_high:.2f}× holds it"
 text = (f"The speed-up, {c.speedup:.2f}×, is {where}. The unfused loops streamed {gbs_unfused:.1f} GB/s, the fused "
         f"loop {gbs_fused:.1f} GB/s ({gbs_fused / me.mem_bandwidth_gbs:.0%} of the one-core streaming bandwidth "
-        f"measured above), and {demo.ratio:.2f} × {gbs_fused:.1f} / {gbs_unfused:.1f} = "
+        f"measured above), and {demo.ratio:.2f} × {gbs_fused:.2f} / {gbs_unfused:.2f} = "
         f"{demo.ratio * gbs_fused / gbs_unfused:.2f}: the speed-up, up to the difference between a ratio of medians "
         f"and the median of paired ratios.")
 if c.ci_low > demo.ratio or c.ci_high < demo.ratio:

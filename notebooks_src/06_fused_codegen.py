@@ -23,6 +23,7 @@ from fusionlab import runtime, seed_claims, timing
 from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import codegen
 from fusionlab.text import wrap
+from IPython.display import Markdown, display
 
 print(seed_claims.claim("s1-fusion-saves-traffic-and-launches").summary())
 
@@ -57,6 +58,19 @@ print(demo.fused_source)
 # should stream close to what this machine's memory can deliver. The DRAM streaming bandwidth comes from
 # `fusionlab.cost.calibrate` (the better of a copy and an add over arrays at least four times the last-level cache,
 # the figure every notebook uses). The timings vary from run to run.
+#
+# Two conventions hold for every figure in this notebook. The bandwidth is **one core's**: `calibrate` streams
+# on one thread, and so do both loops (and onnxruntime below, pinned to one intra-op thread); several cores
+# together draw more from the same memory. The bytes are **logical**: what the ops must read and write, counted
+# once per tensor pass as STREAM counts them, not what the memory controller sees (a write to a line not in the
+# cache is first read, prefetchers fetch ahead); the counts compare two variants under one rule, they are not a
+# DRAM traffic measurement.
+#
+# Read the last two lines of the timing: if the speed-up is close to the bytes ratio and both loops stream near
+# the DRAM bandwidth, the chain is memory-bound and fusion's saving *is* the bytes it does not move. The speed-up
+# is the bytes ratio times the ratio of the two loops' streaming rates, so a speed-up beyond the bytes ratio
+# means the unfused loops moved their bytes more slowly than the fused loop did. The paragraph under the
+# timing says which this run shows.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -68,10 +82,34 @@ demo = codegen.loop_vs_loop(n=N, min_time=2.0)
 print(demo.comparison.table())
 print(demo.gbs(me.mem_bandwidth_gbs))
 
+c = demo.comparison
+gbs_unfused, gbs_fused = demo.unfused_bytes / c.a.median / 1e9, demo.fused_bytes / c.b.median / 1e9
+if c.ci_low > demo.ratio:
+    where = (f"above the bytes ratio of {demo.ratio:.2f}×: its interval {c.ci_low:.2f}–{c.ci_high:.2f}× lies wholly "
+             f"above it")
+elif c.ci_high < demo.ratio:
+    where = (f"below the bytes ratio of {demo.ratio:.2f}×: its interval {c.ci_low:.2f}–{c.ci_high:.2f}× lies wholly "
+             f"below it")
+else:
+    where = f"consistent with the bytes ratio of {demo.ratio:.2f}×: its interval {c.ci_low:.2f}–{c.ci_high:.2f}× holds it"
+text = (f"The speed-up, {c.speedup:.2f}×, is {where}. The unfused loops streamed {gbs_unfused:.1f} GB/s, the fused "
+        f"loop {gbs_fused:.1f} GB/s ({gbs_fused / me.mem_bandwidth_gbs:.0%} of the one-core streaming bandwidth "
+        f"measured above), and {demo.ratio:.2f} × {gbs_fused:.2f} / {gbs_unfused:.2f} = "
+        f"{demo.ratio * gbs_fused / gbs_unfused:.2f}: the speed-up, up to the difference between a ratio of medians "
+        f"and the median of paired ratios.")
+if c.ci_low > demo.ratio or c.ci_high < demo.ratio:
+    slower, faster = ("unfused", "fused") if gbs_unfused < gbs_fused else ("fused", "unfused")
+    text += (f" The byte count is one logical count for both variants, so it cannot say why the {slower} variant "
+             f"streams more slowly than the {faster} one; causes this notebook does not measure include each loop's "
+             f"own start (the call, the prefetchers' ramp on a new array) and other work on a shared machine. The "
+             f"bytes ratio still sets the scale of the saving.")
+else:
+    text += " Time followed bytes: the two loops streamed at about the same rate."
+display(Markdown(text))
+
 # %% [markdown]
-# Read the last two lines: if the speed-up is close to the bytes ratio and both loops stream near the DRAM bandwidth,
-# the chain is memory-bound and fusion's saving *is* the bytes it does not move. Everything else in this notebook
-# (and the byte counts of notebooks 02 and 05) is this picture applied to bigger chains.
+# Everything else in this notebook (and the byte counts of notebooks 02 and 05) is this picture applied to
+# bigger chains.
 #
 # ## 2. Generating the fused loop from ONNX nodes
 #
@@ -138,10 +176,11 @@ print(wrap(f"benchmark (last run): {bench_cell} for the benchmark's chain (the s
 # Fusion removes *memory* traffic, so it pays only while the loop is not busy computing. Transcendental ops
 # (`Erf`, `Tanh`, `Exp`) are where a naive generator goes wrong: a call to the scalar C library (`math.erf`) inside
 # the loop stops the compiler from vectorising it, and the fused loop then loses to numpy's and onnxruntime's SIMD
-# kernels. So for float32 the generator emits small branch-free helpers once, above the loop: the rational
-# approximations Eigen, XLA and onnxruntime use for `erf` and `tanh` (a polynomial over a polynomial, the argument
-# clamped), and an `exp` built from range reduction, a polynomial and the float's exponent bits. The loop calls
-# them and stays vectorisable. Here is a GELU-like chain:
+# kernels. So for float32 the generator emits small branch-free helpers once, above the loop: for `erf` the
+# rational approximation Eigen and XLA use, for `tanh` the one Eigen, XLA and onnxruntime's MLAS share (a
+# polynomial over a polynomial, the argument clamped; MLAS's own `erf` is a different, piecewise polynomial), and an
+# `exp` built from range reduction, a polynomial and the float's exponent bits. The loop calls them and stays
+# vectorisable. Here is a GELU-like chain:
 
 # %%
 gelu_spec = [("Mul", 0.7071), ("Erf",), ("Add", 1.0), ("Mul", "x"), ("Mul", 0.5), ("Tanh",)]

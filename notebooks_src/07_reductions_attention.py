@@ -18,8 +18,10 @@
 #
 # Notebook 04's partitioner follows TVM Relay's FuseOps rule, under which a reduction may only *end* a
 # group: a decomposed LayerNorm took three or more kernels there, and Softmax stayed one opaque op. Here
-# we fuse through the reductions, the way XLA, Inductor, Triton and CANN do (and TVM's own Relax pipeline,
-# which fuses a reduction with its elementwise consumers).
+# we fuse through the reductions, the way XLA, Inductor, Triton and CANN do. (TVM's newer Relax pipeline
+# fuses a `mean` with its elementwise consumers, but not by a rule for reductions: the legalised `mean`, a sum
+# followed by a division in one function, is labelled like a Conv, an anchor that takes in the elementwise ops
+# after it; a plain `ReduceSum` still only ends a group, as in Relay. Notebook 04 §2 has the details.)
 # Every section follows the same order: bytes first, the unfused loop, the fused loop checked, then
 # timed against the limit. Before each measurement you are asked to predict it.
 
@@ -175,15 +177,16 @@ ax.legend(loc="lower right", fontsize=8)
 fig.tight_layout()
 
 # %% [markdown]
-# How to read it. The five-op graph pays for its extra traffic, and for allocating four 64 MiB
-# intermediates, so the fused kernel beats it clearly; by the full 4× of the bytes ratio only if the
-# kernel itself runs at the bandwidth limit. Against onnxruntime's `Softmax`, which is already one
+# How to read it. The five-op graph pays for its extra traffic: its two full-size intermediates (the
+# shifted logits and their exponentials, 64 MiB each) are written and read back, and the output is
+# written by a separate `Div`; so the fused kernel beats it clearly, by the full 4× of the bytes ratio only
+# if the kernel itself runs at the bandwidth limit. Against onnxruntime's `Softmax`, which is already one
 # kernel, the comparison is kernel against kernel: both move the same bytes, so what separates them
 # is how close each gets to the limit. Our kernel's three passes over a cached row cost arithmetic
 # (the exp polynomial is about 20 operations per element), and on one shared core that can make it
-# **compute-bound** below the bandwidth line; where onnxruntime's kernel is faster, it is because MLAS
-# computes the exponential with fewer instructions per element (hand-written AVX2), not because it
-# moves fewer bytes. `benchmarks/bench_reductions.py` records the fraction of the bandwidth reached
+# **compute-bound** below the bandwidth line. Where onnxruntime's kernel is faster, it is not because it
+# moves fewer bytes (it moves the same); MLAS's softmax computes its exponentials in hand-written AVX2 /
+# AVX-512 kernels, and the difference lies in that arithmetic (this notebook does not count instructions). `benchmarks/bench_reductions.py` records the fraction of the bandwidth reached
 # (`benchmarks/results/reductions.md`) against the 70% target, and says so when it misses.
 #
 # ## 5. LayerNorm: the same story with two reductions
@@ -292,8 +295,8 @@ for bq, bk in ((64, 64), (32, 100), (300, 16)):
 # **Bytes against sequence length.** Unfused, one head moves the inputs, plus the scores six times
 # (written by the MatMul, read and written by the scale and by the softmax, read by the second MatMul).
 # Tiled, Q is read and O written once, and K and V once per query tile; the tile is as large as the
-# fast memory allows (here 1 MiB: one core's L2 on this machine). Both still grow as N² (K and V are
-# re-read N / block times), but the tiled kernel's constant is far smaller, and it never *holds* an
+# fast memory allows (here 1 MiB, the model's `on_chip_bytes`: the order of one core's L2 cache). Both
+# still grow as N² (K and V are re-read N / block times), but the tiled kernel's constant is far smaller, and it never *holds* an
 # N × N tensor: its memory footprint stays linear in N. (A model of traffic to memory: on a CPU, small
 # score matrices stay in the cache, so the unfused graph's real traffic is lower at short lengths.)
 
@@ -334,7 +337,9 @@ print("MultiHeadAttention vs decomposed graph within fp32 tolerance:", np.allclo
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-print(f"{'seq':>5} {'decomposed':>11} {'MHA':>9} {'MHA, no flash':>14} {'MHA speedup (95% CI)':>22}")
+print(f"{'seq':>5} {'decomposed':>11} {'MHA':>9} {'no flash':>9}   {'MHA / decomposed':>20}   "
+      f"{'no flash / decomposed':>21}")
+mha_runs = {}
 for seq in (16, 128, 512, 1024, 2048):
     feeds = {n: rng.standard_normal((B, seq, H * D)).astype(np.float32) for n in "qkv"}
     dec = runtime.session(R.attention_model(B, seq, H, D), "all", 1)
@@ -342,29 +347,50 @@ for seq in (16, 128, 512, 1024, 2048):
     os.environ["ORT_DISABLE_FLASH_ATTENTION"] = "1"
     mha_plain = runtime.session(R.mha_model(B, seq, H, D), "all", 1)
     del os.environ["ORT_DISABLE_FLASH_ATTENTION"]
-    budget = 0.4 if seq <= 512 else 1.0
-    c = timing.compare(lambda: dec.run(None, feeds), lambda: mha.run(None, feeds), label_a="decomposed",
-                       label_b="MHA", min_time=budget)
-    plain = timing.bench(lambda: mha_plain.run(None, feeds), min_time=budget / 2)
+    t = timing.interleaved({"decomposed": lambda: dec.run(None, feeds), "MHA": lambda: mha.run(None, feeds),
+                            "no flash": lambda: mha_plain.run(None, feeds)}, min_time=0.6 if seq <= 512 else 1.5)
+    pair = lambda a, b: timing.Comparison.from_samples(t[a], t[b], label_a=a, label_b=b)  # noqa: E731
+    mha_runs[seq] = {"mha": pair("decomposed", "MHA"), "plain": pair("decomposed", "no flash"),
+                     "flash": timing.Comparison.from_samples(t["no flash"], t["MHA"], label_a="no flash",
+                                                             label_b="flash")}
+    c, p = mha_runs[seq]["mha"], mha_runs[seq]["plain"]
     print(f"{seq:>5} {timing.format_seconds(c.a.median):>11} {timing.format_seconds(c.b.median):>9} "
-          f"{timing.format_seconds(plain.median):>14} {c.speedup:>10.2f}x ({c.ci_low:.2f}-{c.ci_high:.2f})  "
-          f"{c.verdict(brief=True)}")
+          f"{timing.format_seconds(p.b.median):>9}   {c.speedup:>7.2f}x ({c.ci_low:.2f}-{c.ci_high:.2f})   "
+          f"{p.speedup:>8.2f}x ({p.ci_low:.2f}-{p.ci_high:.2f})")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from IPython.display import Markdown, display
+
+
+def by_verdict(key: str) -> str:
+    """'B faster at 16, 128; no clear difference at 512' from the comparisons of one column."""
+    groups: dict[str, list[str]] = {}
+    for seq, runs in mha_runs.items():
+        c = runs[key]
+        groups.setdefault(c.verdict(brief=True), []).append(f"{seq} ({c.speedup:.2f}×, {c.ci_low:.2f}–{c.ci_high:.2f})")
+    return "; ".join(f"{v} at N = {', '.join(seqs)}" for v, seqs in groups.items())
+
+
+display(Markdown(
+    f"**What this run shows** (ratios are time of the first over time of the second, 95% CI in brackets). "
+    f"Fused MHA against the decomposed graph: {by_verdict('mha')}. With the flash path off, MHA against the "
+    f"decomposed graph: {by_verdict('plain')}. The flash path against the same kernel without it: "
+    f"{by_verdict('flash')}."))
 
 # %% [markdown]
-# Read the table with the bytes model in mind, and you see why the gain on this CPU is a fraction of
-# the traffic ratio. For one head of d = 64 the two MatMuls do 4·N²·d FLOPs while the softmax and scale
-# move 4 bytes per score several times: at N = 1024 the score matrix of one head is 4 MiB and stays in
-# this machine's 32 MiB L3, so the "memory traffic" the fused kernel saves is mostly cache traffic,
-# and the MatMuls (the same in both) dominate. In the benchmark (`benchmarks/bench_reductions.py`,
-# longer runs, `benchmarks/results/reductions.md`) the pattern is: at N = 16 the fused kernel wins by
-# about 1.2× because the decomposed graph is a dozen tiny kernels and their launches dominate; at
-# 128-512 the gain shrinks to a few percent, within the noise at 512, because the MatMuls dominate and
-# the scores fit in cache; from 1024 up it grows again (1.2-1.3×) as the scores spill out of the caches.
-# It never loses clearly on this CPU, but it never comes near the 4-16× the traffic model promises:
-# that promise assumes every intermediate goes to DRAM. Switching the flash path off shows how much
-# of the gain at long lengths comes from tiling rather than from doing all heads in one kernel.
-#
-# ## 7. The same kernel on an Ascend AI core (modelled)
+# Read these with the bytes model in mind. For one head of d = 64 the two MatMuls do 4·N²·d FLOPs while the
+# softmax and scale move 4 bytes per score several times: at N = 1024 the score matrix of one head is 4 MiB,
+# and the four heads' 16 MiB stay in this machine's 32 MiB L3, so the "memory traffic" the fused kernel saves
+# is mostly cache traffic, and the MatMuls (the same in both) dominate. At N = 16 the decomposed graph is a
+# dozen tiny kernels, and what the fused kernel saves there is their per-kernel cost. Whatever the verdicts
+# above, the gain never comes near the 4-16× the traffic model promises: that promise assumes every
+# intermediate goes to DRAM. The third comparison separates the two things a fused kernel does: the
+# no-flash MHA still does all heads in one kernel, so what the flash path adds over it is the tiling. The
+# benchmark (`benchmarks/bench_reductions.py`) repeats the first comparison with longer runs and records it in
+# `benchmarks/results/reductions.md`.
+
+## 7. The same kernel on an Ascend AI core (modelled)
 #
 # CANN ships attention as a fused operator: `FlashAttentionScore` (aclnn `aclnnFlashAttentionScore`,
 # for the Atlas A2 *training* series, query/key/value fp16/bf16/fp32, layouts such as BSH and BNSD, with
@@ -374,12 +400,18 @@ for seq in (16, 128, 512, 1024, 2048):
 # documentation and the `cann/ops-transformer` repository describe them; the seed does not.
 #
 # On an AI core the tile is decided by the on-chip buffers. Q·Kᵀ runs on the cube unit, whose operands
-# come from L1; the softmax runs on the vector unit, in the Unified Buffer. A square tile of b queries
+# come from L1; the softmax runs on the vector unit, in the Unified Buffer. On the 310P3 (300I Pro and Duo)
+# and the 910 both units sit in one AI core. On the 910B they do not: the 910B4 has 20 cube cores (AIC),
+# each with its L1, and 40 vector cores (AIV), each with its own UB (`cann_facts.md` §3.3); a tile of
+# scores leaves the cube's L0C through the FixPipe to global memory, and a vector core reads it from there
+# into its UB (traffic the chip's 192 MB L2 can keep off HBM). The model below applies one budget to every
+# chip, the cube's tiles in one L1 and the softmax's in one UB, and does not count that hand-over. A square tile of b queries
 # by b keys (multiples of 16, the cube's fractal size) needs in L1 the fp16 Q tile and double-buffered
 # K and V tiles, and in UB the fp32 scores, the fp16 probabilities, the fp32 output accumulator and
 # the running max and sum. `R.ascend_flash_tile` takes the largest b that fits the L1 and UB sizes of
 # `data/devices.json`, then predicts one head's traffic and time with the roofline
-# (bytes / bandwidth against FLOPs / fp16 peak) for the whole chip. **These are predictions of a model
+# (bytes / bandwidth against FLOPs / fp16 peak) for one whole chip: the 300I Duo is two 310P3 chips, and one
+# head runs on one of them, at half the card's bandwidth. **These are predictions of a model
 # from published specifications, not measurements**; a real kernel also splits heads over cores and
 # pipelines the cube and vector units.
 
@@ -397,12 +429,37 @@ print("\n".join(text_table(["device", "UB KiB", "L1 KiB", "tile", "L1 used", "UB
                             "HBM MiB unfused", "time tiled", "time unfused"], rows)))
 
 # %% [markdown]
-# The 910B core's smaller UB (192 KiB against 256 KiB on the 310P3) forces a smaller tile, so K and V
-# are re-read more often; its higher HBM bandwidth more than makes up for it. At this length the
-# model finds every preset memory-bound both ways (the cube would finish the 8.6 GFLOP of one head far
-# sooner than the bytes arrive), so the predicted gain is the bytes ratio, 3-4×: traffic, not the
-# launches saved, is what FlashAttention buys.
-#
+
+# %%
+tiles_a = {name: R.ascend_flash_tile(name, seq_a, d_a) for name in devices.load_devices()}
+pro, a2 = tiles_a["Atlas 300I Pro"], tiles_a["Atlas 800I A2 (Ascend 910B)"]
+dev_a2 = devices.get(a2.device)
+flops_a = 4 * seq_a * seq_a * d_a
+bound = {n: ("memory" if t.hbm_bytes / devices.get(n).chip_bandwidth > flops_a / devices.get(n).chip_peak_flops("float16")
+             else "compute") for n, t in tiles_a.items()}
+gains = [t.unfused_bytes / t.hbm_bytes for t in tiles_a.values()]
+kv = 2 * seq_a * d_a * 2  # one head's K and V, fp16
+once = 4 * seq_a * d_a * 2  # Q, K, V read and O written once
+L2_910B_MB = 192  # cann_facts.md §3.3 (catlass arch.hpp L2CacheByte, Ascend910B1.ini l2_size)
+all_memory = all(b == "memory" for b in bound.values())
+display(Markdown(
+    f"The 910B's smaller UB ({dev_a2.ub_kb:g} KiB against {devices.get(pro.device).ub_kb:g} KiB on the 310P3) "
+    f"forces a smaller tile ({a2.block_q} against {pro.block_q}), so K and V are re-read more often "
+    f"({a2.hbm_bytes / 2**20:.0f} against {pro.hbm_bytes / 2**20:.0f} MiB); its higher bandwidth "
+    f"({dev_a2.mem_bandwidth_gbs:g} GB/s) more than makes up for it. At this length the model finds "
+    + ("every preset memory-bound both ways" if all_memory else
+       "these presets memory-bound: " + ", ".join(n for n, b in bound.items() if b == "memory"))
+    + f" (the cube would finish the {flops_a / 1e9:.1f} GFLOP of one head sooner than the bytes arrive), so the "
+    f"predicted gain is the bytes ratio, {min(gains):.1f}-{max(gains):.1f}×: traffic, not the launches saved, is "
+    f"what FlashAttention buys. The Duo's row is the 300I Pro's within "
+    f"{abs(tiles_a['Atlas 300I Duo'].time_us / pro.time_us - 1):.1%}: one head uses one of its two chips.\n\n"
+    f"The model leaves out two things on the 910B, and they pull in opposite directions. One head's K and V are {kv / 2**20:.0f} MiB, "
+    f"against an L2 of {L2_910B_MB} MB: the re-reads of K and V could be served from L2, so "
+    f"{a2.hbm_bytes / 2**20:.0f} MiB is an upper bound on HBM traffic, and {once / 2**20:.0f} MiB (each of Q, K, V "
+    f"read once, O written once) the lower one. And the score tiles' trips from the cube cores to the vector "
+    f"cores through global memory are not counted at all."))
+
+# %% [markdown]
 # ## Summary
 #
 # * Count bytes first. An exported softmax moves 4× what one kernel must, an exported LayerNorm 6×.

@@ -202,13 +202,16 @@ fig
 #
 # ## 4. Stage times from the Atlas presets (modelled)
 #
-# Where do real stage times come from? For an elementwise kernel on one AI Core:
+# Where do real stage times come from? For an elementwise kernel on one core that runs vector code:
 #
-# - copy time = bytes / the core's share of memory bandwidth (published bandwidth ÷ AI cores, all cores busy),
-#   shared by copy-in and copy-out;
+# - copy time = bytes / the core's share of memory bandwidth (published bandwidth ÷ the cores that run vector
+#   kernels, all of them busy), shared by copy-in and copy-out. On the 310P3 and the 910 those are the AI
+#   cores; the 910B4 splits them into 20 cube cores (AIC) and 40 vector cores (AIV, `cann_facts.md` §3.3),
+#   and a vector kernel runs on the 40, so each gets a fortieth of the bandwidth;
 # - compute time = element operations / vector throughput. The vector unit processes 256 bytes per cycle (128
 #   fp16 lanes) at 1.8 GHz; this is modelled from the 910B platform file (`vec_calc_size`, `cube_freq`), not
-#   published per product, so treat it as an assumption;
+#   published per product, so treat it as an assumption, and one the model applies to every preset: no clock
+#   for the 310P3 or the 910 is in our sources, so their vector rows carry the 910B's clock;
 # - the tile is as large as the Unified Buffer allows: `BUFFER_NUM` × (inputs + outputs) × tile ≤ UB.
 #   **Double buffering halves the tile.**
 
@@ -256,6 +259,10 @@ for dev in presets.values():
     print(f"\n{dev.name}")
     print("\n".join(text_table(["kernel", "tile, 1 buf", "tile, 2 buf", "copy/compute", "regime", "bound", "1 buffer",
                                 "2 buffers", "gain"], table)))
+vector = double_buffer.core_from_device(presets["Atlas 300I Pro"]).vector_gflops * 1e3  # element-ops per µs
+print("\ncompute on one core, every preset (one vector model): "
+      + ", ".join(f"{label} {ELEMS * ops / vector:.0f} us" for label, ops in (("Add", 1), ("Sinh-like", 20),
+                                                                           ("100 ops/elem", 100))))
 
 # %% [markdown]
 # The least time for the Sinh-like kernel on the 300I Pro is 16 MiB ÷ 25.6 GB/s = 655 µs, and the double-buffered
@@ -300,6 +307,7 @@ for k in (1, 2, 4, 8, 16):
     print(f"{k:>5} {t['unfused', 1]:>12.0f} us {t['unfused', 2]:>12.0f} us {t['fused', 1]:>10.0f} us "
           f"{t['fused', 2]:>10.0f} us {t['unfused', 2] / t['fused', 2]:>10.1f}x "
           f"{t['fused', 1] / t['fused', 2] - 1:>+13.0%} {busy[0]:>8.0%} -> {busy[1]:>4.0%}")
+print("compute of the fused kernel: " + ", ".join(f"k = {k} {ELEMS * 5 * k / vector:.0f} us" for k in chain))
 print("Vector unit busy, fused kernel / one basic op: "
       + ", ".join(f"{k} ops {b[1] / b[0]:.1f}x" for k, (_, b) in chain.items() if k > 1))
 
@@ -345,7 +353,9 @@ print(seed_claims.claim("s33-ipc-1.7x").summary())
 # 2. **an emulated storage device** of fixed bandwidth (`device_gbs`): the loader sleeps while the "device"
 #    transfers, using no CPU, the way a DMA engine does. This is the situation MTE2 is in.
 #
-# The compute stage is a few `tanh` sweeps over the tile, chosen so that the two stages are roughly balanced.
+# The compute stage is a few `tanh` sweeps over the tile. The two stages are far from balanced here (the per-tile
+# times printed below: the load is a fraction of the compute), so the simulator predicts a small gain, the most
+# overlap can give at that ratio.
 # There is no copy-out, so the shared-path question does not arise. First we time each stage on its own and let
 # the simulator predict the overlap gain; then we measure it, interleaved.
 
@@ -369,7 +379,7 @@ def measure(loader, label):
                 lambda: double_buffer.run_tiles(loader.load, compute, N_TILES, buffers, overlap=True),
                 min_time=2.0, label_a="sequential", label_b="overlapped")
     print(f"== {label}")
-    print(f"per tile: load {load_t * 1e6:.0f} us, compute {comp_t * 1e6:.0f} us; "
+    print(f"per tile: load {load_t * 1e6:.0f} us, compute {comp_t * 1e6:.0f} us (load/compute {load_t / comp_t:.2f}); "
           f"simulator predicts {predicted:.2f}x from overlapping")
     print(c.table())
     return predicted, c

@@ -177,6 +177,17 @@ def test_ub_capacity_limits_the_tile():
         P.max_tile_elems(0, 2)
 
 
+def test_vector_kernels_on_the_910b_share_the_bandwidth_over_its_40_vector_cores():
+    """The 910B4 runs a vector kernel on its 40 AIV cores, not its 20 AI (cube) cores: 800 GB/s / 40 each."""
+    from fusionlab.cost import devices
+
+    dev = devices.load_devices()["Atlas 800I A2 (Ascend 910B)"]
+    assert dev.ai_cores == 20 and dev.vector_cores == 40
+    assert P.core_from_device(dev).copy_gbs == pytest.approx(dev.mem_bandwidth_gbs / 40)
+    pro = devices.load_devices()["Atlas 300I Pro"]  # one core type: vector kernels run on the AI cores
+    assert pro.vector_cores is None and P.core_from_device(pro).copy_gbs == pytest.approx(pro.mem_bandwidth_gbs / 8)
+
+
 def test_stage_times_from_a_device_preset():
     from fusionlab.cost import devices
 

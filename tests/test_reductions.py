@@ -129,6 +129,19 @@ def test_ascend_tile_fits_the_buffers_of_each_device():
         assert l1 > dev.l1_kb * 1024 or ub > dev.ub_kb * 1024
 
 
+def test_one_head_on_a_two_chip_card_runs_on_one_chip():
+    """The 300I Duo is two 310P3: one head sees one chip's bandwidth and peak, so it is no faster than a 300I Pro."""
+    from fusionlab.cost import devices
+
+    duo, pro = devices.get("Atlas 300I Duo"), devices.get("Atlas 300I Pro")
+    assert duo.chips == 2 and pro.chips == 1
+    assert duo.chip_bandwidth == duo.bandwidth / 2
+    t_duo, t_pro = R.ascend_flash_tile(duo, 4096, 128), R.ascend_flash_tile(pro, 4096, 128)
+    card_bw = max(t_duo.hbm_bytes / duo.bandwidth, 4 * 4096 * 4096 * 128 / duo.peak_flops("float16")) * 1e6
+    assert t_duo.time_us > 1.5 * card_bw  # not the whole card's bandwidth
+    assert abs(t_duo.time_us - t_pro.time_us) / t_pro.time_us < 0.05  # 408/2 GB/s is within 1% of 204.8
+
+
 def test_generated_row_kernels_fit_the_notebook_column():
     from fusionlab.text import MAX_WIDTH
 

@@ -23,7 +23,7 @@ THIS_MACHINE = "this machine"
 
 _FIELDS = ("name", "chip", "peak_fp16_tflops", "peak_int8_tops", "peak_fp32_tflops", "mem_bandwidth_gbs", "ub_kb",
            "l1_kb", "ai_cores", "power_w", "launch_overhead_us", "source", "uncertain")
-_OPTIONAL = ("precision", "efficient_transfer_kb")
+_OPTIONAL = ("precision", "efficient_transfer_kb", "chips", "vector_cores")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,12 @@ class Device:
     #: transfers of at least this many KiB reach the full bandwidth; smaller ones pay a modelled per-transfer
     #: overhead (`fusionlab.cost.working_set`). 16 KB is Huawei's Ascend C best-practice figure; None: not modelled
     efficient_transfer_kb: float | None = 16.0
+    #: chips on the card the figures describe (the 300I Duo is two 310P3): work that runs on one chip, such as
+    #: one attention head, sees 1/chips of the peak and of the bandwidth
+    chips: int = 1
+    #: cores that run a vector (elementwise) kernel, when they are not the AI cores: the 910B splits each AI core
+    #: into one cube core (AIC) and two vector cores (AIV), so its vector kernels run on 2 x ai_cores of them
+    vector_cores: int | None = None
 
     def peak_flops(self, dtype: str = "float32") -> float:
         """Peak FLOP/s for a tensor dtype (fp32 without a published fp32 peak runs at the fp16 cube rate)."""
@@ -61,6 +67,15 @@ class Device:
     def bandwidth(self) -> float:
         """Memory bandwidth in bytes/s."""
         return self.mem_bandwidth_gbs * 1e9
+
+    @property
+    def chip_bandwidth(self) -> float:
+        """One chip's memory bandwidth in bytes/s (the card's, divided over its chips)."""
+        return self.bandwidth / self.chips
+
+    def chip_peak_flops(self, dtype: str = "float32") -> float:
+        """One chip's peak FLOP/s for a tensor dtype."""
+        return self.peak_flops(dtype) / self.chips
 
     @property
     def ub_bytes(self) -> int:

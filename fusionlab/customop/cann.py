@@ -291,9 +291,10 @@ def kernel_pipeline(decl: OpDecl, soc: str = "Ascend310P3") -> list[str]:
     rest = ", ".join(epilogue) or "nothing"
     if has_fixpipe(soc):
         lines += [f"Epilogue ({rest}) on {soc}: the bias can be added by Mmad itself (MmadParams.isBias, bias table),",
-                  "and FixPipe moves L0C -> GM (Fixpipe, FixpipeParamsV220) applying a ReLU on the way (reluEn) or",
-                  "quantising: a Conv + bias + ReLU never touches the Vector unit. Other epilogue ops go",
-                  "L0C -> UB -> Vector -> MTE3 -> GM."]
+                  "and FixPipe moves L0C -> GM (or -> L1; Fixpipe, FixpipeParamsV220) applying a ReLU on the way",
+                  "(reluEn) or quantising: a Conv + bias + ReLU never touches a vector core. The cube core (AIC) has",
+                  "no UB: the UB belongs to the vector cores (AIV), so other epilogue ops go L0C -(FixPipe)-> GM,",
+                  "then on an AIV GM -(MTE2)-> UB -> Vector -> MTE3 -> GM, the AIC and AIV synchronised on the GM data."]
     else:
         lines += [f"Epilogue ({rest}) on {soc}: no FixPipe; L0C -> UB (TPosition::CO2), the Vector unit applies it",
                   "in the UB, MTE3 writes the result to GM (TQue<QuePosition::VECOUT, 2>)."]

@@ -225,15 +225,19 @@ VECTOR_CLOCK_GHZ = 1.8
 
 def core_from_device(device, *, ub_bytes: int | None = None, latency_us: float = 0.0, dtype_bytes: int = 2,
                      usable_ub: float = 1.0) -> VectorCore:
-    """A `VectorCore` modelled from a `fusionlab.cost.devices.Device` preset (bandwidth shared by all AI cores)."""
-    cores = max(1, int(getattr(device, "ai_cores", 1) or 1))
+    """A `VectorCore` modelled from a `fusionlab.cost.devices.Device` preset (bandwidth shared by all the cores that
+    run vector kernels: the AI cores, or the 910B's separate vector cores, two per AI core).
+
+    One vector clock, `VECTOR_CLOCK_GHZ` (the 910B platform file's), is applied to every preset: no other chip's
+    clock is in the project's sources, so the vector throughput of the others is an assumption."""
+    cores = max(1, int(getattr(device, "vector_cores", None) or getattr(device, "ai_cores", 1) or 1))
     ub = ub_bytes if ub_bytes is not None else int(float(getattr(device, "ub_kb", 192) or 192) * 1024 * usable_ub)
     bw = float(device.mem_bandwidth_gbs) / cores
     lanes = VECTOR_BYTES_PER_CYCLE // dtype_bytes
     return VectorCore(name=str(device.name), ub_bytes=int(ub), copy_gbs=bw, vector_gflops=lanes * VECTOR_CLOCK_GHZ,
                       latency_us=latency_us,
-                      source=f"{device.name}: {device.mem_bandwidth_gbs} GB/s / {cores} cores; UB {ub} B; "
-                             f"vector {lanes} lanes x {VECTOR_CLOCK_GHZ} GHz (modelled)")
+                      source=f"{device.name}: {device.mem_bandwidth_gbs} GB/s / {cores} vector-capable cores; UB {ub} B; "
+                             f"vector {lanes} lanes x {VECTOR_CLOCK_GHZ} GHz (modelled; the 910B's clock)")
 
 
 def max_tile_elems(ub_bytes: int, buffer_num: int, *, in_bytes: int = 2, out_bytes: int = 2, inputs: int = 1,

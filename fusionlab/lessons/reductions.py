@@ -543,7 +543,8 @@ def ascend_flash_tile(device, seq: int, head_dim: int = 128, *, step: int = 16) 
 
     fp16 Q, K, V in L1 (K and V double-buffered); fp32 scores, fp16 probabilities, the fp32 output
     accumulator and the row max/sum in the Unified Buffer. Sizes from data/devices.json (ub_kb,
-    l1_kb); time = max(bytes / bandwidth, FLOPs / fp16 peak) for one head on the whole chip.
+    l1_kb); time = max(bytes / bandwidth, FLOPs / fp16 peak) for one head on one whole chip (a card of two
+    chips, the 300I Duo, runs one head on one of them: half the card's bandwidth and peak).
     """
     from ..cost.devices import get
 
@@ -562,7 +563,7 @@ def ascend_flash_tile(device, seq: int, head_dim: int = 128, *, step: int = 16) 
     hbm = 2 * seq * d * half + tiles * 2 * seq * d * half
     unfused = attention_bytes(seq, d, item=half).unfused
     flops = 4 * seq * seq * d
-    peak, bw = dev.peak_flops("float16"), dev.bandwidth
+    peak, bw = dev.chip_peak_flops("float16"), dev.chip_bandwidth
     t = max(hbm / bw, flops / peak) * 1e6
     tu = max(unfused / bw, flops / peak) * 1e6
     return FlashTile(dev.name, b, b, l1, ub, hbm, unfused, t, tu)

@@ -21,12 +21,13 @@ DT = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float16): onnx.T
 
 
 def block(*, form="half", cos="computed", partial=False, swap=False, dtype=np.float32, S="seq", B="batch", N=4,
-          D=16, near=None, pairs=2):
+          D=16, near=None, pairs=2, merge=True):
     """x [B, S, N*D] -> heads [B, N, S, D] -> rotary -> [B, S, N*D], as the exporters write it.
 
     cos "computed": positions Range(0, Shape(x)[1]) (or "input": a [B, S] position_ids input) -> * inv_freq ->
     Concat(f, f) -> Cos/Sin in float32 [-> Cast]; "constant": the folded [1, 1, S, D] tables. `pairs`: how many
-    tensors are rotated with the same cos/sin (LLaMA: q and k). `near`: a near miss (see the tests)."""
+    tensors are rotated with the same cos/sin (LLaMA: q and k). `near`: a near miss (see the tests). `merge`: the
+    heads merged back to [B, S, N*D] (else the outputs are the [B, N, S, D] heads, as attention reads them)."""
     dt = np.dtype(dtype)
     nodes, inits, ins = [], [], [value_info("x", dt, [B, S, N * D])]
     r = D // 2 if partial else D
@@ -105,9 +106,13 @@ def block(*, form="half", cos="computed", partial=False, swap=False, dtype=np.fl
               name=f"rope_add{p}")
         if partial:
             y = n("Concat", [y, rest], f"cat{p}", axis=-1)
+        if not merge:  # the heads as attention reads them, [B, N, S, D]
+            results.append(y)
+            continue
         n("Transpose", [y], f"back{p}", perm=[0, 2, 1, 3])
         results.append(n("Reshape", [f"back{p}", c(f"merge{p}", np.array([0, 0, N * D], np.int64))], f"y{p}"))
-    return mk(nodes, ins, [value_info(o, dt, [B, S, N * D]) for o in results], inits, opset=18)
+    shape = [B, S, N * D] if merge else [B, N, S, D]
+    return mk(nodes, ins, [value_info(o, dt, shape) for o in results], inits, opset=18)
 
 
 FORMS = [

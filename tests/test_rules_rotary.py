@@ -21,13 +21,15 @@ DT = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.float16): onnx.T
 
 
 def block(*, form="half", cos="computed", partial=False, swap=False, dtype=np.float32, S="seq", B="batch", N=4,
-          D=16, near=None, pairs=2, merge=True):
+          D=16, near=None, pairs=2, merge=True, layout="bnsd"):
     """x [B, S, N*D] -> heads [B, N, S, D] -> rotary -> [B, S, N*D], as the exporters write it.
 
     cos "computed": positions Range(0, Shape(x)[1]) (or "input": a [B, S] position_ids input) -> * inv_freq ->
     Concat(f, f) -> Cos/Sin in float32 [-> Cast]; "constant": the folded [1, 1, S, D] tables. `pairs`: how many
     tensors are rotated with the same cos/sin (LLaMA: q and k). `near`: a near miss (see the tests). `merge`: the
-    heads merged back to [B, S, N*D] (else the outputs are the [B, N, S, D] heads, as attention reads them)."""
+    heads merged back to [B, S, N*D] (else the outputs are the [B, N, S, D] heads, as attention reads them).
+    `layout` "bsnd": rotated before the heads Transpose (GPT-J), the tables [1, S, 1, D]."""
+    tok = 1 if layout == "bnsd" else 2  # the axis of the [1, ., ., D] tables that is not the tokens' one
     dt = np.dtype(dtype)
     nodes, inits, ins = [], [], [value_info("x", dt, [B, S, N * D])]
     r = D // 2 if partial else D
@@ -47,7 +49,8 @@ def block(*, form="half", cos="computed", partial=False, swap=False, dtype=np.fl
         cv, sv = np.cos(emb), np.sin(emb)
         if near == "cache_halves":
             cv[:, 0] += 0.5
-        cos_v, sin_v = c("cos_c", cv.reshape(1, 1, S, r).astype(dt)), c("sin_c", sv.reshape(1, 1, S, r).astype(dt))
+        shape = (1, 1, S, r) if layout == "bnsd" else (1, S, 1, r)
+        cos_v, sin_v = c("cos_c", cv.reshape(shape).astype(dt)), c("sin_c", sv.reshape(shape).astype(dt))
     else:
         if cos == "input":
             ins.append(value_info("position_ids", np.int64, [B, S]))
@@ -69,14 +72,15 @@ def block(*, form="half", cos="computed", partial=False, swap=False, dtype=np.fl
             t = n(op, ["emb"], f"{op.lower()}_f")
             if dt != np.float32:
                 t = n("Cast", [t], f"{op.lower()}_t", to=DT[dt])
-            outs.append(n("Unsqueeze", [t, c(f"ax1_{op}", np.array([1], np.int64))], f"{op.lower()}_u"))
+            outs.append(n("Unsqueeze", [t, c(f"ax1_{op}", np.array([tok], np.int64))], f"{op.lower()}_u"))
         cos_v, sin_v = outs
     if swap:
         cos_v, sin_v = sin_v, cos_v
     n("Reshape", ["x", c("heads", np.array([0, 0, N, D], np.int64))], "xs")
     results = []
     for p in range(pairs):
-        full = n("Transpose", ["xs"], f"q{p}", perm=[0, 2, 1, 3])
+        full = n("Transpose", ["xs"], f"q{p}", perm=[0, 2, 1, 3]) if layout == "bnsd" else \
+            n("Identity", ["xs"], f"q{p}")
         q = full
         if partial:
             q = n("Slice", [full, c(f"ps{p}", [0]), c(f"pe{p}", [r]), c(f"pa{p}", [-1])], f"qr{p}")
@@ -109,9 +113,9 @@ def block(*, form="half", cos="computed", partial=False, swap=False, dtype=np.fl
         if not merge:  # the heads as attention reads them, [B, N, S, D]
             results.append(y)
             continue
-        n("Transpose", [y], f"back{p}", perm=[0, 2, 1, 3])
+        n("Transpose", [y], f"back{p}", perm=[0, 2, 1, 3]) if layout == "bnsd" else n("Identity", [y], f"back{p}")
         results.append(n("Reshape", [f"back{p}", c(f"merge{p}", np.array([0, 0, N * D], np.int64))], f"y{p}"))
-    shape = [B, S, N * D] if merge else [B, N, S, D]
+    shape = [B, S, N * D] if merge else [B, N, S, D] if layout == "bnsd" else [B, S, N, D]
     return mk(nodes, ins, [value_info(o, dt, shape) for o in results], inits, opset=18)
 
 
@@ -124,6 +128,11 @@ FORMS = [
     pytest.param({"form": "interleaved", "cos": "constant", "S": 6}, id="interleaved-constant"),
     pytest.param({"form": "interleaved", "cos": "constant", "S": 5, "partial": True}, id="interleaved-partial"),
     pytest.param({"swap": True}, id="cos-sin-swapped"),
+    pytest.param({"layout": "bsnd"}, id="bsnd-half-computed"),
+    pytest.param({"layout": "bsnd", "partial": True}, id="bsnd-half-partial"),
+    pytest.param({"layout": "bsnd", "form": "interleaved", "cos": "constant", "S": 6}, id="bsnd-interleaved"),
+    pytest.param({"layout": "bsnd", "form": "interleaved", "cos": "constant", "S": 6, "partial": True},
+                 id="bsnd-interleaved-partial"),
     pytest.param({"cos": "input", "B": 1}, id="position_ids-input-batch1"),
 ]
 
@@ -144,6 +153,8 @@ def test_rotary_forms_become_one_rotary_embedding_each(kw):
         assert a["rotary_embedding_dim"] == 8 and a["num_heads"] == 4
     else:
         assert "rotary_embedding_dim" not in a
+    if kw.get("layout") == "bsnd":  # the kernel's [B, S, N*D] input: reshaped in and out
+        assert a["num_heads"] == 4 and rot[0].inputs[0].producer().op_type == "Reshape"
     assert rot[0].inputs[2] is rot[1].inputs[2] and rot[0].inputs[3] is rot[1].inputs[3]  # one cache per cos, shared
 
 
@@ -182,6 +193,11 @@ def test_float16_fuses_and_float64_is_refused():
 def test_near_misses_are_refused_with_a_reason(kw, reason):
     reasons = refused(block(**kw), ("rotary",), "rope_add0")
     assert any(reason in r for r in reasons), reasons
+
+
+def test_standard_ops_only_refuses_the_contrib_op():
+    reasons = refused(block(), ("rotary",), "rope_add0", lower="onnx")
+    assert any("com.microsoft op" in r for r in reasons), reasons
 
 
 def test_a_rotary_plan_round_trips_through_json():

@@ -1,7 +1,7 @@
 """Rotary position embeddings as exporters write them -> one com.microsoft RotaryEmbedding [rotary].
 
 The half form (LLaMA's ``rotate_half``), anchored on the Add, x of shape [B, N, S, D] (after the heads
-Transpose):
+Transpose; [B, S, N, D] before it, see Layouts):
 
     out = x * C + Concat(Neg(x[..., h:]), x[..., :h]) * S          (h = D/2; C, S of shape [1, 1, S, D])
 
@@ -16,7 +16,7 @@ position_ids holds one element; with position_ids = [0] the cache row read for t
 exactly the row of C (and S) the written-out Mul broadcasts onto token s. So the rewrite is the same function
 whenever:
 
-- C and S have shape [1, 1, S, D] (padded): one row per token, the same for every batch row and head, S the
+- C and S have shape [1, 1, S, D] (padded; [1, S, 1, D] for [B, S, N, D]): one row per token, the same for every batch row and head, S the
   token axis of x (the same dimension, proved by shape inference) — a cos that differs per batch row (the
   position_ids a graph input) is refused: the kernel would need a cache indexed by position, whose largest
   value the graph does not bound (onnxscript's cos_sin_cache takes the maximum from model metadata or a
@@ -33,7 +33,9 @@ rotated x by the second, whatever they hold, so C and S are passed exactly as th
 inputs are ``Reshape(Slice(C, 0:h on the last axis), [-1, h])`` (a constant C is sliced at planning time), made
 once per C and shared by the groups that read it; no float64 recomputation, so the cache is bit-identical to
 what the unfused graph multiplies by, and it has exactly S rows (the kernel's S <= rows check always holds).
-Layout: x 4-D [B, N, S, D] (the kernel's transposed input); float32 or float16 (the CPU kernel's types).
+Layouts: x [B, N, S, D] with C [1, 1, S, D] (LLaMA, after the heads Transpose: the kernel's 4-D input), or
+[B, S, N, D] with C [1, S, 1, D] (GPT-J, before it: reshaped to the kernel's [B, S, N*D] with num_heads, and
+back); float32 or float16 (the CPU kernel's types).
 """
 
 from __future__ import annotations
@@ -209,20 +211,24 @@ def _every_two(cx, reshape: ir.Node) -> tuple[str, ir.Value, list[ir.Node]] | No
     return "interleaved", x, [sl[0], sl[1], inner[neg_i], ups[0], ups[1], cat, reshape]
 
 
-def _per_token(cx, c: ir.Value, x: ir.Value, what: str) -> None:
-    """Refused unless `c` broadcasts onto x [B, N, S, D] as [1, 1, S, D]: one row per token."""
+def _per_token(cx, c: ir.Value, x: ir.Value, what: str) -> str:
+    """The layout of x, "bnsd" ([B, N, S, D] with c [1, 1, S, D]) or "bsnd" ([B, S, N, D] with c [1, S, 1, D]):
+    one row of c per token, the same for every batch row and head; Refused otherwise."""
     xs, cs = cx.shape(x), cx.shape(c)
     if cs is None or len(cs) > 4:
         raise Refused(f"the {what} {c.name} has no known shape of rank <= 4")
     cs = (1,) * (4 - len(cs)) + tuple(cs)
-    if cs[0] != 1 or cs[1] != 1:
-        raise Refused(f"the {what} {c.name} of shape {list(cs)} differs per batch row or head: the kernel would "
-                      "need a cache indexed by position, and no bound on the positions is known",
-                      condition=f"a {what} of shape [1, 1, S, D]", found=f"{c.name} of shape {list(cs)}")
-    if cs[2] is None or cs[2] != xs[2] or cs[3] != xs[3]:
-        raise Refused(f"the {what} {c.name} of shape {list(cs)} is not one row per token of {x.name} "
-                      f"{list(xs)}", condition=f"a {what} of shape [1, 1, {xs[2]}, {xs[3]}]",
-                      found=f"{c.name} of shape {list(cs)}")
+    if cs[0] == 1 and cs[1] == 1 and cs[2] is not None and cs[2] == xs[2] and cs[3] == xs[3]:
+        return "bnsd"
+    if cs[0] == 1 and cs[2] == 1 and cs[1] is not None and cs[1] == xs[1] and cs[3] == xs[3] and xs[1] != 1:
+        return "bsnd"
+    if cs[0] != 1:
+        raise Refused(f"the {what} {c.name} of shape {list(cs)} differs per batch row: the kernel would need a "
+                      "cache indexed by position, and no bound on the positions is known",
+                      condition=f"a {what} of shape [1, 1, S, D] or [1, S, 1, D]", found=f"{c.name} of shape {list(cs)}")
+    raise Refused(f"the {what} {c.name} of shape {list(cs)} is not one row per token of {x.name} {list(xs)}",
+                  condition=f"a {what} of shape [1, 1, S, D] ([B, N, S, D] heads) or [1, S, 1, D] ([B, S, N, D])",
+                  found=f"{c.name} of shape {list(cs)}")
 
 
 class Rotary(Rule):
@@ -254,22 +260,29 @@ class Rotary(Rule):
         cos_v = cos_mul.inputs[1] if cos_mul.inputs[0] is x else cos_mul.inputs[0]
         target = contrib_target("RotaryEmbedding", cx.lower)
         if target is None:
-            return None
+            raise Refused(f"RotaryEmbedding is a com.microsoft op: none for lower={cx.lower!r}")
         dims, dt = cx.shape(x), cx.dtype(x)
-        if dims is None or len(dims) != 4 or not isinstance(dims[1], int) or not isinstance(dims[3], int):
-            raise Refused(f"{x.name} is not [B, N, S, D] with N and D known (shape {dims})")
+        if dims is None or len(dims) != 4 or not isinstance(dims[3], int):
+            raise Refused(f"{x.name} is not 4-D heads with D known (shape {dims})")
         if dt not in _FLOATS or cx.dtype(cos_v) != dt or cx.dtype(sin_v) != dt:
             raise Refused(f"{x.name} {dt}, cos {cx.dtype(cos_v)}, sin {cx.dtype(sin_v)}: the CPU kernel takes one "
                           "float32 or float16 type")
+        layouts = set()
         for v, what in ((cos_v, "cos"), (sin_v, "sin")):
-            _per_token(cx, v, x, what)
+            layouts.add(_per_token(cx, v, x, what))
             why = _proved_halves(cx, v, form == "interleaved")
             if why is not None:
                 raise Refused(f"the {what} {v.name} is not provably " + ("equal pairs" if form == "interleaved"
                               else "two equal halves") + f" (the cache holds one of them): {why}")
+        if len(layouts) != 1:
+            raise Refused(f"cos {cos_v.name} and sin {sin_v.name} broadcast onto {x.name} along different axes")
+        layout = layouts.pop()
+        heads = dims[1] if layout == "bnsd" else dims[2]
+        if not isinstance(heads, int):
+            raise Refused(f"the number of heads of {x.name} {list(dims)} is not known")
         nodes = [cos_mul] + rot_nodes + [sin_mul, add]
         data = {"x": x, "cos": cos_v, "sin": sin_v, "interleaved": form == "interleaved", "rotary_dim": None,
-                "heads": dims[1]}
+                "heads": heads, "layout": layout}
         out = add.outputs[0]
         partial = self._partial(cx, x, add)
         if partial is not None:
@@ -315,14 +328,28 @@ class Rotary(Rule):
         if pos is None:
             pos = memo["pos"] = cx.initializer("rotary_position_offset", np.array([0], np.int64))
         attrs = {"interleaved": int(d["interleaved"])}
+        if d["rotary_dim"] is not None or d["layout"] == "bsnd":
+            attrs["num_heads"] = int(d["heads"])
         if d["rotary_dim"] is not None:
-            attrs.update(rotary_embedding_dim=int(d["rotary_dim"]), num_heads=int(d["heads"]))
-        new.append(cx.node("RotaryEmbedding", [d["x"], pos] + caches, attrs, domain="com.microsoft",
+            attrs["rotary_embedding_dim"] = int(d["rotary_dim"])
+        x = d["x"]
+        if d["layout"] == "bsnd":  # [B, S, N, D] -> the kernel's [B, S, N*D] and back
+            flat = cx.node("Reshape", [x, cx.initializer(f"{m.anchor.name}_flat", np.array([0, 0, -1], np.int64))],
+                           base=f"{m.anchor.name}_rotary_flat")
+            new.append(flat)
+            x = flat.outputs[0]
+        new.append(cx.node("RotaryEmbedding", [x, pos] + caches, attrs, domain="com.microsoft",
                            base=f"{m.anchor.name}_rotary"))
+        if d["layout"] == "bsnd":
+            dims = [int(v) for v in (0, 0, d["heads"], -1)]
+            new.append(cx.node("Reshape", [new[-1].outputs[0], cx.initializer(f"{m.anchor.name}_heads",
+                                                                              np.array(dims, np.int64))],
+                               base=f"{m.anchor.name}_rotary_heads"))
         return new
 
     def _cache(self, cx, v: ir.Value, interleaved: bool, base: str) -> tuple[ir.Value, list[ir.Node]]:
-        """The [S, D/2] cache of a [1, 1, S, D] cos/sin `v`: its first half (even channels), rows = tokens."""
+        """The [S, D/2] cache of a [1, 1, S, D] or [1, S, 1, D] cos/sin `v`: its first half (even channels), rows =
+        tokens (the unit axes dropped by the Reshape)."""
         memo = cx.__dict__.setdefault("_rotary_memo", {})
         key = (id(v), interleaved)
         if key in memo:

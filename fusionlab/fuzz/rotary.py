@@ -5,6 +5,7 @@ A [B, S, H] tensor is split into N heads of D (Reshape, Transpose to [B, N, S, D
 - the cos/sin: computed as the exporters write it (positions ``Range(0, Shape(x)[1])`` -> Unsqueeze -> Cast ->
   ``* inv_freq`` -> ``Concat(f, f)`` -> Cos / Sin [-> ``* attention_scaling``] [-> Cast to the dtype] ->
   Unsqueeze to [1, 1, S, D]), or folded to constants (static S: what constant folding leaves);
+- the layout: after the heads Transpose ([B, N, S, D], LLaMA) or before it ([B, S, N, D], GPT-J);
 - the rotation: rotate_half (``Concat(Neg(x[..., h:]), x[..., :h])``) or rotate_every_two (strided Slices,
   ``stack(-odd, even).flatten(-2)``, the cos repeated pairwise, constant), over all channels or the first r
   (partial rotary: ``cat(rotated, x[..., r:])``);
@@ -30,9 +31,9 @@ def _freqs(b: Builder, d: int) -> np.ndarray:
     return (1.0 / base ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
 
 
-def _computed(b: Builder, x: str, s, d: int, per_batch: bool) -> tuple[str, str]:
-    """cos, sin [1, 1, S, d] computed in the graph (float32, cast to the dtype); per_batch: from a [B, S]
-    position_ids input (a near miss)."""
+def _computed(b: Builder, x: str, s, d: int, per_batch: bool, tok: int) -> tuple[str, str]:
+    """cos, sin [1, 1, S, d] (tok 1; [1, S, 1, d]: tok 2) computed in the graph (float32, cast to the dtype);
+    per_batch: from a [B, S] position_ids input (a near miss)."""
     bsz = b.shape(x)[0]
     if per_batch:
         pos = b.input((bsz, s), "position_ids", dtype=np.int64)
@@ -56,18 +57,18 @@ def _computed(b: Builder, x: str, s, d: int, per_batch: bool) -> tuple[str, str]
             t = b.node("Mul", [t, b.const(np.array(0.9, np.float32), "scaling")], lead + (d,), dtype=np.float32)
         if b.dtype != np.float32:
             t = b.node("Cast", [t], lead + (d,), to=DTYPES[b.dtype])
-        out.append(b.node("Unsqueeze", [t, b.ints([1], "ax")], (lead[0], 1, s, d)))
+        out.append(b.node("Unsqueeze", [t, b.ints([tok], "ax")], (lead[0], 1, s, d) if tok == 1 else (lead[0], s, 1, d)))
     return out[0], out[1]
 
 
-def _constant(b: Builder, s: int, d: int, interleaved: bool, unequal: bool) -> tuple[str, str]:
+def _constant(b: Builder, s: int, d: int, interleaved: bool, unequal: bool, tok: int) -> tuple[str, str]:
     ang = np.arange(s, dtype=np.float64)[:, None] * _freqs(b, d).astype(np.float64)[None, :]
     emb = np.repeat(ang, 2, axis=-1) if interleaved else np.concatenate([ang, ang], axis=-1)
     cos, sin = np.cos(emb), np.sin(emb)
     if unequal:
         cos = cos.copy()
         cos[:, -1] += 0.25
-    shape = (1, 1, s, d) if b.rng.random() < 0.7 else (s, d)
+    shape = ((1, 1, s, d) if b.rng.random() < 0.7 else (s, d)) if tok == 1 else (1, s, 1, d)
     return (b.const(cos.reshape(shape).astype(b.dtype), "cos_cached"),
             b.const(sin.reshape(shape).astype(b.dtype), "sin_cached"))
 
@@ -114,16 +115,20 @@ def rotary(b: Builder, x: str, pool: list[str]) -> str:
     dh = hid // heads
     b.tags.append("rotary")
     split = b.node("Reshape", [x, b.ints([0, 0, heads, dh], "heads")], (bsz, s, heads, dh))
-    q = b.node("Transpose", [split], (bsz, heads, s, dh), perm=[0, 2, 1, 3])
+    bsnd = b.rng.random() < 0.25  # rotated before the heads Transpose (GPT-J): [B, S, N, D], tables [1, S, 1, D]
+    if bsnd:
+        b.tags.append("rotary_bsnd")
+    lead = (bsz, s, heads) if bsnd else (bsz, heads, s)
+    q = split if bsnd else b.node("Transpose", [split], lead + (dh,), perm=[0, 2, 1, 3])
     full = q
     partial = b.rng.random() < 0.25
     d = dh // 2 if partial else dh
     if partial:
         b.tags.append("rotary_partial")
-        q = b.node("Slice", [full, b.ints([0], "st"), b.ints([d], "en"), b.ints([-1], "ax")], (bsz, heads, s, d))
-        rest = b.node("Slice", [full, b.ints([d], "st"), b.ints([_BIG], "en"), b.ints([-1], "ax")],
-                      (bsz, heads, s, dh - d))
-    shape = (bsz, heads, s, d)
+        q = b.node("Slice", [full, b.ints([0], "st"), b.ints([d], "en"), b.ints([-1], "ax")], lead + (d,))
+        rest = b.node("Slice", [full, b.ints([d], "st"), b.ints([_BIG], "en"), b.ints([-1], "ax")], lead + (dh - d,))
+    shape = lead + (d,)
+    tok = 2 if bsnd else 1
     interleaved = isinstance(s, int) and b.rng.random() < 0.3
     if interleaved:
         b.tags.append("rotary_interleaved")
@@ -131,12 +136,12 @@ def rotary(b: Builder, x: str, pool: list[str]) -> str:
         unequal = b.miss("rotary_cache_halves")
         if unequal:
             b.tags.append("nm:rotary_cache_halves")
-        cos, sin = _constant(b, s, d, interleaved, unequal)
+        cos, sin = _constant(b, s, d, interleaved, unequal, tok)
     else:
         per_batch = b.miss("rotary_per_batch")
-        if per_batch:
-            b.tags.append("nm:rotary_per_batch")
-        cos, sin = _computed(b, x, s, d, per_batch)
+        if per_batch:  # a near miss unless the batch is 1 (one row per token again: it fuses, any positions)
+            b.tags.append("nm:rotary_per_batch" if bsz != 1 else "rotary_position_ids_batch1")
+        cos, sin = _computed(b, x, s, d, per_batch, tok)
     if b.rng.random() < 0.15:
         b.tags.append("rotary_swapped")
         cos, sin = sin, cos
@@ -144,8 +149,8 @@ def rotary(b: Builder, x: str, pool: list[str]) -> str:
     b.mark_inner(rot)
     y = b.binary("Add", b.binary("Mul", q, cos), b.binary("Mul", rot, sin))
     if partial:
-        y = b.node("Concat", [y, rest], (bsz, heads, s, dh), axis=-1)
-    back = b.node("Transpose", [y], (bsz, s, heads, dh), perm=[0, 2, 1, 3])
+        y = b.node("Concat", [y, rest], lead + (dh,), axis=-1)
+    back = y if bsnd else b.node("Transpose", [y], (bsz, s, heads, dh), perm=[0, 2, 1, 3])
     return b.node("Reshape", [back, b.ints([0, 0, hid], "merge")], (bsz, s, hid))
 
 

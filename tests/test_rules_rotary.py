@@ -218,3 +218,30 @@ def test_corpus_llama_rotary_in_every_layer(name):
     res = check(str(CORPUS / f"{name}.onnx"), ("rotary", "slice_split"))
     assert res.plan.rule_counts() == {"rotary": 4}
     assert res.after.get("com.microsoft:RotaryEmbedding") == 4 and "Neg" not in res.after
+
+
+def test_every_rotary_the_generator_writes_fuses_and_agrees_or_is_a_near_miss():
+    """The fuzzer's rotary form (fusionlab/fuzz/rotary.py): each clean draw fuses and verifies, each near miss
+    (and float64, which the kernel lacks) is refused, and the forms the rule handles all occur."""
+    import random
+
+    from fusionlab import verify
+    from fusionlab.fuzz import rotary as gen
+    from fusionlab.fuzz.builder import Builder
+
+    seen = set()
+    for seed in range(40):
+        rng = random.Random(seed)
+        dt = rng.choice([np.float32] * 4 + [np.float16, np.float64])
+        b = Builder(rng, dt, rng.choice((13, 17, 20)), near=0.15)
+        x = b.input((rng.choice(("batch", 1, 2)), rng.choice(("seq", 5, 7)), rng.choice((16, 24, 32))))
+        m = b.model([gen.rotary(b, x, [x])], ir_version=8)
+        seen.update(b.tags)
+        res = fuse(m, ("vertical",), rules=("rotary",))
+        fused = res.plan.rule_counts().get("rotary", 0)
+        near = any(t.startswith("nm:") for t in b.tags) or np.dtype(dt) == np.float64
+        assert fused == (0 if near else 1), (seed, b.tags, [r.reason for r in res.plan.refusals])
+        assert near or verify(m, res.graph.to_proto()).ok, (seed, b.tags)
+        if near:
+            assert any(r.rule == "rotary" for r in res.plan.refusals), (seed, b.tags)
+    assert {"rotary_partial", "rotary_bsnd", "rotary_interleaved", "rotary_swapped"} <= seen, seen

@@ -33,6 +33,10 @@ rotated x by the second, whatever they hold, so C and S are passed exactly as th
 inputs are ``Reshape(Slice(C, 0:h on the last axis), [-1, h])`` (a constant C is sliced at planning time), made
 once per C and shared by the groups that read it; no float64 recomputation, so the cache is bit-identical to
 what the unfused graph multiplies by, and it has exactly S rows (the kernel's S <= rows check always holds).
+Not where the rotated heads are only transposed back (x a Transpose, every reader of the result its inverse):
+onnxruntime cancels that pair around the written-out form and the fused op measured slower (see
+`_not_transposed_back`). In a decoder the heads go on to attention's MatMuls, where it measured faster.
+
 Layouts: x [B, N, S, D] with C [1, 1, S, D] (LLaMA, after the heads Transpose: the kernel's 4-D input), or
 [B, S, N, D] with C [1, S, 1, D] (GPT-J, before it: reshaped to the kernel's [B, S, N*D] with num_heads, and
 back); float32 or float16 (the CPU kernel's types).
@@ -43,7 +47,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ..engine import Match, Refused, Rule, attr, is_op, sole_consumer
+from ..engine import Match, Refused, Rule, attr, consumers, is_op, sole_consumer
 from ..lowering import contrib_target
 from .common import F32
 
@@ -231,6 +235,24 @@ def _per_token(cx, c: ir.Value, x: ir.Value, what: str) -> str:
                   found=f"{c.name} of shape {list(cs)}")
 
 
+def _not_transposed_back(x: ir.Value, out: ir.Value) -> None:
+    """Refused when x is a Transpose and every reader of the rotated result transposes it back: onnxruntime
+    (EXTENDED) then cancels the pair around the written-out form, and the fused op, which it cannot see
+    through, measured slower (0.63x (0.54-0.72) at EXTENDED, 0.59x at ALL, 1x32x512x128; 1.50x off)."""
+    t = x.producer()
+    readers = consumers(out)
+    if not is_op(t, "Transpose") or not readers or out.is_graph_output():
+        return
+    p = list(attr(t, "perm", []) or [])
+    for r in readers:
+        q = list(attr(r, "perm", []) or []) if is_op(r, "Transpose") else None
+        if q is None or len(q) != len(p) or any(p[q[i]] != i for i in range(len(p))):
+            return
+    raise Refused(f"the rotated {x.name} is only transposed back ({readers[0].op_type} {readers[0].name}): "
+                  "onnxruntime cancels that Transpose pair around the written-out form, and the fused op measured "
+                  "slower there (0.63x at EXTENDED)")
+
+
 class Rotary(Rule):
     """x * C + rotate(x) * S (rotate_half or rotate_every_two; partial rotary) -> com.microsoft:RotaryEmbedding."""
 
@@ -290,6 +312,7 @@ class Rotary(Rule):
             nodes = more[:2] + nodes + more[2:]
             data.update(x=outer, rotary_dim=dims[3])
             out = more[2].outputs[0]
+        _not_transposed_back(data["x"], out)
         if not cx.free(*nodes):
             return None
         why = f"{form} rotary embedding of {data['x'].name}" + (f", first {dims[3]} channels" if partial else "")

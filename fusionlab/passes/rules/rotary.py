@@ -229,7 +229,9 @@ def _per_token(cx, c: ir.Value, x: ir.Value, what: str) -> str:
     if cs[0] != 1:
         raise Refused(f"the {what} {c.name} of shape {list(cs)} differs per batch row: the kernel would need a "
                       "cache indexed by position, and no bound on the positions is known",
-                      condition=f"a {what} of shape [1, 1, S, D] or [1, S, 1, D]", found=f"{c.name} of shape {list(cs)}")
+                      condition=f"a {what} the same for every batch row ([1, 1, S, D] or [1, S, 1, D]; one per row "
+                                "needs a cache indexed by position, and no bound on the positions is known)",
+                      found=f"{c.name} of shape {list(cs)}")
     raise Refused(f"the {what} {c.name} of shape {list(cs)} is not one row per token of {x.name} {list(xs)}",
                   condition=f"a {what} of shape [1, 1, S, D] ([B, N, S, D] heads) or [1, S, 1, D] ([B, S, N, D])",
                   found=f"{c.name} of shape {list(cs)}")

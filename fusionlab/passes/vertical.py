@@ -78,10 +78,11 @@ RULES = RULE_NAMES
 #:   sequence 16-4096 (notebook 07); on whole BERT-base it measured 1.02x (0.96-1.06) vs onnxruntime EXTENDED;
 #:   `rotary` (RotaryEmbedding) on LLaMA's q, k: 1.96x off, 1.76x EXTENDED at the corpus size (3x4x11x16), 2.83x /
 #:   2.58x at LLaMA-7B heads (1x32x512x128); against slice_split's graph with the in-graph tables, heads handed to
-#:   attention, 1.24x off / 1.05x EXTENDED (1x4x128x16), 1.89x / 1.36x (1x32x512x128); whole corpus LLaMA (tiny:
-#:   rotary a small share) 0.98-1.06x, within noise. Where the rotated heads are only transposed back (no attention
-#:   reads them) onnxruntime EXTENDED cancels the Transposes around the written-out form and the fused op, which
-#:   blocks that, measured 0.68x (0.51-1.11) at 1x32x512x128.
+#:   attention, 1.24x off / 1.05x EXTENDED (1x4x128x16), 1.89x / 1.36x (1x32x512x128), with q @ k^T after it
+#:   1.29x off / 0.97x (0.84-1.15) EXTENDED (1x32x256x128, the MatMul dominating); whole corpus LLaMA (tiny: rotary
+#:   a small share) 0.98-1.06x, within noise. Where the rotated heads are only transposed back, onnxruntime EXTENDED
+#:   cancels the Transpose pair around the written-out form and the fused op, opaque to it, measured 0.63x
+#:   (0.54-0.72): that case is refused.
 DEFAULT_RULES = tuple(r for r in RULES if r != "skip_layernorm")
 #: the options this pass takes, with their defaults
 OPTIONS = {"rules": None, "lower": "runtime", "dims": None, "max_group_ops": None}

@@ -173,6 +173,24 @@ def chunk2(shape):
                              big=np.array([np.iinfo(np.int64).max], np.int64)), opset=20)
 
 
+def rope(b: int, heads: int, seq: int, d: int):
+    """LLaMA's q and k through rotate_half (x * cos + cat(-x2, x1) * sin), the [1, 1, S, D] tables constant (what a
+    static export folds them to), the rotated heads handed to attention ([B, N, S, D])."""
+    ang = np.arange(seq)[:, None] * (1.0 / 10000.0 ** (np.arange(0, d, 2) / d))[None, :]
+    emb = np.concatenate([ang, ang], -1).reshape(1, 1, seq, d)
+    nodes = []
+    for x in ("q", "k"):
+        nodes += [helper.make_node("Slice", [x, "z", "h", "ax"], [f"{x}1"]), helper.make_node("Slice", [x, "h", "big", "ax"], [f"{x}2"]),
+                  helper.make_node("Neg", [f"{x}2"], [f"{x}n"]), helper.make_node("Concat", [f"{x}n", f"{x}1"], [f"{x}r"], axis=-1),
+                  helper.make_node("Mul", [x, "cos"], [f"{x}c"]), helper.make_node("Mul", [f"{x}r", "sin"], [f"{x}s"]),
+                  helper.make_node("Add", [f"{x}c", f"{x}s"], [f"{x}_rot"])]
+    shape = [b, heads, seq, d]
+    return make_model(nodes, [value_info(x, shape=shape) for x in ("q", "k")], [value_info(f"{x}_rot", shape=shape) for x in ("q", "k")],
+                      _inits(z=np.array([0], np.int64), h=np.array([d // 2], np.int64), ax=np.array([3], np.int64),
+                             big=np.array([np.iinfo(np.int64).max], np.int64), cos=np.cos(emb).astype(np.float32),
+                             sin=np.sin(emb).astype(np.float32)), opset=20)
+
+
 def cases(quick: bool) -> list[tuple[str, tuple[str, ...], str, object]]:
     """(rule, rules to fuse with, what, model): one instance of each pattern at the corpus' size and a full one."""
     size, tokens, hidden = (28, 32, 256) if quick else (56, 128, 768)
@@ -213,6 +231,9 @@ def cases(quick: bool) -> list[tuple[str, tuple[str, ...], str, object]]:
         out.append(("hard_sigmoid", ("hard_sigmoid",), f"clip(x + 3, 0, 6) / 6, {dims}{tag}", hard_act(shape, False)))
     out.append(("slice_split", ("slice_split",), "chunk(2, 1) as two Slices, 1x4x525 (corpus yolo11)", chunk2((1, 4, 525))))
     out.append(("slice_split", ("slice_split",), "chunk(2, 1) as two Slices, 1x128x80x80", chunk2((1, 128, 80, 80))))
+    out.append(("rotary", ("rotary",), "LLaMA rotate_half on q, k, 3x4x11x16 (corpus llama)", rope(3, 4, 11, 16)))
+    out.append(("rotary", ("rotary",), f"LLaMA rotate_half on q, k, 1x32x{tokens * 4}x128 (LLaMA-7B heads)",
+                rope(1, 32, tokens * 4, 128)))
     out.append(("hard_sigmoid", ("conv_act", "hard_sigmoid"), "SE gate: Conv 1x1 + clip(x + 3, 0, 6) / 6 -> FusedConv, "
                 "1x96x14x14", se_gate(96, 14)))
     return out
@@ -242,7 +263,8 @@ CORPUS_RULES = [(("fused_matmul",), ("bert.dynamo", "bert.ts-fold", "gpt2.dynamo
                 (("skip_layernorm",), ("bert.dynamo", "gpt2.dynamo", "vit.dynamo")),
                 (("layer_scale",), ("convnext.dynamo", "convnext.ts-fold")),
                 (("transpose_cancel",), ("convnext.dynamo", "convnext.ts-fold")),
-                (("transpose_cancel", "layer_scale"), ("convnext.dynamo", "convnext.ts-fold"))]
+                (("transpose_cancel", "layer_scale"), ("convnext.dynamo", "convnext.ts-fold")),
+                (("rotary",), ("llama.dynamo", "llama.ts-fold", "llama.ts-nofold"))]
 #: the dims the corpus survey runs at (docs/corpus.md)
 CORPUS_DIMS = {"batch": 3, "sequence": 11}
 

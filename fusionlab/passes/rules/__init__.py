@@ -15,12 +15,13 @@ from .matmul import FusedMatMul
 from .norm import DecomposedLayerNorm, SkipLayerNorm
 from .pool import PadPool
 from .rmsnorm import DecomposedRMSNorm, SkipRMSNorm
+from .rotary import Rotary
 from .slices import SliceSplit
 
 __all__ = ["VERTICAL_RULES", "RULE_NAMES", "rule_for"]
 
 #: the rule units in priority order
-VERTICAL_RULES = (Attention(), DecomposedLayerNorm(), SkipLayerNorm(), DecomposedRMSNorm(), SkipRMSNorm(), ErfGelu(),
+VERTICAL_RULES = (Attention(), Rotary(), DecomposedLayerNorm(), SkipLayerNorm(), DecomposedRMSNorm(), SkipRMSNorm(), ErfGelu(),
                   GeluAfterBias(),
                   TanhGelu(), TransposeCancel(), ConvChain(), PadPool(), LinearChain(), FusedMatMul(), LayerScale(),
                   SiLU(), HardActivation(), SliceSplit())
@@ -30,7 +31,7 @@ RULE_NAMES = (
     "pad_conv", "pad_pool", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
     "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act", "fused_matmul", "layer_scale", "transpose_cancel",
     "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "rmsnorm", "skip_rmsnorm", "silu",
-    "hard_sigmoid", "hard_swish", "slice_split", "attention",
+    "hard_sigmoid", "hard_swish", "slice_split", "attention", "rotary",
 )
 
 

@@ -8,7 +8,7 @@ The pattern, anchored on the Softmax (every arrangement of the views is proved b
     [P = Where(IsNaN(P), 0, P)]                   (SDPA's guard for fully masked rows)
     out = view(P @ view(v)) [B,S,N*D]
 
-becomes MultiHeadAttention(q, k, v, attention_bias=mask, num_heads=N, scale=s1·s2·s3). Legality: fp32; the
+becomes MultiHeadAttention(q, k, v, attention_bias=mask, num_heads=N, scale=s1·s2·s3). Legality: fp32 or fp16 (all alike); the
 layouts prove Q, K, V split their last axis into the same N heads of D; the mask has the shape
 MultiHeadAttention accepts ([B or 1, 1 or N, S, L]); every intermediate has one consumer. SDPA's NaN guard
 zeroes rows whose keys are all masked (-inf); MultiHeadAttention returns NaN there instead, so when the mask
@@ -27,7 +27,11 @@ from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, scalar
 from ..lowering import attention_target
 from ..shape_values import ShapeValues
 from .common import F32
-from .layout import Atom, names, trace_back, trace_forward
+
+#: dtypes onnxruntime 1.31's CPU MultiHeadAttention kernel runs (float16 checked on a built model: it loads, runs
+#: and is within float16 rounding of a float64 reference, max error 6e-4 at 2x5x16)
+ATTENTION_DTYPES = (F32, np.dtype(np.float16))
+from .layout import Atom, base_layout, names, shape_branch, step, trace_back, trace_forward
 
 __all__ = ["Attention"]
 
@@ -121,8 +125,8 @@ def _mask_ok(cx, mask: ir.Value, q: ir.Value, k: ir.Value, heads: int) -> str | 
     ms, qs, ks = cx.shape(mask), cx.shape(q), cx.shape(k)
     if ms is None or qs is None or ks is None or len(ms) != 4:
         return f"mask shape {ms} is not a known rank-4 shape"
-    if cx.dtype(mask) != F32:
-        return "mask is not float32"
+    if cx.dtype(mask) != cx.dtype(q):
+        return f"mask is {cx.dtype(mask)}, not the projections' {cx.dtype(q)}"
     if ms[0] not in (1, qs[0]) or ms[1] not in (1, heads) or ms[2] != qs[1] or ms[3] != ks[1] or None in ms:
         return f"mask shape {ms} is not [B or 1, 1 or N, S, L] for q {qs}, k {ks}"
     return None
@@ -159,6 +163,59 @@ def _support(cx, members: list[ir.Node]) -> list[ir.Node]:
                 keep.discard(id(p))
                 changed = True
     return [p for p in cand if id(p) in keep]
+
+
+def _shape_of(layout, base_rank: int, start: int, end: int | None):
+    """(base axes or -k for the k-th constant, constants) giving each axis size of `layout`, or None.
+
+    An axis holding one whole base axis takes that axis' size from Shape(base); an axis of int-sized atoms is
+    a constant; anything else (a product with a symbolic dim) is not derived.
+    """
+    idx, consts = [], []
+    for ax in layout[start:end]:
+        real = [a for a in ax if a.size != 1]
+        if all(isinstance(a.size, int) for a in real):
+            size = 1
+            for a in real:
+                size *= a.size
+            consts.append(size)
+            idx.append(base_rank + len(consts) - 1)
+        elif len(real) == 1 and "." not in real[0].name:
+            idx.append(int(real[0].name[1:]))
+        else:
+            return None
+    return idx, consts
+
+
+def _shape_branches(cx, values, base: ir.Value, chain: list[ir.Node], members: list[ir.Node]):
+    """Readers of the views' shapes alone, outside the group: ([nodes], [(Shape node, base, idx, consts)]).
+
+    T5's layer 0 reads `key_states.shape` for its position bias: a Transpose of K's head view read by a Shape.
+    Fusing removes the view, so each such Shape is recomputed from the projection's own shape (Refused when
+    an axis is not one whole axis of it or a constant)."""
+    inside = {id(n) for n in members}
+    nodes, shapes = [], []
+    layout = base_layout(cx.shape(base), "x")
+    rank = len(cx.shape(base) or ())
+    for view in chain:
+        layout = step(values, view, layout) if layout is not None else None
+        branch = [n for n in (shape_branch(view.outputs[0], members) or []) if id(n) not in inside]
+        if not branch:
+            continue
+        lay = {id(view.outputs[0]): layout}
+        for n in branch:
+            src = lay.get(id(n.inputs[0]))
+            if n.op_type != "Shape":
+                lay[id(n.outputs[0])] = step(values, n, src) if src is not None else None
+                continue
+            start, end = int(attr(n, "start", 0)), attr(n, "end", None)
+            got = _shape_of(src, rank, start, None if end is None else int(end)) if src is not None else None
+            if got is None:
+                raise Refused(f"{n.name} reads the shape of a head view that fusing removes, and that shape is "
+                              f"not derivable from {base.name}'s")
+            shapes.append((n, base, *got))
+        nodes += branch
+    return nodes, shapes
 
 
 class Attention(Rule):
@@ -201,15 +258,25 @@ class Attention(Rule):
         if not cx.free(*members):
             return None
         members += _support(cx, members)
+        side, shapes = [], []
+        for base, chain in ((q, q_views), (k, k_views), (v, v_views)):
+            more, found = _shape_branches(cx, values, base, chain, members + side)
+            side += more
+            shapes += found
+        if not cx.free(*side):
+            return None
+        members += side
         keep_guard = bool(guarded[1]) and mask is not None and not _mask_finite(cx, mask)
         target = attention_target(cx.lower)
         if target is None:
             raise Refused(f"no attention op for lower={cx.lower!r}")
         return Match("attention", sm, members, f"{nd[0]} heads of {nd[1]}, layouts proved; "
                      f"mask {'none' if mask is None else 'as attention_bias'}; guard {'kept' if keep_guard else 'none'}",
-                     target.op, target.kernels + (2 if keep_guard else 0) + (1 if out[2] else 0), outputs=[out[0]],
+                     target.op, target.kernels + (2 if keep_guard else 0) + (1 if out[2] else 0),
+                     outputs=[out[0]] + [sh[0].outputs[0] for sh in shapes],
                      data={"q": q, "k": k, "v": v, "mask": mask, "heads": nd[0], "scale": s1 * s2 * s3,
-                           "guard": keep_guard, "flatten": out[2] and nd[0] * vd[1]})
+                           "guard": keep_guard, "flatten": out[2] and nd[0] * vd[1],
+                           "shapes": shapes})
 
     @staticmethod
     def _output(cx, values, ctx_mm: ir.Node, q: ir.Value, v: ir.Value, heads: int, dv: int):
@@ -230,8 +297,11 @@ class Attention(Rule):
     @staticmethod
     def _legal(cx, q: ir.Value, k: ir.Value, v: ir.Value, mask, heads: int) -> None:
         for name, t in (("q", q), ("k", k), ("v", v)):
-            if cx.dtype(t) != F32 or cx.rank(t) != 3:
-                raise Refused(f"{name} projection is not a rank-3 float32 tensor")
+            if cx.dtype(t) not in ATTENTION_DTYPES or cx.rank(t) != 3:
+                raise Refused(f"{name} projection is not a rank-3 float32 or float16 tensor "
+                              f"(found {cx.dtype(t)}, rank {cx.rank(t)})")
+        if len({cx.dtype(t) for t in (q, k, v)}) != 1:
+            raise Refused("q, k and v projections differ in dtype")
         if cx.shape(k)[1] != cx.shape(v)[1] or cx.shape(k)[0] != cx.shape(q)[0]:
             raise Refused("key and value lengths (or batches) differ")
         if mask is not None:
@@ -246,9 +316,31 @@ class Attention(Rule):
                        domain="com.microsoft", base=f"{m.anchor.name}_mha")]
         if d["guard"]:
             isnan = cx.node("IsNaN", [out[-1].outputs[0]], base=f"{m.anchor.name}_isnan")
-            zero = cx.initializer(f"{m.anchor.name}_zero", np.array(0.0, np.float32))
+            zero = cx.initializer(f"{m.anchor.name}_zero", np.array(0.0, cx.dtype(d["q"])))
             out += [isnan, cx.node("Where", [isnan.outputs[0], zero, out[-1].outputs[0]], base=f"{m.anchor.name}_guard")]
         if d["flatten"]:
             shape = cx.initializer(f"{m.anchor.name}_flat", np.array([-1, d["flatten"]], np.int64))
             out.append(cx.node("Reshape", [out[-1].outputs[0], shape], base=f"{m.anchor.name}_flatten"))
+        return out + self._shapes(cx, d["shapes"])
+
+    @staticmethod
+    def _shapes(cx, shapes) -> list[ir.Node]:
+        """Each shape read off a removed head view, from its projection: Gather(Concat(Shape(base), consts), idx)."""
+        out = []
+        for node, base, idx, consts in shapes:
+            table = cx.node("Shape", [base], base=f"{node.name}_base")
+            out.append(table)
+            if consts:
+                c = cx.initializer(f"{node.name}_dims", np.array(consts, np.int64))
+                table = cx.node("Concat", [table.outputs[0], c], {"axis": 0}, base=f"{node.name}_table")
+                out.append(table)
+            pick = cx.initializer(f"{node.name}_axes", np.array(idx, np.int64))
+            out.append(cx.node("Gather", [table.outputs[0], pick], {"axis": 0}, base=f"{node.name}_dims"))
         return out
+
+    def outputs(self, m: Match, new_nodes: list[ir.Node]) -> list[tuple[ir.Value, ir.Value]]:
+        """The context, then each recomputed shape (the last node of its three)."""
+        shapes = m.data["shapes"]
+        ends = [n for n in new_nodes if n.op_type == "Gather"][-len(shapes):] if shapes else []
+        attn = new_nodes[len(new_nodes) - sum(3 if sh[3] else 2 for sh in shapes) - 1]
+        return [(m.handed_on()[0], attn.outputs[0])] + [(sh[0].outputs[0], g.outputs[0]) for sh, g in zip(shapes, ends)]

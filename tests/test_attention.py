@@ -111,6 +111,14 @@ def test_exporter_forms_become_one_multiheadattention(form, mask):
         assert verify(m, res.graph, dims=dims).ok
 
 
+def test_a_q_split_another_way_is_taken_as_it_is():
+    """Q's hidden axis read as (D, N): not the projection's heads, but still a [B, N, S, D] Q; it is taken as a
+    value already in heads (MultiHeadAttention reads it transposed back) and computes the same."""
+    m = attention_model("sdpa", "finfo_min", mixed_heads=True)
+    res, n = _fused(m)
+    assert n == 1 and verify(m, res.graph, dims={"batch": 2, "seq": 3}).ok
+
+
 def test_fully_masked_row_with_neg_inf_mask_matches_the_guard():
     """A query whose keys are all masked: SDPA's guard gives 0; the fused op + kept guard gives 0 too."""
     import onnxruntime  # noqa: F401
@@ -127,7 +135,6 @@ def test_fully_masked_row_with_neg_inf_mask_matches_the_guard():
 
 
 @pytest.mark.parametrize("case,reason", [
-    ({"mixed_heads": True}, None),                            # Q's heads are other elements than K's
     ({"mask_rows": False}, "is not \\[B or 1, 1 or N, S, L\\]"),  # mask broadcasts over queries
     ({"scale_shape": (1, HEADS, 1, 1)}, None),                 # a per-head scale is not a scalar: no pattern
     ({"axis": 2}, None),                                       # Softmax over the queries

@@ -193,3 +193,113 @@ def test_layout_prover_regroups_and_splits_atoms():
     merged = reshape([heads[i] for i in (0, 2, 1, 3)], [-1, "seq", 4])
     assert [tuple(a.name for a in ax) for ax in merged] == [("x0", "x2.0"), ("x1",), ("x2.1",)]
     assert reshape(base, ["batch", 3, -1]) is None  # 3 does not divide the sequence dim's atoms
+
+
+def gqa_model(q_heads=4, kv_heads=2, repeat="expand", mask_op="add", scale="both", rope=True, dtype=np.float32,
+              hid=HID, d=8):
+    """LLaMA's attention as TorchScript writes it: grouped K/V heads, rotary on Q and K, repeat_kv (Unsqueeze ->
+    Expand -> Reshape), the scale split over Q and K^T, a causal + padding mask Where(keep, 0, finfo.min), SDPA's
+    NaN guard; over x [batch, seq, HID] and keep [batch, 1, seq, seq]."""
+    f = lambda *s: (RNG.standard_normal(s) * 0.3).astype(dtype)  # noqa: E731
+    nodes, inits = [], []
+    for p, heads in (("q", q_heads), ("k", kv_heads), ("v", kv_heads)):
+        inits += [tensor(f"W{p}", f(hid, heads * d) / np.sqrt(hid / HID).astype(dtype)), tensor(f"s_{p}", np.array([0, 0, heads, d], np.int64))]
+        nodes += [h.make_node("MatMul", ["x", f"W{p}"], [f"{p}m"], name=f"{p}_proj"),
+                  h.make_node("Reshape", [f"{p}m", f"s_{p}"], [f"{p}4"], name=f"{p}_split"),
+                  h.make_node("Transpose", [f"{p}4"], [f"{p}h"], name=f"{p}_t", perm=[0, 2, 1, 3])]
+    inits += [tensor("cos", f(1, 1, 1, d)), tensor("sin", f(1, 1, 1, d)), tensor("ax", np.array([3], np.int64)),
+              tensor("h0", np.array([0], np.int64)), tensor("h1", np.array([d // 2], np.int64)),
+              tensor("h2", np.array([d], np.int64))]
+    for p in "qk":
+        if not rope:
+            nodes.append(h.make_node("Identity", [f"{p}h"], [f"{p}r"], name=f"{p}_norope"))
+            continue
+        nodes += [h.make_node("Mul", [f"{p}h", "cos"], [f"{p}c"], name=f"{p}_cos"),
+                  h.make_node("Slice", [f"{p}h", "h0", "h1", "ax"], [f"{p}lo"], name=f"{p}_lo"),
+                  h.make_node("Slice", [f"{p}h", "h1", "h2", "ax"], [f"{p}hi"], name=f"{p}_hi"),
+                  h.make_node("Neg", [f"{p}hi"], [f"{p}n"], name=f"{p}_neg"),
+                  h.make_node("Concat", [f"{p}n", f"{p}lo"], [f"{p}rot"], name=f"{p}_cat", axis=-1),
+                  h.make_node("Mul", [f"{p}rot", "sin"], [f"{p}s"], name=f"{p}_sin"),
+                  h.make_node("Add", [f"{p}c", f"{p}s"], [f"{p}r"], name=f"{p}_rope")]
+    group = q_heads // kv_heads
+    for p in "kv":
+        src = "kr" if p == "k" else "vh"
+        if repeat == "expand":  # repeat_kv: [B,KV,S,D] -> [B,KV,1,S,D] -> expand [B,KV,G,S,D] -> [B,N,S,D]
+            nodes += [h.make_node("Unsqueeze", [src, "ax2"], [f"{p}u"], name=f"{p}_unsq"),
+                      h.make_node("Shape", [f"{p}u"], [f"{p}us"], name=f"{p}_ushape"),
+                      h.make_node("Mul", [f"{p}us", "grow"], [f"{p}es"], name=f"{p}_eshape"),
+                      h.make_node("Expand", [f"{p}u", f"{p}es"], [f"{p}e"], name=f"{p}_expand"),
+                      h.make_node("Reshape", [f"{p}e", "s_rep"], [f"{p}rep"], name=f"{p}_repeat")]
+        else:  # no repeat: the MatMul broadcasts a single K/V head over Q's
+            nodes.append(h.make_node("Identity", [src], [f"{p}rep"], name=f"{p}_norep"))
+    inits += [tensor("ax2", np.array([2], np.int64)), tensor("grow", np.array([1, 1, group, 1, 1], np.int64)),
+              tensor("s_rep", np.array([0, q_heads, -1, d], np.int64))]
+    nodes.append(h.make_node("Transpose", ["krep"], ["kT"], name="k_T", perm=[0, 1, 3, 2]))
+    s = float(d) ** -0.25
+    qs_, ks_ = (s, s) if scale == "both" else (s * s, 1.0)
+    nodes += [h.make_node("Mul", ["qr", "sq"], ["qsc"], name="q_scale")]
+    inits += [tensor("sq", np.array(qs_, dtype))]
+    kin = "kT"
+    if ks_ != 1.0:
+        nodes.append(h.make_node("Mul", ["kT", "sk"], ["ksc"], name="k_scale"))
+        inits.append(tensor("sk", np.array(ks_, dtype)))
+        kin = "ksc"
+    nodes += [h.make_node("MatMul", ["qsc", kin], ["sc"], name="scores")]
+    if mask_op == "add":
+        nodes += [h.make_node("Where", ["keep", "zero", "fill"], ["bias"], name="mask"),
+                  h.make_node("Add", ["sc", "bias"], ["logits"], name="add_mask")]
+        inits += [tensor("zero", np.zeros((), dtype)), tensor("fill", np.array(np.finfo(dtype).min, dtype))]
+    else:  # a 0/1 mask multiplied in: not an additive mask
+        nodes += [h.make_node("Cast", ["keep"], ["keepf"], name="mask", to=h.np_dtype_to_tensor_dtype(np.dtype(dtype))),
+                  h.make_node("Mul", ["sc", "keepf"], ["logits"], name="mul_mask")]
+    nodes += [h.make_node("Softmax", ["logits"], ["p"], name="softmax", axis=-1),
+              h.make_node("IsNaN", ["p"], ["nan"], name="isnan"),
+              h.make_node("Where", ["nan", "zero2", "p"], ["pg"], name="guard"),
+              h.make_node("MatMul", ["pg", "vrep"], ["ctx"], name="context"),
+              h.make_node("Transpose", ["ctx"], ["ctx_t"], name="ctx_t", perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["ctx_t", "s_out"], ["y"], name="merge")]
+    inits += [tensor("zero2", np.zeros((), dtype)), tensor("s_out", np.array([0, 0, q_heads * d], np.int64))]
+    return make_model(nodes, [value_info("x", dtype, ["batch", "seq", hid]),
+                              value_info("keep", np.bool_, ["batch", 1, "seq", "seq"])],
+                      [value_info("y", dtype, ["batch", "seq", q_heads * d])], inits, opset=17)
+
+
+def _causal_padded(batch, seq, pad):
+    """LLaMA's mask: causal and not a left-padded position (the first `pad` keys of batch row 0)."""
+    keep = np.tril(np.ones((seq, seq), bool))[None, None].repeat(batch, 0)
+    keep[0, :, :, :pad] = False
+    return keep
+
+
+@pytest.mark.parametrize("case", [{}, {"scale": "q"}, {"rope": False}, {"q_heads": 4, "kv_heads": 1},
+                                  {"q_heads": 6, "kv_heads": 3}, {"dtype": np.float16}])
+def test_grouped_query_attention_after_an_explicit_repeat(case):
+    """LLaMA's GQA -> MultiHeadAttention on the repeated K/V (4-D key/value), the graph's own mask as bias."""
+    from fusionlab.runtime import run
+
+    m = gqa_model(**case)
+    res, n = _fused(m)
+    assert n == 1, res.plan.refusals
+    ops = res.after
+    assert ops.get("com.microsoft:MultiHeadAttention") == 1 and "Softmax" not in ops and "IsNaN" not in ops
+    assert ops.get("Expand") == 2  # the repeat is kept
+    for dims in ({"batch": 2, "seq": 5}, {"batch": 1, "seq": 9}):
+        assert verify(m, res.graph, dims=dims).ok
+    dt = case.get("dtype", np.float32)
+    x = RNG.standard_normal((2, 6, HID)).astype(dt)
+    keep = _causal_padded(2, 6, 2)  # a padded row's first queries see no key: uniform (finfo.min), not NaN
+    a, b = run(m, {"x": x, "keep": keep})["y"], run(res.graph, {"x": x, "keep": keep})["y"]
+    tol = (1e-4, 1e-5) if dt == np.float32 else (1e-2, 1e-2)
+    assert np.allclose(a.astype(np.float32), b.astype(np.float32), rtol=tol[0], atol=tol[1])
+
+
+@pytest.mark.parametrize("case,reason", [
+    ({"repeat": "none", "q_heads": 4, "kv_heads": 1}, "K has 1 heads of 8 where Q has 4"),  # broadcast, no repeat
+    ({"mask_op": "mul"}, "a mask that is not added"),
+])
+def test_grouped_query_near_misses_are_named(case, reason):
+    m = gqa_model(**case)
+    res, n = _fused(m)
+    assert n == 0
+    assert any(r.rule == "attention" and reason in r.reason for r in res.plan.why_not("softmax")), res.plan.refusals
+    assert verify(m, res.graph, dims={"batch": 2, "seq": 3}).ok

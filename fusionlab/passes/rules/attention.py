@@ -120,9 +120,30 @@ def _scores(cx, sm: ir.Node):
     inner, s3, scale_node = _scaled(cx, x)
     mm = inner.producer()
     if not is_op(mm, "MatMul") or not cx.free(mm) or sole_consumer(inner) is None:
+        _not_additive(cx, inner)
         return None
     nodes += [scale_node] if scale_node is not None else []
     return mm, mask, s3, nodes + [mm]
+
+
+def _not_additive(cx, x: ir.Value) -> None:
+    """Refused when the scores (a rank-4 MatMul, maybe scaled) reach the Softmax through another elementwise op
+    with a computed operand: a mask that is not added (Mul by a 0/1 mask, Sub, Where) is no attention_bias."""
+    n = x.producer()
+    if not is_op(n, "Mul", "Div", "Sub", "Where", "Max", "Min") or not cx.free(n):
+        return
+    for i, v in enumerate(n.inputs):
+        inner = _scaled(cx, v)[0] if v is not None else None
+        mm = inner.producer() if inner is not None else None
+        if is_op(mm, "MatMul") and cx.rank(inner) == 4:
+            others = [o for j, o in enumerate(n.inputs) if j != i and o is not None]
+            if all(cx.constant(o) is not None and scalar(cx.constant(o)) is not None for o in others):
+                return  # a scale the Softmax reads through another scale: not a mask
+            raise Refused(f"the scores {mm.name} reach the Softmax through {n.op_type} {n.name}: a mask that is not "
+                          "added (MultiHeadAttention only adds attention_bias)",
+                          condition="Softmax(scale * Q@K^T [+ additive mask])",
+                          found=f"{n.op_type} {n.name} of the scores and {others[0].name if others else '?'}",
+                          matched=2)
 
 
 def _guard(cx, p: ir.Value):

@@ -215,57 +215,19 @@ def _support(cx, members: list[ir.Node]) -> list[ir.Node]:
     return [p for p in cand if id(p) in keep]
 
 
-def _shape_of(layout, base_rank: int, start: int, end: int | None):
-    """(base axes or -k for the k-th constant, constants) giving each axis size of `layout`, or None.
+def _kept_views(views: list[ir.Node], members: list[ir.Node]) -> list[ir.Node]:
+    """The leading views of one side that something outside the group reads (only their shapes: `trace_back`
+    allows no other reader): they stay, the group takes the views after them.
 
-    An axis holding one whole base axis takes that axis' size from Shape(base); an axis of int-sized atoms is
-    a constant; anything else (a product with a symbolic dim) is not derived.
-    """
-    idx, consts = [], []
-    for ax in layout[start:end]:
-        real = [a for a in ax if a.size != 1]
-        if all(isinstance(a.size, int) for a in real):
-            size = 1
-            for a in real:
-                size *= a.size
-            consts.append(size)
-            idx.append(base_rank + len(consts) - 1)
-        elif len(real) == 1 and "." not in real[0].name:
-            idx.append(int(real[0].name[1:]))
-        else:
-            return None
-    return idx, consts
-
-
-def _shape_branches(cx, values, base: ir.Value, chain: list[ir.Node], members: list[ir.Node]):
-    """Readers of the views' shapes alone, outside the group: ([nodes], [(Shape node, base, idx, consts)]).
-
-    T5's layer 0 reads `key_states.shape` for its position bias: a Transpose of K's head view read by a Shape.
-    Fusing removes the view, so each such Shape is recomputed from the projection's own shape (Refused when
-    an axis is not one whole axis of it or a constant)."""
+    T5's layer 0 reads `key_states.shape` for its position bias through a Transpose of K's head view; that view
+    (a Reshape, which onnxruntime runs as an alias) stays for it, and the fused op reads the projection itself.
+    Taking the Shape into the group instead would make the group feed its own mask (a cycle)."""
     inside = {id(n) for n in members}
-    nodes, shapes = [], []
-    layout = base_layout(cx.shape(base), "x")
-    rank = len(cx.shape(base) or ())
-    for view in chain:
-        layout = step(values, view, layout) if layout is not None else None
-        branch = [n for n in (shape_branch(view.outputs[0], members) or []) if id(n) not in inside]
-        if not branch:
-            continue
-        lay = {id(view.outputs[0]): layout}
-        for n in branch:
-            src = lay.get(id(n.inputs[0]))
-            if n.op_type != "Shape":
-                lay[id(n.outputs[0])] = step(values, n, src) if src is not None else None
-                continue
-            start, end = int(attr(n, "start", 0)), attr(n, "end", None)
-            got = _shape_of(src, rank, start, None if end is None else int(end)) if src is not None else None
-            if got is None:
-                raise Refused(f"{n.name} reads the shape of a head view that fusing removes, and that shape is "
-                              f"not derivable from {base.name}'s")
-            shapes.append((n, base, *got))
-        nodes += branch
-    return nodes, shapes
+    last = -1
+    for i, view in enumerate(views):
+        if any(id(u.node) not in inside for u in view.outputs[0].uses()) and shape_branch(view.outputs[0], members):
+            last = i
+    return views[:last + 1]
 
 
 class Attention(Rule):
@@ -312,17 +274,11 @@ class Attention(Rule):
         self._legal(cx, q, k, v, mask, nd[0], q4, k4)
         pre = [n for n in (q_scale, k_scale) if n is not None]
         members = q_views + k_views + v_views + pre + nodes + [sm] + guarded[1] + [ctx_mm] + out[1]
+        members += _support(cx, members)
+        kept = [n for views in (q_views, k_views, v_views) for n in _kept_views(views, members)]
+        members = [n for n in members if n not in kept]
         if not cx.free(*members):
             return None
-        members += _support(cx, members)
-        side, shapes = [], []
-        for base, chain in ((q, q_views), (k, k_views), (v, v_views)):
-            more, found = _shape_branches(cx, values, base, chain, members + side)
-            side += more
-            shapes += found
-        if not cx.free(*side):
-            return None
-        members += side
         keep_guard = bool(guarded[1]) and mask is not None and not _mask_finite(cx, mask)
         target = attention_target(cx.lower)
         if target is None:
@@ -330,10 +286,9 @@ class Attention(Rule):
         return Match("attention", sm, members, f"{nd[0]} heads of {nd[1]}, layouts proved; "
                      f"mask {'none' if mask is None else 'as attention_bias'}; guard {'kept' if keep_guard else 'none'}",
                      target.op, target.kernels + (2 if keep_guard else 0) + (1 if out[2] else 0),
-                     outputs=[out[0]] + [sh[0].outputs[0] for sh in shapes],
+                     outputs=[out[0]],
                      data={"q": q, "k": k, "v": v, "mask": mask, "heads": nd[0], "scale": s1 * s2 * s3,
-                           "guard": keep_guard, "flatten": out[2] and nd[0] * vd[1], "q4": q4 and nd[0] * nd[1],
-                           "shapes": shapes})
+                           "guard": keep_guard, "flatten": out[2] and nd[0] * vd[1], "q4": q4 and nd[0] * nd[1]})
 
     @staticmethod
     def _output(cx, values, ctx_mm: ir.Node, q: ir.Value, q4: bool, heads: int, dv: int):
@@ -386,26 +341,4 @@ class Attention(Rule):
         if d["flatten"]:
             shape = cx.initializer(f"{m.anchor.name}_flat", np.array([-1, d["flatten"]], np.int64))
             out.append(cx.node("Reshape", [out[-1].outputs[0], shape], base=f"{m.anchor.name}_flatten"))
-        return out + self._shapes(cx, d["shapes"])
-
-    @staticmethod
-    def _shapes(cx, shapes) -> list[ir.Node]:
-        """Each shape read off a removed head view, from its projection: Gather(Concat(Shape(base), consts), idx)."""
-        out = []
-        for node, base, idx, consts in shapes:
-            table = cx.node("Shape", [base], base=f"{node.name}_base")
-            out.append(table)
-            if consts:
-                c = cx.initializer(f"{node.name}_dims", np.array(consts, np.int64))
-                table = cx.node("Concat", [table.outputs[0], c], {"axis": 0}, base=f"{node.name}_table")
-                out.append(table)
-            pick = cx.initializer(f"{node.name}_axes", np.array(idx, np.int64))
-            out.append(cx.node("Gather", [table.outputs[0], pick], {"axis": 0}, base=f"{node.name}_dims"))
         return out
-
-    def outputs(self, m: Match, new_nodes: list[ir.Node]) -> list[tuple[ir.Value, ir.Value]]:
-        """The context, then each recomputed shape (the last node of its three)."""
-        shapes = m.data["shapes"]
-        ends = [n for n in new_nodes if n.op_type == "Gather"][-len(shapes):] if shapes else []
-        attn = new_nodes[len(new_nodes) - sum(3 if sh[3] else 2 for sh in shapes) - 1]
-        return [(m.handed_on()[0], attn.outputs[0])] + [(sh[0].outputs[0], g.outputs[0]) for sh, g in zip(shapes, ends)]

@@ -171,11 +171,17 @@ def _read_by(value: ir.Value, node: ir.Node) -> bool:
 
 
 def trace_back(cx, values: ShapeValues, v: ir.Value, limit: int = 8):
-    """(base value, layout of `v` in the base's atoms, view nodes in order) through single-reader views."""
+    """(base value, layout of `v` in the base's atoms, view nodes in order) through single-reader views.
+
+    A view that something else reads only the shape of (`shape_branch`) is traced through even when no rule may
+    take it: a rule keeps such a view for its Shape and reads the base itself."""
     chain = []
     while len(chain) < limit:
         p = v.producer()
-        if not is_op(p, "Reshape", "Transpose") or not cx.free(p) or (chain and not _read_by(p.outputs[0], chain[0])):
+        if not is_op(p, "Reshape", "Transpose") or (chain and not _read_by(p.outputs[0], chain[0])):
+            break
+        if not cx.free(p) and not (chain and shape_branch(p.outputs[0], chain[0])):  # a view kept for a shape
+            break
             break
         chain.insert(0, p)
         v = p.inputs[0]

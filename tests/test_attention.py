@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 from onnx import helper as h
@@ -137,7 +139,7 @@ def test_fully_masked_row_with_neg_inf_mask_matches_the_guard():
 @pytest.mark.parametrize("case,reason", [
     ({"mask_rows": False}, "is not \\[B or 1, 1 or N, S, L\\]"),  # mask broadcasts over queries
     ({"scale_shape": (1, HEADS, 1, 1)}, None),                 # a per-head scale is not a scalar: no pattern
-    ({"axis": 2}, None),                                       # Softmax over the queries
+    ({"axis": 2}, "normalises axis 2"),                        # Softmax over the queries
 ])
 def test_must_not_fuse(case, reason):
     m = attention_model("sdpa", "finfo_min", **case)
@@ -303,3 +305,47 @@ def test_grouped_query_near_misses_are_named(case, reason):
     assert n == 0
     assert any(r.rule == "attention" and reason in r.reason for r in res.plan.why_not("softmax")), res.plan.refusals
     assert verify(m, res.graph, dims={"batch": 2, "seq": 3}).ok
+
+
+#: the refusal each generated near miss must show in --why-not
+_NEAR_MISS_REASON = {"nm:mask_mul": "a mask that is not added", "nm:kv_broadcast": "heads of",
+                     "nm:softmax_axis": "normalises axis"}
+
+
+def _generated(seed: int, near: float, dtype=np.float32):
+    import random
+
+    from fusionlab.fuzz.attention import attention
+    from fusionlab.fuzz.builder import Builder
+
+    rng = random.Random(f"attention-form/{seed}")
+    b = Builder(rng, dtype, 17, near=near)
+    seq = rng.choice(("seq", 5))
+    x = b.input((rng.choice(("batch", 2)), seq, rng.choice((8, 16))), "x")
+    y = attention(b, x, [x])
+    return b.model([y] + b.extra_outputs, ir_version=9), b.tags
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_generated_attention_forms_fuse_and_near_misses_are_named(seed):
+    """The fuzzer's attention form (MHA/GQA, rotary, repeat_kv, scales, masks, guard, T5's shape read): a clean
+    draw fuses into one MultiHeadAttention that computes the same; a near miss is refused with its reason."""
+    m, tags = _generated(seed, near=0.5 if seed % 2 else 0.0, dtype=np.float16 if seed % 4 == 2 else np.float32)
+    res, n = _fused(m)
+    misses = [t for t in tags if t in _NEAR_MISS_REASON]
+    if misses:
+        assert n == 0
+        why = " | ".join(r.reason for r in res.plan.refusals if r.rule == "attention")
+        assert _NEAR_MISS_REASON[misses[0]] in why or any(_NEAR_MISS_REASON[t] in why for t in misses), (tags, why)
+    else:
+        assert n == 1, (tags, res.plan.refusals)
+    assert verify(m, res.graph, dims={"batch": 2, "seq": 4}).ok
+
+
+def test_the_generator_reaches_every_attention_form():
+    tags = Counter()
+    for seed in range(60):
+        tags.update(_generated(seed, near=0.3)[1])
+    for t in ("attention", "attention_gqa", "attention_rotary", "attention_key_shape", "mask_any", "mask_bias",
+              "nm:mask_mul", "nm:kv_broadcast", "nm:softmax_axis"):
+        assert tags[t] > 0, (t, tags)

@@ -7,9 +7,10 @@ not, any pattern, or a constant bias as T5 and Swin add it), the NaN guard SDPA 
 LLaMA's form: fewer K/V heads than Q heads repeated explicitly (Unsqueeze -> Expand -> Reshape), rotary on Q and
 K (Mul cos, Slice/Neg/Concat, Mul sin, Add). T5's layer 0: K's head view read by a Transpose whose only reader is
 a Shape. Near misses: a mask multiplied in instead of added (nm:mask_mul), a single K/V head broadcast by the
-MatMul with no repeat (nm:kv_broadcast), a scale that is a per-head vector (nm:scale_per_head), Softmax over
-the queries (nm:softmax_axis). A random bool mask is not causal: GroupQueryAttention, which assumes a causal
-mask, would be wrong on it (the tag mask_any marks it).
+MatMul with no repeat (nm:kv_broadcast), Softmax over the queries (nm:softmax_axis). A per-head scale vector
+on Q (scale_per_head) is no scalar scale, but the Q it makes is legal as it is (a value already in heads). A
+random bool mask is not causal: GroupQueryAttention, which assumes a causal mask, would be wrong on it (the tag
+mask_any marks it; the rule writes MultiHeadAttention with the graph's own mask).
 """
 
 from __future__ import annotations
@@ -92,9 +93,8 @@ def attention(b: Builder, x: str, pool: list[str]) -> str:
                     (bsz, kdim, d, seq), perm=[0, 2, 3, 1])
     scale = float(d) ** -0.5
     where = b.rng.choice(("split", "q", "scores", "none"))
-    per_head = b.miss("scale_per_head")
-    if per_head:
-        b.tags.append("nm:scale_per_head")
+    if b.rng.random() < 0.1:
+        b.tags.append("scale_per_head")
         q = b.binary("Mul", q, b.const(b.rand((1, heads, 1, 1), 0.3, positive=True), "hscale"))
     if where == "split":
         s = scale ** 0.5

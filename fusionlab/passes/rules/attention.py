@@ -240,7 +240,13 @@ class Attention(Rule):
 
     def match(self, cx, sm: ir.Node) -> Match | None:
         rank = cx.rank(sm.inputs[0])
-        if rank != 4 or int(attr(sm, "axis", -1 if cx.graph.opset >= 13 else 1)) not in (-1, 3):
+        if rank != 4:
+            return None
+        axis = int(attr(sm, "axis", -1 if cx.graph.opset >= 13 else 1))
+        if axis not in (-1, 3):
+            if _scores(cx, sm) is not None:
+                raise Refused(f"the Softmax normalises axis {axis} of the scores, not the keys' (last) axis",
+                              condition="Softmax over the last axis of Q@K^T", found=f"axis {axis}", matched=2)
             return None
         scores = _scores(cx, sm)
         if scores is None:

@@ -175,14 +175,15 @@ def trace_back(cx, values: ShapeValues, v: ir.Value, limit: int = 8):
 
     A view that something else reads only the shape of (`shape_branch`) is traced through even when no rule may
     take it: a rule keeps such a view for its Shape and reads the base itself."""
-    chain = []
+    chain, kept = [], False
     while len(chain) < limit:
         p = v.producer()
         if not is_op(p, "Reshape", "Transpose") or (chain and not _read_by(p.outputs[0], chain[0])):
             break
-        if not cx.free(p) and not (chain and shape_branch(p.outputs[0], chain[0])):  # a view kept for a shape
-            break
-            break
+        if not cx.free(p):  # a view kept for a shape, and the views before it (kept with it)
+            if not (kept or (chain and shape_branch(p.outputs[0], chain[0]))):
+                break
+            kept = True
         chain.insert(0, p)
         v = p.inputs[0]
     layout = base_layout(cx.shape(v), "x")

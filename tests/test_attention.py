@@ -205,7 +205,8 @@ def gqa_model(q_heads=4, kv_heads=2, repeat="expand", mask_op="add", scale="both
     f = lambda *s: (RNG.standard_normal(s) * 0.3).astype(dtype)  # noqa: E731
     nodes, inits = [], []
     for p, heads in (("q", q_heads), ("k", kv_heads), ("v", kv_heads)):
-        inits += [tensor(f"W{p}", f(hid, heads * d) / np.sqrt(hid / HID).astype(dtype)), tensor(f"s_{p}", np.array([0, 0, heads, d], np.int64))]
+        inits += [tensor(f"W{p}", f(hid, heads * d) / np.sqrt(hid / HID).astype(dtype)),
+                  tensor(f"s_{p}", np.array([0, 0, heads, d], np.int64))]
         nodes += [h.make_node("MatMul", ["x", f"W{p}"], [f"{p}m"], name=f"{p}_proj"),
                   h.make_node("Reshape", [f"{p}m", f"s_{p}"], [f"{p}4"], name=f"{p}_split"),
                   h.make_node("Transpose", [f"{p}4"], [f"{p}h"], name=f"{p}_t", perm=[0, 2, 1, 3])]

@@ -8,12 +8,22 @@ The pattern, anchored on the Softmax (every arrangement of the views is proved b
     [P = Where(IsNaN(P), 0, P)]                   (SDPA's guard for fully masked rows)
     out = view(P @ view(v)) [B,S,N*D]
 
-becomes MultiHeadAttention(q, k, v, attention_bias=mask, num_heads=N, scale=s1·s2·s3). Legality: fp32 or fp16 (all alike); the
-layouts prove Q, K, V split their last axis into the same N heads of D; the mask has the shape
+becomes MultiHeadAttention(q, k, v, attention_bias=mask, num_heads=N, scale=s1·s2·s3). Legality: fp32 or fp16
+(all alike); the layouts prove Q, K, V split their last axis into the same N heads of D; the mask has the shape
 MultiHeadAttention accepts ([B or 1, 1 or N, S, L]); every intermediate has one consumer. SDPA's NaN guard
 zeroes rows whose keys are all masked (-inf); MultiHeadAttention returns NaN there instead, so when the mask
 can hold -inf the guard is kept after the fused op (Where(IsNaN(out), 0, out)), which is the same for
 finite inputs. With a finite mask (finfo.min) or none, no row can be NaN and the guard is dropped.
+
+Q, K or V may also come already split into heads, [B, N, S, D], from any producer: a rotary embedding (written
+out or com.microsoft RotaryEmbedding), or LLaMA's grouped-query repeat_kv (Unsqueeze -> Expand -> Reshape of
+fewer K/V heads). Such K and V go in MultiHeadAttention's 4-D key/value form ([B, N, L, D]) and the repeat is
+kept; such a Q goes back to [B, S, N*D] by Transpose + Reshape. A K/V head count the MatMul broadcasts instead
+(no explicit repeat) is refused. GroupQueryAttention is not written: on CPU it is causal-only (seqlens_k,
+total_sequence_length), so it would need a proof that the graph's mask is causal, which a user padding mask
+is not; measured at 1x256x512 (8 Q / 2 K/V heads) it ran no faster than MultiHeadAttention after the repeat
+(1.00x, 0.96-1.04, optimisations off). A head view read elsewhere only for its shape (T5's layer 0 reads
+key_states.shape) stays outside the group for that reader.
 """
 
 from __future__ import annotations
@@ -27,13 +37,13 @@ from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, scalar
 from ..lowering import attention_target
 from ..shape_values import ShapeValues
 from .common import F32
-
-#: dtypes onnxruntime 1.31's CPU MultiHeadAttention kernel runs (float16 checked on a built model: it loads, runs
-#: and is within float16 rounding of a float64 reference, max error 6e-4 at 2x5x16)
-ATTENTION_DTYPES = (F32, np.dtype(np.float16))
 from .layout import Atom, base_layout, names, shape_branch, step, trace_back, trace_forward
 
-__all__ = ["Attention"]
+__all__ = ["Attention", "ATTENTION_DTYPES"]
+
+#: dtypes onnxruntime 1.31's CPU MultiHeadAttention kernel runs (float16 checked on a built model: it loads, runs
+#: and is within float16 rounding of a float64 reference, max error 6e-4 at 2x5x16; float64 has no kernel)
+ATTENTION_DTYPES = (F32, np.dtype(np.float16))
 
 
 def _scaled(cx, v: ir.Value):
@@ -343,7 +353,8 @@ class Attention(Rule):
         if d["guard"]:
             isnan = cx.node("IsNaN", [out[-1].outputs[0]], base=f"{m.anchor.name}_isnan")
             zero = cx.initializer(f"{m.anchor.name}_zero", np.array(0.0, cx.dtype(d["q"])))
-            out += [isnan, cx.node("Where", [isnan.outputs[0], zero, out[mha].outputs[0]], base=f"{m.anchor.name}_guard")]
+            out += [isnan, cx.node("Where", [isnan.outputs[0], zero, out[mha].outputs[0]],
+                                   base=f"{m.anchor.name}_guard")]
         if d["flatten"]:
             shape = cx.initializer(f"{m.anchor.name}_flat", np.array([-1, d["flatten"]], np.int64))
             out.append(cx.node("Reshape", [out[-1].outputs[0], shape], base=f"{m.anchor.name}_flatten"))

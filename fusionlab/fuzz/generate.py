@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from . import chains, convs, exporters, gelus, layouts, linears, norms, rotary
+from . import attention, chains, convs, exporters, gelus, layouts, linears, norms, rotary
 from .builder import Builder
 from .feeds import draws, feeds_for, session as _session
 from .names import tempt
@@ -53,7 +53,7 @@ def _pick(rng: random.Random, table):
 
 
 #: the emitter modules, each listing its patterns in `PATTERNS` (a new family: a module with PATTERNS, added here)
-MODULES = (chains, gelus, norms, convs, linears, layouts, exporters, rotary)
+MODULES = (chains, gelus, norms, convs, linears, layouts, exporters, rotary, attention)
 
 
 def _patterns(b: Builder, x: str) -> list[tuple]:

@@ -8,12 +8,22 @@ The pattern, anchored on the Softmax (every arrangement of the views is proved b
     [P = Where(IsNaN(P), 0, P)]                   (SDPA's guard for fully masked rows)
     out = view(P @ view(v)) [B,S,N*D]
 
-becomes MultiHeadAttention(q, k, v, attention_bias=mask, num_heads=N, scale=s1·s2·s3). Legality: fp32; the
-layouts prove Q, K, V split their last axis into the same N heads of D; the mask has the shape
+becomes MultiHeadAttention(q, k, v, attention_bias=mask, num_heads=N, scale=s1·s2·s3). Legality: fp32 or fp16
+(all alike); the layouts prove Q, K, V split their last axis into the same N heads of D; the mask has the shape
 MultiHeadAttention accepts ([B or 1, 1 or N, S, L]); every intermediate has one consumer. SDPA's NaN guard
 zeroes rows whose keys are all masked (-inf); MultiHeadAttention returns NaN there instead, so when the mask
 can hold -inf the guard is kept after the fused op (Where(IsNaN(out), 0, out)), which is the same for
 finite inputs. With a finite mask (finfo.min) or none, no row can be NaN and the guard is dropped.
+
+Q, K or V may also come already split into heads, [B, N, S, D], from any producer: a rotary embedding (written
+out or com.microsoft RotaryEmbedding), or LLaMA's grouped-query repeat_kv (Unsqueeze -> Expand -> Reshape of
+fewer K/V heads). Such K and V go in MultiHeadAttention's 4-D key/value form ([B, N, L, D]) and the repeat is
+kept; such a Q goes back to [B, S, N*D] by Transpose + Reshape. A K/V head count the MatMul broadcasts instead
+(no explicit repeat) is refused. GroupQueryAttention is not written: on CPU it is causal-only (seqlens_k,
+total_sequence_length), so it would need a proof that the graph's mask is causal, which a user padding mask
+is not; measured at 1x256x512 (8 Q / 2 K/V heads) it ran no faster than MultiHeadAttention after the repeat
+(1.00x, 0.96-1.04, optimisations off). A head view read elsewhere only for its shape (T5's layer 0 reads
+key_states.shape) stays outside the group for that reader.
 """
 
 from __future__ import annotations
@@ -27,9 +37,13 @@ from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, scalar
 from ..lowering import attention_target
 from ..shape_values import ShapeValues
 from .common import F32
-from .layout import Atom, names, trace_back, trace_forward
+from .layout import Atom, base_layout, names, shape_branch, step, trace_back, trace_forward
 
-__all__ = ["Attention"]
+__all__ = ["Attention", "ATTENTION_DTYPES"]
+
+#: dtypes onnxruntime 1.31's CPU MultiHeadAttention kernel runs (float16 checked on a built model: it loads, runs
+#: and is within float16 rounding of a float64 reference, max error 6e-4 at 2x5x16; float64 has no kernel)
+ATTENTION_DTYPES = (F32, np.dtype(np.float16))
 
 
 def _scaled(cx, v: ir.Value):
@@ -49,6 +63,8 @@ def _scaled(cx, v: ir.Value):
 
 #: the base [B, S, H] traced by `layout`: atoms x0 (B), x1 (S), and x2.0 x x2.1 = H split into heads
 _ATOMS = {"b": "x0", "s": "x1", "n": "x2.0", "d": "x2.1"}
+#: the base [B, N, S, D] of a value already split into heads (rotary output, repeat_kv's result)
+_ATOMS4 = {"b": "x0", "n": "x1", "s": "x2", "d": "x3"}
 
 
 def _heads(layout, want: str, base: tuple | None) -> tuple[int, int] | None:
@@ -57,8 +73,16 @@ def _heads(layout, want: str, base: tuple | None) -> tuple[int, int] | None:
     Unit atoms are left out of the comparison (a batch of 1 holds no order), so a model bound to batch 1
     proves the same as one with a symbolic batch.
     """
-    if layout is None or base is None or len(layout) != 4 or len(base) != 3:
+    if layout is None or base is None or len(layout) != 4 or len(base) not in (3, 4):
         return None
+    if len(base) == 4:  # a value already split into heads, [B, N, S, D]
+        sizes = {a.name: a.size for ax in layout for a in ax}
+        expect = [(_ATOMS4[w],) if not (w in "bs" and base["b.s".index(w)] == 1) and sizes.get(_ATOMS4[w], 0) != 1
+                  else () for w in want]
+        if names(layout) != expect:
+            return None
+        n, d = sizes.get("x1"), sizes.get("x3")
+        return (n, d) if isinstance(n, int) and isinstance(d, int) else None
     split = [ax for ax in layout if any(a.name.startswith("x2.") for a in ax)]
     sizes = {a.name: a.size for ax in layout for a in ax}
     expect = [(_ATOMS[w],) if not (w in "bs" and base["bs".index(w)] == 1) and sizes.get(_ATOMS[w], 0) != 1 else ()
@@ -67,6 +91,27 @@ def _heads(layout, want: str, base: tuple | None) -> tuple[int, int] | None:
         return None
     n, d = sizes.get("x2.0"), sizes.get("x2.1")
     return (n, d) if isinstance(n, int) and isinstance(d, int) else None
+
+
+def _side(cx, values, operand: ir.Value, want: str):
+    """(value, views, (N, D), split) for one of Q, K^T, V: the views from a [B, S, N*D] projection (split False),
+    else from the nearest value already in heads [B, N, S, D] (split True: a rotary output, an explicit repeat
+    of K/V heads), arranged as `want`; (operand, [], None, False) when neither proves."""
+    base, layout, views = trace_back(cx, values, operand)
+    nd = _heads(layout, want, cx.shape(base))
+    if nd is not None and cx.rank(base) == 3:
+        return base, views, nd, False
+    for i in range(len(views) + 1):
+        start = views[i].inputs[0] if i < len(views) else operand
+        if cx.rank(start) != 4:
+            continue
+        lay = base_layout(cx.shape(start), "x")
+        for node in views[i:]:
+            lay = step(values, node, lay) if lay is not None else None
+        nd = _heads(lay, want, cx.shape(start))
+        if nd is not None:
+            return start, views[i:], nd, True
+    return operand, [], None, False
 
 
 def _scores(cx, sm: ir.Node):
@@ -85,9 +130,30 @@ def _scores(cx, sm: ir.Node):
     inner, s3, scale_node = _scaled(cx, x)
     mm = inner.producer()
     if not is_op(mm, "MatMul") or not cx.free(mm) or sole_consumer(inner) is None:
+        _not_additive(cx, inner)
         return None
     nodes += [scale_node] if scale_node is not None else []
     return mm, mask, s3, nodes + [mm]
+
+
+def _not_additive(cx, x: ir.Value) -> None:
+    """Refused when the scores (a rank-4 MatMul, maybe scaled) reach the Softmax through another elementwise op
+    with a computed operand: a mask that is not added (Mul by a 0/1 mask, Sub, Where) is no attention_bias."""
+    n = x.producer()
+    if not is_op(n, "Mul", "Div", "Sub", "Where", "Max", "Min") or not cx.free(n):
+        return
+    for i, v in enumerate(n.inputs):
+        inner = _scaled(cx, v)[0] if v is not None else None
+        mm = inner.producer() if inner is not None else None
+        if is_op(mm, "MatMul") and cx.rank(inner) == 4:
+            others = [o for j, o in enumerate(n.inputs) if j != i and o is not None]
+            if all(cx.constant(o) is not None and scalar(cx.constant(o)) is not None for o in others):
+                return  # a scale the Softmax reads through another scale: not a mask
+            raise Refused(f"the scores {mm.name} reach the Softmax through {n.op_type} {n.name}: a mask that is not "
+                          "added (MultiHeadAttention only adds attention_bias)",
+                          condition="Softmax(scale * Q@K^T [+ additive mask])",
+                          found=f"{n.op_type} {n.name} of the scores and {others[0].name if others else '?'}",
+                          matched=2)
 
 
 def _guard(cx, p: ir.Value):
@@ -116,15 +182,13 @@ def _mask_finite(cx, mask: ir.Value) -> bool:
     return False
 
 
-def _mask_ok(cx, mask: ir.Value, q: ir.Value, k: ir.Value, heads: int) -> str | None:
+def _mask_ok(cx, mask: ir.Value, b, s, length, heads: int) -> str | None:
     """Why the mask cannot be MultiHeadAttention's attention_bias ([B or 1, 1 or N, S, L]), or None."""
-    ms, qs, ks = cx.shape(mask), cx.shape(q), cx.shape(k)
-    if ms is None or qs is None or ks is None or len(ms) != 4:
+    ms = cx.shape(mask)
+    if ms is None or len(ms) != 4:
         return f"mask shape {ms} is not a known rank-4 shape"
-    if cx.dtype(mask) != F32:
-        return "mask is not float32"
-    if ms[0] not in (1, qs[0]) or ms[1] not in (1, heads) or ms[2] != qs[1] or ms[3] != ks[1] or None in ms:
-        return f"mask shape {ms} is not [B or 1, 1 or N, S, L] for q {qs}, k {ks}"
+    if ms[0] not in (1, b) or ms[1] not in (1, heads) or ms[2] != s or ms[3] != length or None in ms:
+        return f"mask shape {list(ms)} is not [B or 1, 1 or N, S, L] = [{b} or 1, 1 or {heads}, {s}, {length}]"
     return None
 
 
@@ -161,6 +225,21 @@ def _support(cx, members: list[ir.Node]) -> list[ir.Node]:
     return [p for p in cand if id(p) in keep]
 
 
+def _kept_views(views: list[ir.Node], members: list[ir.Node]) -> list[ir.Node]:
+    """The leading views of one side that something outside the group reads (only their shapes: `trace_back`
+    allows no other reader): they stay, the group takes the views after them.
+
+    T5's layer 0 reads `key_states.shape` for its position bias through a Transpose of K's head view; that view
+    (a Reshape, which onnxruntime runs as an alias) stays for it, and the fused op reads the projection itself.
+    Taking the Shape into the group instead would make the group feed its own mask (a cycle)."""
+    inside = {id(n) for n in members}
+    last = -1
+    for i, view in enumerate(views):
+        if any(id(u.node) not in inside for u in view.outputs[0].uses()) and shape_branch(view.outputs[0], members):
+            last = i
+    return views[:last + 1]
+
+
 class Attention(Rule):
     """Q·K^T scaled, masked, Softmax, @V, with the head views -> com.microsoft MultiHeadAttention."""
 
@@ -171,7 +250,13 @@ class Attention(Rule):
 
     def match(self, cx, sm: ir.Node) -> Match | None:
         rank = cx.rank(sm.inputs[0])
-        if rank != 4 or int(attr(sm, "axis", -1 if cx.graph.opset >= 13 else 1)) not in (-1, 3):
+        if rank != 4:
+            return None
+        axis = int(attr(sm, "axis", -1 if cx.graph.opset >= 13 else 1))
+        if axis not in (-1, 3):
+            if _scores(cx, sm) is not None:
+                raise Refused(f"the Softmax normalises axis {axis} of the scores, not the keys' (last) axis",
+                              condition="Softmax over the last axis of Q@K^T", found=f"axis {axis}", matched=2)
             return None
         scores = _scores(cx, sm)
         if scores is None:
@@ -179,42 +264,52 @@ class Attention(Rule):
         mm, mask, s3, nodes = scores
         values = ShapeValues(cx.graph, cx.info)
         (q_in, s1, q_scale), (k_in, s2, k_scale) = _scaled(cx, mm.inputs[0]), _scaled(cx, mm.inputs[1])
-        q, lq, q_views = trace_back(cx, values, q_in)
-        k, lk, k_views = trace_back(cx, values, k_in)
-        nd = _heads(lq, "bnsd", cx.shape(q))
-        if nd is None or _heads(lk, "bnds", cx.shape(k)) != nd:
+        q, q_views, nd, q4 = _side(cx, values, q_in, "bnsd")
+        k, k_views, kd, k4 = _side(cx, values, k_in, "bnds")
+        if nd is None or kd is None:
             return None
+        if kd != nd:
+            raise Refused(f"K has {kd[0]} heads of {kd[1]} where Q has {nd[0]} of {nd[1]} (a K/V head count "
+                          "broadcast by the MatMul, not repeated explicitly, is not MultiHeadAttention)",
+                          matched=len(nodes) + 1)
         guarded = _guard(cx, sm.outputs[0])
         ctx_mm = sole_consumer(guarded[0]) if guarded is not None else None
         if guarded is None or not is_op(ctx_mm, "MatMul") or ctx_mm.inputs[0] is not guarded[0] or not cx.free(ctx_mm):
             return None
-        v, lv, v_views = trace_back(cx, values, ctx_mm.inputs[1])
-        vd = _heads(lv, "bnsd", cx.shape(v))
-        if vd is None or vd[0] != nd[0]:
+        v, v_views, vd, v4 = _side(cx, values, ctx_mm.inputs[1], "bnsd")
+        if vd is None:
             return None
-        out = self._output(cx, values, ctx_mm, q, v, nd[0], vd[1])
+        if vd[0] != nd[0]:
+            raise Refused(f"V has {vd[0]} heads where Q has {nd[0]}")
+        if k4 != v4:
+            raise Refused(f"key and value come in different forms (K {'[B,N,L,D]' if k4 else '[B,L,N*D]'}, "
+                          f"V {'[B,N,L,D]' if v4 else '[B,L,N*D]'}): MultiHeadAttention takes both alike")
+        out = self._output(cx, values, ctx_mm, q, q4, nd[0], vd[1])
         if out is None:
             raise Refused("the context does not return to [B, S, N*D] through views")
-        self._legal(cx, q, k, v, mask, nd[0])
+        self._legal(cx, q, k, v, mask, nd[0], q4, k4)
         pre = [n for n in (q_scale, k_scale) if n is not None]
         members = q_views + k_views + v_views + pre + nodes + [sm] + guarded[1] + [ctx_mm] + out[1]
+        members += _support(cx, members)
+        kept = [n for views in (q_views, k_views, v_views) for n in _kept_views(views, members)]
+        members = [n for n in members if n not in kept]
         if not cx.free(*members):
             return None
-        members += _support(cx, members)
         keep_guard = bool(guarded[1]) and mask is not None and not _mask_finite(cx, mask)
         target = attention_target(cx.lower)
         if target is None:
             raise Refused(f"no attention op for lower={cx.lower!r}")
         return Match("attention", sm, members, f"{nd[0]} heads of {nd[1]}, layouts proved; "
                      f"mask {'none' if mask is None else 'as attention_bias'}; guard {'kept' if keep_guard else 'none'}",
-                     target.op, target.kernels + (2 if keep_guard else 0) + (1 if out[2] else 0), outputs=[out[0]],
+                     target.op, target.kernels + (2 if keep_guard else 0) + (1 if out[2] else 0),
+                     outputs=[out[0]],
                      data={"q": q, "k": k, "v": v, "mask": mask, "heads": nd[0], "scale": s1 * s2 * s3,
-                           "guard": keep_guard, "flatten": out[2] and nd[0] * vd[1]})
+                           "guard": keep_guard, "flatten": out[2] and nd[0] * vd[1], "q4": q4 and nd[0] * nd[1]})
 
     @staticmethod
-    def _output(cx, values, ctx_mm: ir.Node, q: ir.Value, v: ir.Value, heads: int, dv: int):
+    def _output(cx, values, ctx_mm: ir.Node, q: ir.Value, q4: bool, heads: int, dv: int):
         qs = cx.shape(q)
-        start = [(Atom("c0", qs[0]),), (Atom("c1", heads),), (Atom("c2", qs[1]),), (Atom("c3", dv),)]
+        start = [(Atom("c0", qs[0]),), (Atom("c1", heads),), (Atom("c2", qs[2 if q4 else 1]),), (Atom("c3", dv),)]
         found = None
         unit = {a.name for ax in start for a in ax if a.size == 1}
         want3 = [tuple(n for n in ax if n not in unit) for ax in (("c0",), ("c2",), ("c1", "c3"))]
@@ -228,26 +323,38 @@ class Attention(Rule):
         return found
 
     @staticmethod
-    def _legal(cx, q: ir.Value, k: ir.Value, v: ir.Value, mask, heads: int) -> None:
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if cx.dtype(t) != F32 or cx.rank(t) != 3:
-                raise Refused(f"{name} projection is not a rank-3 float32 tensor")
-        if cx.shape(k)[1] != cx.shape(v)[1] or cx.shape(k)[0] != cx.shape(q)[0]:
+    def _legal(cx, q: ir.Value, k: ir.Value, v: ir.Value, mask, heads: int, q4: bool, k4: bool) -> None:
+        for name, t, four in (("q", q, q4), ("k", k, k4), ("v", v, k4)):
+            if cx.dtype(t) not in ATTENTION_DTYPES or cx.rank(t) != (4 if four else 3):
+                raise Refused(f"{name} is not a rank-{4 if four else 3} float32 or float16 tensor "
+                              f"(found {cx.dtype(t)}, rank {cx.rank(t)})")
+        if len({cx.dtype(t) for t in (q, k, v)}) != 1:
+            raise Refused("q, k and v differ in dtype")
+        length = 2 if k4 else 1
+        if cx.shape(k)[length] != cx.shape(v)[length] or cx.shape(k)[0] != cx.shape(q)[0]:
             raise Refused("key and value lengths (or batches) differ")
         if mask is not None:
-            why = _mask_ok(cx, mask, q, k, heads)
+            why = _mask_ok(cx, mask, cx.shape(q)[0], cx.shape(q)[2 if q4 else 1], cx.shape(k)[length], heads)
             if why:
                 raise Refused(why)
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
         d = m.data
-        ins = [d["q"], d["k"], d["v"], None, None] + ([d["mask"]] if d["mask"] is not None else [])
-        out = [cx.node("MultiHeadAttention", ins, {"num_heads": int(d["heads"]), "scale": float(d["scale"])},
+        out, q = [], d["q"]
+        if d["q4"]:  # MultiHeadAttention's query is [B, S, N*D]: a Q already in heads goes back
+            t = cx.node("Transpose", [q], {"perm": [0, 2, 1, 3]}, base=f"{m.anchor.name}_q_bsnd")
+            shape = cx.initializer(f"{m.anchor.name}_q_bsh", np.array([0, 0, d["q4"]], np.int64))
+            out += [t, cx.node("Reshape", [t.outputs[0], shape], base=f"{m.anchor.name}_q_bsh")]
+            q = out[-1].outputs[0]
+        ins = [q, d["k"], d["v"], None, None] + ([d["mask"]] if d["mask"] is not None else [])
+        out += [cx.node("MultiHeadAttention", ins, {"num_heads": int(d["heads"]), "scale": float(d["scale"])},
                        domain="com.microsoft", base=f"{m.anchor.name}_mha")]
+        mha = len(out) - 1
         if d["guard"]:
             isnan = cx.node("IsNaN", [out[-1].outputs[0]], base=f"{m.anchor.name}_isnan")
-            zero = cx.initializer(f"{m.anchor.name}_zero", np.array(0.0, np.float32))
-            out += [isnan, cx.node("Where", [isnan.outputs[0], zero, out[-1].outputs[0]], base=f"{m.anchor.name}_guard")]
+            zero = cx.initializer(f"{m.anchor.name}_zero", np.array(0.0, cx.dtype(d["q"])))
+            out += [isnan, cx.node("Where", [isnan.outputs[0], zero, out[mha].outputs[0]],
+                                   base=f"{m.anchor.name}_guard")]
         if d["flatten"]:
             shape = cx.initializer(f"{m.anchor.name}_flat", np.array([-1, d["flatten"]], np.int64))
             out.append(cx.node("Reshape", [out[-1].outputs[0], shape], base=f"{m.anchor.name}_flatten"))

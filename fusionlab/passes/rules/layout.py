@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from ..engine import attr, is_op, sole_consumer
+from ..engine import attr, consumers, is_op, sole_consumer
 from ..shape_values import ShapeValues
 
-__all__ = ["Atom", "Layout", "trace_back", "trace_forward", "base_layout", "size_of", "names"]
+__all__ = ["Atom", "Layout", "trace_back", "trace_forward", "base_layout", "size_of", "names", "shape_branch", "step"]
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def reshape(layout: Layout, target: list, allowzero: bool = False) -> Layout | N
     return out if i == len(atoms) else None
 
 
-def _step(values: ShapeValues, node: ir.Node, layout: Layout) -> Layout | None:
+def step(values: ShapeValues, node: ir.Node, layout: Layout) -> Layout | None:
     if node.op_type == "Transpose":
         perm = attr(node, "perm", None)
         perm = list(perm) if perm is not None else list(reversed(range(len(layout))))
@@ -137,25 +137,58 @@ def _step(values: ShapeValues, node: ir.Node, layout: Layout) -> Layout | None:
     return reshape(layout, target[0], bool(attr(node, "allowzero", 0)))
 
 
-def _read_by(value: ir.Value, node: ir.Node) -> bool:
-    """`node` is the only reader of `value` apart from Shape nodes (which read only its shape)."""
+def shape_branch(value: ir.Value, besides=None, depth: int = 4) -> list[ir.Node] | None:
+    """The readers of `value` other than `besides` when they only read its shape, else None.
+
+    A reader reads only the shape when it is a Shape node, or a Reshape/Transpose whose own readers only read
+    the shape (T5's layer 0 takes `key_states.shape` through a Transpose of the head view that nothing else
+    reads). `besides`: a node, or a collection of nodes, whose reads are not asked about. Returned in reading
+    order: each view, then the nodes after it.
+    """
     if value.is_graph_output():
-        return False
-    return all(u.node is node or is_op(u.node, "Shape") for u in value.uses())
+        return None
+    skip = {id(besides)} if isinstance(besides, ir.Node) else {id(n) for n in besides or ()}
+    out: list[ir.Node] = []
+    for n in consumers(value):
+        if id(n) in skip:
+            continue
+        if is_op(n, "Shape"):
+            out.append(n)
+        elif is_op(n, "Reshape", "Transpose") and n.inputs[0] is value and depth > 0 and \
+                all(u.node is not n or u.idx == 0 for u in value.uses()):
+            more = shape_branch(n.outputs[0], None, depth - 1)
+            if more is None or not more:
+                return None
+            out += [n] + more
+        else:
+            return None
+    return out
+
+
+def _read_by(value: ir.Value, node: ir.Node) -> bool:
+    """`node` is the only reader of `value` apart from readers of its shape alone (`shape_branch`)."""
+    return shape_branch(value, node) is not None
 
 
 def trace_back(cx, values: ShapeValues, v: ir.Value, limit: int = 8):
-    """(base value, layout of `v` in the base's atoms, view nodes in order) through single-reader views."""
-    chain = []
+    """(base value, layout of `v` in the base's atoms, view nodes in order) through single-reader views.
+
+    A view that something else reads only the shape of (`shape_branch`) is traced through even when no rule may
+    take it: a rule keeps such a view for its Shape and reads the base itself."""
+    chain, kept = [], False
     while len(chain) < limit:
         p = v.producer()
-        if not is_op(p, "Reshape", "Transpose") or not cx.free(p) or (chain and not _read_by(p.outputs[0], chain[0])):
+        if not is_op(p, "Reshape", "Transpose") or (chain and not _read_by(p.outputs[0], chain[0])):
             break
+        if not cx.free(p):  # a view kept for a shape, and the views before it (kept with it)
+            if not (kept or (chain and shape_branch(p.outputs[0], chain[0]))):
+                break
+            kept = True
         chain.insert(0, p)
         v = p.inputs[0]
     layout = base_layout(cx.shape(v), "x")
     for node in chain:
-        layout = _step(values, node, layout) if layout is not None else None
+        layout = step(values, node, layout) if layout is not None else None
     return v, layout, chain
 
 
@@ -166,7 +199,7 @@ def trace_forward(cx, values: ShapeValues, v: ir.Value, layout: Layout, limit: i
         n = sole_consumer(v)
         if not is_op(n, "Reshape", "Transpose") or not cx.free(n) or n.inputs[0] is not v:
             break
-        layout = _step(values, n, layout)
+        layout = step(values, n, layout)
         if layout is None:
             break
         chain.append(n)

@@ -1,0 +1,152 @@
+"""Generator patterns for attention as exporters write it, with its near misses.
+
+Over x [B, S, H]: Q, K, V projections split into heads (Reshape [0, 0, N, D] -> Transpose, or a Reshape target
+computed from Shape as TorchScript writes it); K^T by one Transpose or two; the scale on the scores, split over
+Q and K^T (SDPA) or on Q alone; an additive mask (Where(keep, 0, fill) over a run-time bool input: causal or
+not, any pattern, or a constant bias as T5 and Swin add it), the NaN guard SDPA writes; the context merged back.
+LLaMA's form: fewer K/V heads than Q heads repeated explicitly (Unsqueeze -> Expand -> Reshape), rotary on Q and
+K (Mul cos, Slice/Neg/Concat, Mul sin, Add). T5's layer 0: K's head view read by a Transpose whose only reader is
+a Shape. Near misses: a mask multiplied in instead of added (nm:mask_mul), a single K/V head broadcast by the
+MatMul with no repeat (nm:kv_broadcast), Softmax over the queries (nm:softmax_axis). A per-head scale vector
+on Q (scale_per_head) is no scalar scale, but the Q it makes is legal as it is (a value already in heads). A
+random bool mask is not causal: GroupQueryAttention, which assumes a causal mask, would be wrong on it (the tag
+mask_any marks it; the rule writes MultiHeadAttention with the graph's own mask).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .builder import Builder, Pattern
+
+__all__ = ["attention", "PATTERNS"]
+
+
+def _split(b: Builder, x: str, heads: int, d: int) -> str:
+    """[B, S, heads*d] -> [B, heads, S, d]."""
+    bsz, seq, _ = b.shape(x)
+    y = b.node("Reshape", [x, b.ints([0, 0, heads, d], "split")], (bsz, seq, heads, d))
+    return b.node("Transpose", [y], (bsz, heads, seq, d), perm=[0, 2, 1, 3])
+
+
+def _rotary(b: Builder, t: str) -> str:
+    """Hugging Face's rotate_half rotary on [B, N, S, D]: t * cos + cat(-t2, t1) * sin."""
+    shape = b.shape(t)
+    d = shape[-1]
+    cos = b.const(b.rand((1, 1, 1, d)), "cos")
+    sin = b.const(b.rand((1, 1, 1, d)), "sin")
+    half = shape[:-1] + (d // 2,)
+    if b.opset >= 10:
+        lo = b.node("Slice", [t, b.ints([0], "st"), b.ints([d // 2], "en"), b.ints([3], "ax")], half)
+        hi = b.node("Slice", [t, b.ints([d // 2], "st"), b.ints([d], "en"), b.ints([3], "ax")], half)
+    else:
+        lo = b.node("Slice", [t], half, starts=[0], ends=[d // 2], axes=[3])
+        hi = b.node("Slice", [t], half, starts=[d // 2], ends=[d], axes=[3])
+    rot = b.node("Concat", [b.unary("Neg", hi), lo], shape, axis=-1)
+    return b.binary("Add", b.binary("Mul", t, cos), b.binary("Mul", rot, sin))
+
+
+def _repeat(b: Builder, t: str, group: int) -> str:
+    """repeat_kv: [B, KV, S, D] -> Unsqueeze -> Expand [B, KV, group, S, D] -> Reshape [B, KV*group, S, D]."""
+    bsz, kv, seq, d = b.shape(t)
+    if b.opset >= 13:
+        u = b.node("Unsqueeze", [t, b.ints([2], "ax")], (bsz, kv, 1, seq, d))
+    else:
+        u = b.node("Unsqueeze", [t], (bsz, kv, 1, seq, d), axes=[2])
+    if b.opset >= 8:
+        e = b.node("Expand", [u, b.ints([1, 1, group, 1, 1], "grow")], (bsz, kv, group, seq, d))
+    else:
+        e = b.node("Concat", [u] * group, (bsz, kv, group, seq, d), axis=2)
+    return b.node("Reshape", [e, b.ints([0, kv * group, -1, d], "rep")], (bsz, kv * group, seq, d))
+
+
+def attention(b: Builder, x: str, pool: list[str]) -> str:
+    bsz, seq, hid = b.shape(x)
+    heads = b.rng.choice([n for n in (2, 4) if hid % n == 0 and hid // n >= 2])
+    d = hid // heads
+    gqa = heads >= 2 and b.rng.random() < 0.5
+    kv = b.rng.choice([k for k in (1, heads // 2) if k >= 1 and heads % k == 0]) if gqa else heads
+    b.tags.append("attention_gqa" if gqa else "attention")
+    broadcast = gqa and kv == 1 and b.miss("kv_broadcast")
+    if broadcast:
+        b.tags.append("nm:kv_broadcast")
+    proj = {}
+    for p, n in (("q", heads), ("k", kv), ("v", kv)):
+        w = b.weight((hid, n * d), f"W{p}", "attn_proj", scale=hid ** -0.5)
+        proj[p] = _split(b, b.node("MatMul", [x, w], (bsz, seq, n * d)), n, d)
+        b.mark_inner(proj[p])
+    q, k, v = proj["q"], proj["k"], proj["v"]
+    if gqa and d % 2 == 0 and b.rng.random() < 0.6:
+        b.tags.append("attention_rotary")
+        q, k = _rotary(b, q), _rotary(b, k)
+    if gqa and not broadcast:
+        k, v = _repeat(b, k, heads // kv), _repeat(b, v, heads // kv)
+    if b.rng.random() < 0.2:  # T5's layer 0: key_states.shape through a Transpose only a Shape reads
+        kt_ = b.node("Transpose", [k], (bsz, seq, b.shape(k)[1], d), perm=[0, 2, 1, 3])
+        b.extra_outputs.append(b.node("Shape", [kt_], (4,), dtype=np.int64))
+        b.tags.append("attention_key_shape")
+    kdim = b.shape(k)[1]
+    if b.rng.random() < 0.5:
+        kt = b.node("Transpose", [k], (bsz, kdim, d, seq), perm=[0, 1, 3, 2])
+    else:  # through [B, S, N, D] and back, as some exports do
+        kt = b.node("Transpose", [b.node("Transpose", [k], (bsz, seq, kdim, d), perm=[0, 2, 1, 3])],
+                    (bsz, kdim, d, seq), perm=[0, 2, 3, 1])
+    scale = float(d) ** -0.5
+    where = b.rng.choice(("split", "q", "scores", "none"))
+    if b.rng.random() < 0.1:
+        b.tags.append("scale_per_head")
+        q = b.binary("Mul", q, b.const(b.rand((1, heads, 1, 1), 0.3, positive=True), "hscale"))
+    if where == "split":
+        s = scale ** 0.5
+        q, kt = b.binary("Mul", q, b.scalar(s, "sq")), b.binary("Mul", kt, b.scalar(s, "sk"))
+    elif where == "q":
+        q = b.binary("Mul", q, b.scalar(scale, "sq")) if b.rng.random() < 0.7 else \
+            b.node("Div", [q, b.scalar(1 / scale, "sq")], b.shape(q))
+    scores = b.node("MatMul", [q, kt], (bsz, heads, seq, seq))
+    if where == "scores":
+        scores = b.binary("Mul", scores, b.scalar(scale, "ss"))
+    mask = b.rng.choice(("none", "where", "where", "bias"))
+    guard = b.rng.random() < 0.5
+    if mask == "where":
+        keep = b.input((bsz, 1, seq, seq), "keep", dtype=np.bool_)
+        b.tags.append("mask_any")
+        if b.miss("mask_mul"):
+            b.tags.append("nm:mask_mul")
+            scores = b.binary("Mul", scores, b.node("Cast", [keep], (bsz, 1, seq, seq), to=_onnx_type(b.dtype)))
+        else:
+            fill = -np.inf if guard and b.rng.random() < 0.5 else np.finfo(b.dtype).min
+            bias = b.node("Where", [keep, b.scalar(0.0, "zero"), b.scalar(fill, "fill")], (bsz, 1, seq, seq))
+            scores = b.binary("Add", scores, bias)
+    elif mask == "bias":  # a constant additive bias (T5's relative positions, Swin's window bias)
+        if isinstance(seq, int):
+            b.tags.append("mask_bias")
+            scores = b.binary("Add", scores, b.const(b.rand((1, heads, seq, seq), 0.5), "bias"))
+    axis = -1
+    if b.miss("softmax_axis"):
+        b.tags.append("nm:softmax_axis")
+        axis = 2
+    probs = b.node("Softmax", [scores], b.shape(scores), axis=axis) if b.opset >= 13 or axis == 2 else \
+        b.node("Softmax", [scores], b.shape(scores), axis=3)
+    b.mark_inner(scores, probs)
+    if guard:
+        nan = b.node("IsNaN", [probs], b.shape(probs), dtype=np.bool_)
+        probs = b.node("Where", [nan, b.scalar(0.0, "zero"), probs], b.shape(probs))
+    ctx = b.node("MatMul", [probs, v], (bsz, heads, seq, d))
+    ctx = b.node("Transpose", [ctx], (bsz, seq, heads, d), perm=[0, 2, 1, 3])
+    return b.node("Reshape", [ctx, b.ints([0, 0, hid], "merge")], (bsz, seq, hid))
+
+
+def _onnx_type(dtype) -> int:
+    from onnx import helper
+
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _fits(b: Builder, x: str) -> float:
+    shape = b.shape(x)
+    if len(shape) != 3 or not isinstance(shape[-1], int) or shape[-1] < 4 or shape[-1] % 2 or b.dtype_of(x) != b.dtype:
+        return 0.0
+    return 0.6 if b.opset >= 13 else 0.2
+
+
+PATTERNS = (Pattern(attention, _fits),)

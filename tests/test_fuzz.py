@@ -698,3 +698,24 @@ def _far_layernorm(n, off_gamma=0.0, epsilon=1e-5):
 def test_planted_bugs_behind_reductions_stay_wrong_within_the_rounding_envelope(build, kind):
     orig, fused = build()
     assert check_fused(Case(orig, 3), fused).kind == kind
+
+
+def test_an_infinite_sensitivity_excuses_no_finite_deviation(monkeypatch):
+    """A one-ulp change that drives the original to Inf (a parameter at a singularity) is no bound: a planted
+    bug (Sigmoid -> Tanh) on a generated graph whose BatchNorm sits there was once judged 'ok, ill-conditioned'
+    and the safety net's correct refusal counted as a false alarm. Both the judge and the safety net refuse it."""
+    from fusionlab.passes import runcheck
+
+    case = Case(generate("shrink-0"))
+    o = np.array([2.07, 1.0, 3.0], np.float32)
+    f = np.array([2.24, 1.0, 3.0], np.float32)
+    inf = np.array([np.inf, 0.0, 0.0])
+    monkeypatch.setattr(Case, "sensitivity", lambda self, k, name: inf)
+    monkeypatch.setattr(Case, "parameter_sensitivity", lambda self, k, name: np.zeros(3))
+    assert oracle._ill_conditioned(case, 0, "y", o, f) == ""
+    finite = np.array([0.2, 0.0, 0.0])
+    monkeypatch.setattr(Case, "sensitivity", lambda self, k, name: finite)
+    assert oracle._ill_conditioned(case, 0, "y", o, f).startswith("ill-conditioned")
+    bad = np.array([True, False, False])
+    assert not runcheck._within(o, f, [np.array([np.inf, 1.0, 3.0])], bad)
+    assert runcheck._within(o, f, [np.array([2.2, 1.0, 3.0])], bad)

@@ -418,7 +418,10 @@ def _ill_conditioned(case: Case, k: int, name: str, o, f) -> str:
         bad = ~np.isfinite(dev) | (dev > 0)
         worst = np.where(np.isfinite(dev), dev, np.inf)
         k_bad = int(np.argmax(worst)) if bad.any() else 0
-        if bad.any() and np.all(~bad | (dev <= 2 * sens) | (~np.isfinite(dev) & ~np.isfinite(sens))):
+        # An infinite sensitivity (a one-ulp change drives the original to Inf/NaN: it sits at a singularity)
+        # bounds nothing: it excuses only a fused NaN/Inf there, never a finite deviation of any size.
+        if bad.any() and np.all(~bad | ((dev <= 2 * sens) & np.isfinite(sens))
+                                | (~np.isfinite(dev) & ~np.isfinite(sens))):
             return (f"ill-conditioned: two-ulp input or one-ulp parameter changes move the original by up to "
                     f"{sens.flat[k_bad]:.3g} there")
     return ""

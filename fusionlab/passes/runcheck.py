@@ -275,4 +275,5 @@ def _within(o, f, runs: list, bad: np.ndarray) -> bool:
         for r in runs:
             spread = np.fmax(spread, np.abs(np.asarray(r, np.float64) - o64))
         dev = np.abs(np.asarray(f, np.float64) - o64)
-        return bool(np.all(~bad | (dev <= 2 * spread)))
+        # an infinite spread (a run driven to Inf/NaN: the original at a singularity) bounds nothing
+        return bool(np.all(~bad | ((dev <= 2 * spread) & np.isfinite(spread))))

@@ -110,6 +110,10 @@ def test_gated_mlps_are_opt_in():
     assert "swiglu" not in DEFAULT_RULES and "geglu" not in DEFAULT_RULES
     res = fuse(glu_model("silu"))
     assert res.plan.rule_counts() == {"silu": 1}  # the activation alone, as before
+    why = [x.reason for x in res.plan.why_not("gating")]
+    assert any("swiglu is opt-in" in x and "measured no faster" in x for x in why), why
+    res = fuse(glu_model("erf"), ("vertical",), rules=("gelu", "swiglu"))  # geglu not named: the GELU alone
+    assert res.plan.rule_counts() == {"gelu": 1} and any("geglu is opt-in" in x.reason for x in res.plan.refusals)
 
 
 @pytest.mark.parametrize("name, rule", [("llama.dynamo", "swiglu"), ("llama.ts-fold", "swiglu"),

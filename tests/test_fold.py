@@ -31,7 +31,8 @@ def test_weight_only_subgraph_becomes_an_initializer():
     g = load(m)
     assert fold.needed(g)
     done = fold.fold(g)
-    assert done["folded"] == 2 and g.op_counts() == {"MatMul": 1}
+    # the Transpose is evaluated; the float32 -> float32 Cast is the identity and is bypassed
+    assert done["folded"] == 1 and done["identity casts"] == 1 and g.op_counts() == {"MatMul": 1}
     assert verify(m, g, dims={"batch": 3}).ok
 
 
@@ -253,3 +254,75 @@ def test_a_noop_whose_output_is_a_graph_output_keeps_the_declared_shape():
     res = fuse(g)
     assert not problems(g, res.graph)
     assert [d if isinstance(d, int) else None for d in res.graph.graph.outputs[0].shape] == [None, 24]
+
+
+# --------------------------------------------------------------------------------------------------
+# identity casts (issue 19): TorchScript's hidden.to(float32) of a float32 tensor, which the residual reads
+# --------------------------------------------------------------------------------------------------
+
+def _cast_model(src=np.float32, to=np.float32, *, like=False, out_is_cast=False, relu_first=True):
+    """Abs(x) -> Cast(to) [or CastLike(., like)] read by a Neg and by a residual Add
+    (TorchScript aliases the Cast's output as the residual); `out_is_cast`: the Cast's output is the graph output."""
+    from fusionlab.build import _DTYPES
+
+    first = "r" if relu_first else "x"
+    nodes = [h.make_node("Abs", ["x"], ["r"], name="relu")] if relu_first else []
+    inits = []
+    if like:
+        inits.append(tensor("like", np.zeros((1,), dtype=to)))
+        nodes.append(h.make_node("CastLike", [first, "like"], ["c"], name="cast"))
+    else:
+        nodes.append(h.make_node("Cast", [first], ["c"], name="cast", to=_DTYPES[np.dtype(to)]))
+    outs = [value_info("c", to, ["batch", H])] if out_is_cast else []
+    if not out_is_cast:
+        nodes += [h.make_node("Neg", ["c"], ["s"], name="neg"), h.make_node("Add", ["c", "s"], ["y"], name="res")]
+        outs = [value_info("y", to, ["batch", H])]
+    return make_model(nodes, [value_info("x", src, ["batch", H])], outs, inits)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64])
+@pytest.mark.parametrize("like", [False, True], ids=["Cast", "CastLike"])
+def test_a_cast_to_the_type_it_has_is_bypassed(dtype, like):
+    m = _cast_model(dtype, dtype, like=like)
+    g = load(m)
+    assert fold.fold(g)["identity casts"] == 1 and "cast" not in {n.name for n in g}
+    assert {n.name: n for n in g}["res"].inputs[0].name == "r"
+    res = fuse(m)
+    assert res.check.ran and res.check.compared
+
+
+@pytest.mark.parametrize("src, to", [(np.float16, np.float32), (np.float32, np.float16), (np.float32, np.int64),
+                                     (np.int64, np.float32)])
+@pytest.mark.parametrize("like", [False, True], ids=["Cast", "CastLike"])
+def test_a_cast_to_another_type_stays(src, to, like):
+    m = _cast_model(src, to, like=like)
+    g = load(m)
+    assert fold.fold(g)["identity casts"] == 0 and "cast" in {n.name for n in g}
+    res = fuse(m)
+    assert res.check.ran and res.check.compared
+
+
+def test_an_identity_cast_that_is_the_graph_output_hands_its_name_on():
+    m = _cast_model(out_is_cast=True)
+    g = load(m)
+    assert fold.fold(g)["identity casts"] == 1 and [n.name for n in g] == ["relu"]
+    assert [o.name for o in g.graph.outputs] == ["c"] and g.graph.outputs[0].producer().name == "relu"
+    res = fuse(m)
+    assert res.check.ran and res.check.compared
+
+
+def test_an_identity_cast_from_input_to_output_stays():
+    """Nothing may take a graph output's name from a graph input: the Cast stays."""
+    m = _cast_model(out_is_cast=True, relu_first=False)
+    g = load(m)
+    assert fold.fold(g)["identity casts"] == 0 and [n.name for n in g] == ["cast"]
+
+
+def test_a_cast_of_an_untyped_contrib_op_output_stays():
+    """onnx does not know com.microsoft ops; ShapeInfo guesses their outputs from input 0, which for
+    DynamicQuantizeLinear-like ops is wrong: a Cast after one is not judged the identity."""
+    m = _cast_model()
+    m.graph.node[0].op_type, m.graph.node[0].domain = "QuickGelu", "com.microsoft"  # typed like its input
+    m.opset_import.append(h.make_opsetid("com.microsoft", 1))
+    g = load(m)
+    assert fold.fold(g)["identity casts"] == 0 and "cast" in {n.name for n in g}

@@ -20,17 +20,33 @@ from rulekit import CORPUS, check, mk, r, refused
 H = 16
 
 
-def rms_nodes(x="x", y="y", form="llama", *, eps_shape=(), exponent=2.0):
-    """Decomposed RMSNorm of x (nodes, initializers); the node names are the form's steps."""
-    xf = x
+def rms_nodes(x="x", y="y", form="llama", *, eps_shape=(), exponent=2.0, weight_last=False, inv_first=False,
+              eps_first=False, eps_after_root=False):
+    """Decomposed RMSNorm of x (nodes, initializers); the node names are the form's steps.
+
+    Forms: llama (Cast to float32 .. Cast back, float32: both identities), fp16 (LLaMA in half precision),
+    t5fp16 (T5 in half precision: x cast twice to float32, once for the variance, once for the product),
+    plain, mul (x * x), div1 (Div(1, Sqrt)), divx (x / Sqrt), pow (Pow(., -0.5)); the operand orders of the
+    scale, the product and the epsilon Add; `eps_after_root`: sqrt(mean) + eps (a near miss)."""
+    xf = xm = x
     nodes = []
-    if form in ("llama", "fp16"):
+    if form in ("llama", "fp16", "t5fp16"):
         nodes.append(h.make_node("Cast", [x], ["xf"], to=1, name="to_f32"))
-        xf = "xf"
+        xf = xm = "xf"
+    if form == "t5fp16":
+        nodes.append(h.make_node("Cast", [x], ["xm"], to=1, name="to_f32_again"))
+        xm = "xm"
     sq = h.make_node("Mul", [xf, xf], ["sq"], name="square") if form == "mul" else \
         h.make_node("Pow", [xf, "two"], ["sq"], name="square")
-    nodes += [sq, h.make_node("ReduceMean", ["sq", "axes"], ["var"], keepdims=1, name="mean"),
-              h.make_node("Add", ["var", "eps"], ["ve"], name="add_eps")]
+    nodes += [sq, h.make_node("ReduceMean", ["sq", "axes"], ["var"], keepdims=1, name="mean")]
+    if eps_after_root:
+        nodes += [h.make_node("Sqrt", ["var"], ["root"], name="sqrt_first"),
+                  h.make_node("Add", ["root", "eps"], ["std"], name="add_eps"),
+                  h.make_node("Reciprocal", ["std"], ["inv"], name="rsqrt"),
+                  h.make_node("Mul", [xm, "inv"], ["n"], name="norm"),
+                  h.make_node("Mul", ["gamma", "n"], [y], name="scale")]
+        return nodes, _rms_inits(form, exponent, eps_shape)
+    nodes.append(h.make_node("Add", ["eps", "var"] if eps_first else ["var", "eps"], ["ve"], name="add_eps"))
     if form == "pow":
         nodes.append(h.make_node("Pow", ["ve", "mhalf"], ["inv"], name="rsqrt"))
     else:
@@ -39,31 +55,56 @@ def rms_nodes(x="x", y="y", form="llama", *, eps_shape=(), exponent=2.0):
             nodes.append(h.make_node("Div", ["one", "std"], ["inv"], name="rsqrt"))
         elif form != "divx":
             nodes.append(h.make_node("Reciprocal", ["std"], ["inv"], name="rsqrt"))
-    nodes.append(h.make_node("Div", [xf, "std"], ["n"], name="norm") if form == "divx" else
-                 h.make_node("Mul", [xf, "inv"], ["n"], name="norm"))
+    nodes.append(h.make_node("Div", [xm, "std"], ["n"], name="norm") if form == "divx" else
+                 h.make_node("Mul", ["inv", xm] if inv_first else [xm, "inv"], ["n"], name="norm"))
     last = "n"
-    if form in ("llama", "fp16"):
-        nodes.append(h.make_node("Cast", ["n"], ["nb"], to=10 if form == "fp16" else 1, name="to_input_dtype"))
+    if form in ("llama", "fp16", "t5fp16"):
+        nodes.append(h.make_node("Cast", ["n"], ["nb"], to=1 if form == "llama" else 10, name="to_input_dtype"))
         last = "nb"
-    nodes.append(h.make_node("Mul", ["gamma", last], [y], name="scale"))
-    dt = np.float16 if form == "fp16" else np.float32
-    inits = [tensor("two", np.float32(exponent)), tensor("axes", np.array([-1], np.int64)),
-             tensor("eps", np.full(eps_shape, 1e-6, np.float32)), tensor("mhalf", np.float32(-0.5)),
-             tensor("one", np.float32(1.0)), tensor("gamma", (1 + 0.1 * r(H)).astype(dt))]
-    return nodes, inits
+    nodes.append(h.make_node("Mul", [last, "gamma"] if weight_last else ["gamma", last], [y], name="scale"))
+    return nodes, _rms_inits(form, exponent, eps_shape)
+
+
+def _rms_inits(form, exponent, eps_shape):
+    return [tensor("two", np.float32(exponent)), tensor("axes", np.array([-1], np.int64)),
+            tensor("eps", np.full(eps_shape, 1e-6, np.float32)), tensor("mhalf", np.float32(-0.5)),
+            tensor("one", np.float32(1.0)), tensor("gamma", (1 + 0.1 * r(H)).astype(_dt(form)))]
+
+
+def _dt(form):
+    return np.float16 if form in ("fp16", "t5fp16") else np.float32
 
 
 def rms_model(form="llama", opset=23, **kw):
     nodes, inits = rms_nodes(form=form, **kw)
-    dt = np.float16 if form == "fp16" else np.float32
+    dt = _dt(form)
     return mk(nodes, [value_info("x", dt, ["batch", 7, H])], [value_info("y", dt, ["batch", 7, H])], inits, opset=opset)
 
 
-@pytest.mark.parametrize("form", ["llama", "plain", "mul", "div1", "divx", "pow", "fp16"])
-def test_rmsnorm_forms_become_rmsnormalization(form):
-    res = check(rms_model(form), ("rmsnorm",), {"RMSNormalization": 1})
+@pytest.mark.parametrize("form", ["llama", "plain", "mul", "div1", "divx", "pow", "fp16", "t5fp16"])
+@pytest.mark.parametrize("order", ["as written", "weight last", "inv first", "eps first"])
+def test_rmsnorm_forms_become_rmsnormalization(form, order):
+    kw = {"weight last": {"weight_last": True}, "inv first": {"inv_first": True},
+          "eps first": {"eps_first": True}}.get(order, {})
+    res = check(rms_model(form, **kw), ("rmsnorm",), {"RMSNormalization": 1})
     node = next(iter(res.graph))
     assert node.attributes["epsilon"].value == pytest.approx(1e-6) and node.attributes["stash_type"].value == 1
+    assert node.inputs[0].name == "x"  # the Casts (identities, or to float32 and back) are members
+
+
+def test_t5_fp16_twin_cast_read_elsewhere_stays_unfused():
+    """The second Cast of T5's half-precision form is a member only when the product alone reads it."""
+    m = rms_model("t5fp16")
+    m.graph.output.append(value_info("xm", np.float32, ["batch", 7, H]))
+    refused(m, ("rmsnorm",), "mean")  # nothing fuses, and the model still computes the same
+
+
+def test_a_norm_weight_read_elsewhere_still_fuses():
+    """A scale shared with another node (tied norm weights) is only an input of the fused op."""
+    nodes, inits = rms_nodes(form="plain")
+    nodes.append(h.make_node("Add", ["y", "gamma"], ["z"], name="reads_gamma"))
+    m = mk(nodes, [value_info("x", shape=["batch", 7, H])], [value_info("z", shape=["batch", 7, H])], inits, opset=23)
+    check(m, ("rmsnorm",), {"RMSNormalization": 1, "Add": 1})
 
 
 def test_rmsnorm_opset23_is_the_standard_op_even_with_standard_ops_only():
@@ -76,7 +117,7 @@ def test_rmsnorm_opset23_is_the_standard_op_even_with_standard_ops_only():
 def test_rmsnorm_below_opset_23_is_refused_at_every_lowering(opset, lower):
     """Issue 19: at opset 20 the rule wrote SimplifiedLayerNormalization, which onnx.checker rejects (onnx has no
     such op at any opset; onnxruntime registers it in the ONNX domain only). No valid op exists below 23."""
-    reasons = refused(rms_model("llama", opset=opset), ("rmsnorm",), "mean", lower=lower)
+    reasons = refused(rms_model("fp16", opset=opset), ("rmsnorm",), "mean", lower=lower)
     assert any("needs opset 23" in x and "onnx.checker rejects it" in x for x in reasons), reasons
 
 
@@ -94,6 +135,8 @@ RMS_REFUSALS = {
     "intermediate read elsewhere": (lambda: _extra_output("std"), "mean", "read outside the RMSNorm pattern"),
     "input read elsewhere": (lambda: _extra_output("sq", first=True), "mean", "read outside the RMSNorm pattern"),
     "standard ops below opset 23": (lambda: rms_model("plain", opset=20), "mean", "needs opset 23"),
+    "epsilon after the root": (lambda: rms_model("plain", eps_after_root=True), "mean",
+                               "not by + epsilon (epsilon is added after Sqrt sqrt_first)"),
 }
 
 

@@ -13,6 +13,11 @@
 - **tied weights through Identity** (`tied_linear`): one [H, H] weight read by a MatMul directly and by a second
   one through an ``Identity`` (TorchScript's form of a tied parameter).
 
+- **gated MLPs** (`gated_mlp`): LLaMA's ``down(silu(gate(x)) * up(x))`` and T5's gated-gelu
+  ``wo(gelu(wi_0 x) * wi_1 x)`` (erf or tanh GELU written out, or the opset-20 Gelu op), the gating Mul's
+  operands in either order; near misses: the up projection reads another tensor, the SiLU's Mul reads
+  another tensor (no SiLU), the gate's activation read elsewhere.
+
 Norm weights of exactly one (LayerNorm gamma of ones, beta of zeros) are drawn by `norms`.
 """
 
@@ -22,7 +27,7 @@ import numpy as np
 
 from .builder import Builder, DTYPES, Pattern, is_map, static_last
 
-__all__ = ["neutral", "int_neutral", "dynamic_reshape", "tied_linear", "PATTERNS"]
+__all__ = ["neutral", "int_neutral", "dynamic_reshape", "tied_linear", "gated_mlp", "PATTERNS"]
 
 
 def _ones_shape(b: Builder, shape: tuple) -> tuple[tuple, bool]:
@@ -148,6 +153,46 @@ def tied_linear(b: Builder, x: str, pool: list[str]) -> str:
     return b.node("MatMul", [y, w2], b.shape(x))
 
 
+def gated_mlp(b: Builder, x: str, pool: list[str]) -> str:
+    """act(x W_gate) * (x W_up), then the down projection: SwiGLU / GeGLU as Hugging Face models write them."""
+    from .gelus import erf_gelu, tanh_gelu
+
+    shape = b.shape(x)
+    h = shape[-1]
+    inter = b.rng.choice((h, 2 * h, 3 * h))
+    w_gate = b.weight((h, inter), "W_gate", "gate")
+    w_up = b.weight((h, inter), "W_up", "up")
+    g = b.node("MatMul", [x, w_gate], tuple(shape[:-1]) + (inter,))
+    src = x
+    if b.miss("glu_up_other_input"):
+        same = [t for t in pool if b.shape(t) == shape and t != x and b.dtype_of(t) == b.dtype_of(x)]
+        if same:
+            src = b.rng.choice(same)
+            b.tags.append("nm:glu_up_other_input")
+    u = b.node("MatMul", [src, w_up], tuple(shape[:-1]) + (inter,))
+    kind = b.rng.choice(("silu", "silu", "erf", "tanh", "gelu_op"))
+    b.tags.append(f"gated_mlp_{kind}")
+    if kind == "silu":
+        s = b.unary("Sigmoid", g)
+        other = g
+        if b.miss("glu_silu_other"):
+            other, _ = u, b.tags.append("nm:glu_silu_other_operand")
+        b.mark_inner(s)
+        act = b.binary("Mul", other, s)
+    elif kind == "erf":
+        act = erf_gelu(b, g, pool)
+    elif kind == "tanh":
+        act = tanh_gelu(b, g, pool)
+    elif b.opset >= 20:
+        act = b.node("Gelu", [g], b.shape(g), **({"approximate": "tanh"} if b.rng.random() < 0.5 else {}))
+    else:
+        act = erf_gelu(b, g, pool)
+    b.mark_inner(g, u, act)
+    y = b.binary("Mul", act, u)
+    b.mark_inner(y)
+    return b.node("MatMul", [y, b.weight((inter, h), "W_down", "down")], shape)
+
+
 def _rows(b: Builder, x: str) -> bool:
     return len(b.shape(x)) in (2, 3) and static_last(b, x)
 
@@ -158,4 +203,5 @@ PATTERNS = (
     Pattern(dynamic_reshape, lambda b, x: (0.8 if is_map(b, x) or (static_last(b, x) and len(b.shape(x)) >= 2)
                                            else 0.0) if b.opset >= 5 else 0.0),
     Pattern(tied_linear, lambda b, x: 0.5 if _rows(b, x) else 0.0),
+    Pattern(gated_mlp, lambda b, x: 0.8 if _rows(b, x) else 0.0),
 )

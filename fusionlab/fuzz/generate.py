@@ -104,7 +104,7 @@ def _near_miss_tail(b: Builder, pool: list[str]) -> None:
 
 def build(rng: random.Random) -> tuple[onnx.ModelProto, list[str]]:
     """One random model (not yet validated) and its pattern tags; raises ValueError when a pattern cannot fit."""
-    opset = rng.randint(13, 21) if rng.random() < 0.8 else rng.randint(7, 12)
+    opset = rng.randint(13, 23) if rng.random() < 0.8 else rng.randint(7, 12)
     dtype = _pick(rng, _DTYPES)
     b = Builder(rng, dtype, opset, node_style=_pick(rng, _STYLES), near=rng.choice((0.0, 0.03, 0.08, 0.15)))
     pool = _layout(b)
@@ -120,7 +120,7 @@ def build(rng: random.Random) -> tuple[onnx.ModelProto, list[str]]:
     if not outputs:
         raise ValueError("no outputs")
     min_ir = helper.find_min_ir_version_for([helper.make_opsetid("", opset)])
-    model = b.model(outputs, ir_version=rng.randint(max(min_ir, 4), 10))
+    model = b.model(outputs, ir_version=rng.randint(max(min_ir, 4), max(min_ir, 10)))
     if rng.random() < 0.4:
         inferred = onnx.shape_inference.infer_shapes(model)
         model.graph.value_info.extend(inferred.graph.value_info)

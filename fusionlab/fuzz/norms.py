@@ -1,20 +1,31 @@
-"""Generator patterns for LayerNorm: the decomposed form exporters write, and Add + LayerNormalization.
+"""Generator patterns for LayerNorm and RMSNorm: the decomposed forms exporters write, and Add + the norm.
 
 Decomposed: mean = ReduceMean(x), d = x - mean, var = ReduceMean(d^2 or d*d), n = d / sqrt(var + eps)
 (or d * Reciprocal(...)), then optional * gamma, + beta. Near misses: Pow(d, 2.0015), eps of rank 3-5,
 reduction over the wrong axis, gamma/beta that are run-time inputs, the variance of another tensor. A quarter of
 the norms have freshly initialised weights: gamma exactly one, beta exactly zero (what an export of an untrained
 model holds; the scale Mul is then a no-op a fold may remove, on whichever side the weight is).
+
+RMSNorm (`rmsnorm`, `add_rmsnorm`) as Hugging Face models are exported: LLaMA's
+``weight * (x.to(float32) * rsqrt(x.to(float32).pow(2).mean(-1) + eps)).to(dtype)`` (the Casts identities on
+float32, real on float16; T5's half-precision form casts x twice), the square as Pow(x, 2) or x * x, the
+inverse root as Sqrt + Reciprocal, Div(1, Sqrt), x / Sqrt or Pow(., -0.5), every commutative operand order,
+the weight first or last (or exactly one, or read by another node too), after a residual Add [+ a bias] whose
+sum may be read again (the final norm and pre-norm blocks). Near misses: Pow(x, 2.0015), the mean over another
+axis, epsilon of rank 3-5 or added after the root, a Cast to a *different* type (float32 -> float16, float64 ->
+float32: lossy, never an identity), an overridable weight, a residual that is a broadcast bias.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .builder import Builder, Pattern, static_last
+from .builder import DTYPES, Builder, Pattern, static_last
 from .gelus import bias_add
 
-__all__ = ["reduce", "layernorm", "add_layernorm", "PATTERNS"]
+_F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
+
+__all__ = ["reduce", "layernorm", "add_layernorm", "rmsnorm", "add_rmsnorm", "PATTERNS"]
 
 
 def reduce(b: Builder, op: str, x: str, axes: list[int] | None, keepdims: int = 1) -> str:
@@ -131,6 +142,133 @@ def add_layernorm(b: Builder, x: str, pool: list[str]) -> str:
     return b.node("LayerNormalization", ins, shape, **attrs)
 
 
+def _cast(b: Builder, x: str, dt) -> str:
+    return b.node("Cast", [x], b.shape(x), to=DTYPES[np.dtype(dt)], dtype=dt)
+
+
+def _op(b: Builder, op: str, a: str, c: str, dt, *, swap: bool | None = None) -> str:
+    """a <op> c in dtype `dt` (the operands of Add/Mul swapped at random)."""
+    if swap is None:
+        swap = op in ("Add", "Mul") and b.rng.random() < 0.5
+    from .builder import broadcast
+
+    return b.node(op, [c, a] if swap else [a, c], broadcast(b.shape(a), b.shape(c)), dtype=dt)
+
+
+def rmsnorm(b: Builder, x: str, pool: list[str]) -> str:
+    """The decomposed RMSNorm over the last axis as Hugging Face models are exported (with near misses)."""
+    shape = b.shape(x)
+    rank, h = len(shape), shape[-1]
+    b.tags.append("rmsnorm")
+    dt = b.dtype_of(x)
+    cdt, xf, xm = dt, x, x  # the compute dtype; x for the variance; x for the product
+    if dt in (_F32, _F16) and b.rng.random() < 0.6:  # LLaMA / T5: hidden.to(torch.float32)
+        cdt = _F32
+        if b.miss("rms_cast_other"):
+            cdt = _F16 if dt == _F32 else _F32  # float32 -> float16 is lossy: no identity
+            b.tags.append("nm:rms_cast_other")
+        xf = xm = _cast(b, x, cdt)
+        b.tags.append("rms_cast" + ("_identity" if cdt == dt else ""))
+        if b.rng.random() < 0.3:  # T5 in half precision: a second Cast for the product
+            xm = _cast(b, x, cdt)
+            b.tags.append("rms_twin_cast")
+    elif dt == np.dtype(np.float64) and b.miss("rms_cast_down"):
+        cdt = _F32
+        xf = xm = _cast(b, x, cdt)
+        b.tags.append("nm:rms_cast_down")
+    axes = _axis(b, rank)
+    if rank >= 2 and b.miss("rms_axes"):
+        axes = [b.rng.choice((-2, 0))]
+        b.tags.append("nm:rms_axes")
+    if b.rng.random() < 0.6:
+        e = 2.0
+        if b.miss("rms_pow"):
+            e = 2.0015
+            b.tags.append("nm:rms_pow_2.0015")
+        sq = _op(b, "Pow", xf, b.scalar(e, "two", dtype=cdt), cdt, swap=False)
+    else:
+        sq = _op(b, "Mul", xf, xf, cdt, swap=False)
+    mean = reduce(b, "ReduceMean", sq, axes)
+    if cdt != b.dtype:
+        b.types[mean] = cdt
+    rank_up = b.miss("rms_eps_rank")
+    if rank_up:
+        b.tags.append("nm:rank_up")
+    eps = b.scalar(b.rng.choice((1e-5, 1e-6)), "eps", rank_up=rank_up, dtype=cdt)
+    form = b.rng.choice(("reciprocal", "div1", "divx", "pow"))
+    b.tags.append(f"rms_{form}")
+    after = b.miss("rms_eps_after_root")
+    if after:  # sqrt(mean) + eps: another function
+        b.tags.append("nm:rms_eps_after_root")
+        root = _op(b, "Add", b.node("Sqrt", [mean], b.shape(mean), dtype=cdt), eps, cdt)
+        form = b.rng.choice(("reciprocal", "div1", "divx"))
+    else:
+        ve = _op(b, "Add", mean, eps, cdt)
+        root = b.node("Sqrt", [ve], b.shape(ve), dtype=cdt) if form != "pow" else None
+        b.mark_inner(ve)
+    if form == "divx":
+        n = _op(b, "Div", xm, root, cdt)
+    else:
+        if form == "pow":
+            inv = _op(b, "Pow", ve, b.scalar(-0.5, "mhalf", dtype=cdt), cdt, swap=False)
+        elif form == "div1":
+            inv = _op(b, "Div", b.scalar(1.0, "one", dtype=cdt), root, cdt)
+        else:
+            inv = b.node("Reciprocal", [root], b.shape(root), dtype=cdt)
+        b.mark_inner(inv)
+        n = _op(b, "Mul", xm, inv, cdt)
+    b.mark_inner(sq, mean)
+    y = n
+    if cdt != dt:
+        b.mark_inner(y)
+        y = _cast(b, y, dt)  # .to(input_dtype)
+    elif xf != x and b.rng.random() < 0.7:
+        b.mark_inner(y)
+        y = _cast(b, y, dt)  # an identity Cast back (float32 -> float32)
+    if isinstance(h, int) and b.rng.random() < 0.92:
+        fresh = b.rng.random() < 0.2  # a freshly initialised norm: weight exactly one
+        if fresh:
+            b.tags.append("rms_fresh_weight")
+        gamma = b.const(np.ones((h,), dtype=dt), "rmsw") if fresh else \
+            b.param((1 + b.rand((h,), 0.2)).astype(dt), "rmsw", near_miss=b.miss("rms_weight"))
+        b.mark_inner(y)
+        y = _op(b, "Mul", y, gamma, dt)  # Hugging Face: weight * hidden; either side here
+        if b.miss("rms_weight_read_elsewhere"):
+            b.tags.append("nm:rms_weight_read_elsewhere")
+            pool.append(_op(b, "Add", x, gamma, dt))
+    return y
+
+
+def add_rmsnorm(b: Builder, x: str, pool: list[str]) -> list[str] | str:
+    """A residual Add [+ a [H] bias on one operand first], then the decomposed RMSNorm: SkipSimplifiedLayerNorm's
+    pattern. The sum stays live for later patterns (pre-norm blocks read it again) in some models."""
+    shape = b.shape(x)
+    h = shape[-1]
+    if not isinstance(h, int) or len(shape) not in (2, 3):
+        return rmsnorm(b, x, pool)
+    b.tags.append("add_rmsnorm")
+    same = [t for t in pool if b.shape(t) == shape and t != x and b.dtype_of(t) == b.dtype_of(x)]
+    if b.miss("rms_skip_is_bias"):
+        skip = b.const(b.rand((h,), 0.3), "skipb")
+        b.tags.append("nm:skip_is_bias")
+    elif same and b.rng.random() < 0.7:
+        skip = b.rng.choice(same)
+    else:
+        skip = b.input(shape, "skip")
+    z = x
+    if b.rng.random() < 0.3:
+        b.tags.append("rms_bias")
+        z = b.binary("Add", x, b.const(b.rand((h,), 0.3), "bias"))
+        b.mark_inner(z)
+    a = b.binary("Add", z, skip)
+    y = rmsnorm(b, a, pool)
+    if b.rng.random() < 0.4:
+        b.tags.append("rms_sum_read_again")
+        return [y, a]
+    b.mark_inner(a)
+    return y
+
+
 def _normable(b: Builder, x: str) -> bool:
     return len(b.shape(x)) >= 2 and static_last(b, x)
 
@@ -139,4 +277,6 @@ PATTERNS = (
     Pattern(layernorm, lambda b, x: (2.0 if len(b.shape(x)) == 3 else 0.6) if _normable(b, x) else 0.0),
     Pattern(add_layernorm, lambda b, x: (1.2 if len(b.shape(x)) == 3 else 0.3)
             if _normable(b, x) and b.opset >= 17 else 0.0),
+    Pattern(rmsnorm, lambda b, x: (1.0 if len(b.shape(x)) == 3 else 0.3) if _normable(b, x) else 0.0),
+    Pattern(add_rmsnorm, lambda b, x: (1.2 if len(b.shape(x)) == 3 else 0.3) if _normable(b, x) else 0.0),
 )

@@ -8,6 +8,11 @@ Exporters leave work in the graph that no kernel should do at run time:
 - **no-op arithmetic** (onnxruntime's NoopElimination): ``x + 0``, ``x - 0`` on integers and ``x * 1``, ``x / 1`` on
   any type, with a constant that does not broadcast x (the dynamo exporter's index arithmetic adds zeros);
   ``x + 0.0`` on floats stays (it turns -0.0 into +0.0);
+- **identity casts** (onnxruntime's CastElimination): a ``Cast`` to the type its input already has, or a
+  ``CastLike`` of two values of one type. TorchScript writes LLaMA's and T5's ``hidden.to(torch.float32)`` of a
+  float32 tensor as such a Cast, and its output, not its input, is the residual the next block adds: left in, it
+  hides the residual Add from the RMSNorm rules. The input's type must be known from the model or onnx shape
+  inference (never guessed from an onnxruntime contrib op's inputs);
 - **shape arithmetic over static dimensions**: `Shape -> Gather -> Unsqueeze -> Concat -> Reshape` chains
   computing a shape the model already knows. Shape values are evaluated symbolically (each element an int or
   unknown, from `ShapeInfo`), and an int64 value whose every element is known becomes a constant, even when
@@ -144,6 +149,7 @@ class _Folder:
         self.folded = 0
         self.shapes = 0
         self.noops = 0
+        self.casts = 0
 
 
 def _replace_by_constants(cx: _Folder, node: ir.Node, arrays: list[np.ndarray]) -> None:
@@ -185,10 +191,44 @@ def noop_operand(cx: "_Folder", node: ir.Node) -> int | None:
     return None
 
 
+def identity_cast(cx: "_Folder", node: ir.Node) -> int | None:
+    """0 (the input forwarded) when `node` is a Cast to its input's own element type or a CastLike of two values
+    of one type; None otherwise, or when a type is not known for sure."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in ("Cast", "CastLike") or not node.inputs:
+        return None
+    x = node.inputs[0]
+    if x is None or len(node.outputs) != 1:
+        return None
+    have = _sure_dtype(cx, x)
+    if node.op_type == "Cast":
+        to = node.attributes.get("to")
+        if to is None or have is None:
+            return None
+        try:
+            want = np.dtype(ir.DataType(int(to.value)).numpy())
+        except Exception:
+            return None
+    else:
+        want = _sure_dtype(cx, node.inputs[1]) if len(node.inputs) == 2 and node.inputs[1] is not None else None
+    return 0 if have is not None and want == have else None
+
+
+def _sure_dtype(cx: "_Folder", v: ir.Value) -> np.dtype | None:
+    """`v`'s element type from the model or onnx shape inference; None for an undeclared output of a node
+    outside the default domain (ShapeInfo would guess it from the node's first input)."""
+    p = v.producer()
+    if p is not None and p.domain not in ("", "ai.onnx") and v.dtype is None:
+        return None
+    try:
+        return cx.info.dtype(v)
+    except Exception:
+        return None
+
+
 def fold(graph: Graph) -> dict[str, int]:
     """Fold constant subgraphs, no-op arithmetic and static shape arithmetic in place; returns the counts."""
     if graph.model.ir_version is not None and graph.model.ir_version < 4:
-        return {"folded": 0, "shape values": 0, "no-op arithmetic": 0}  # before IR 4 every initializer is an input
+        return {"folded": 0, "shape values": 0, "no-op arithmetic": 0, "identity casts": 0}  # IR < 4: inits are inputs
     cx = _Folder(graph)
     for node in list(graph.topological_order()):
         if node.op_type == "Reshape" and node.domain in ("", "ai.onnx") and node.inputs and \
@@ -198,6 +238,9 @@ def fold(graph: Graph) -> dict[str, int]:
         keep = noop_operand(cx, node) if node.graph is graph.graph else None
         if keep is not None and bypass(graph, node, keep=keep):
             cx.noops += 1
+            continue
+        if node.graph is graph.graph and identity_cast(cx, node) is not None and bypass(graph, node, keep=0):
+            cx.casts += 1
             continue
         if node.graph is not graph.graph or not _foldable_op(node):
             continue
@@ -216,7 +259,7 @@ def fold(graph: Graph) -> dict[str, int]:
                 if all(isinstance(d, int) for d in sym[0]) and dtype in _INT and node.op_type != "Identity":
                     _replace_by_constants(cx, node, [np.array(sym[0], dtype=dtype).reshape(sym[1])])
                     cx.shapes += 1
-    return {"folded": cx.folded, "shape values": cx.shapes, "no-op arithmetic": cx.noops}
+    return {"folded": cx.folded, "shape values": cx.shapes, "no-op arithmetic": cx.noops, "identity casts": cx.casts}
 
 
 def needed(graph: Graph) -> bool:

@@ -1,6 +1,6 @@
 """The vertical fusion rules, one module per family; `VERTICAL_RULES` is their priority order.
 
-Norms and GELUs claim their nodes before the Conv and MatMul chains look at them, so a MatMul's bias Add
+Norms, gated MLPs (opt-in) and GELUs claim their nodes before the Conv and MatMul chains look at them, so a MatMul's bias Add
 that belongs to a BiasGelu is not taken by matmul_add_gemm. transpose_cancel comes before layer_scale: the
 first ConvNeXt block loses both its Transposes (and, with layer_scale on, its Mul) in one group.
 """
@@ -9,6 +9,7 @@ from .activation import HardActivation, SiLU
 from .attention import Attention
 from .conv import ConvChain
 from .gelu import ErfGelu, GeluAfterBias, TanhGelu
+from .glu import GatedMLP
 from .transpose import LayerScale, TransposeCancel
 from .linear import LinearChain
 from .matmul import FusedMatMul
@@ -21,7 +22,8 @@ from .slices import SliceSplit
 __all__ = ["VERTICAL_RULES", "RULE_NAMES", "rule_for"]
 
 #: the rule units in priority order
-VERTICAL_RULES = (Attention(), Rotary(), DecomposedLayerNorm(), SkipLayerNorm(), DecomposedRMSNorm(), SkipRMSNorm(), ErfGelu(),
+VERTICAL_RULES = (Attention(), Rotary(), DecomposedLayerNorm(), SkipLayerNorm(), DecomposedRMSNorm(), SkipRMSNorm(), GatedMLP(),
+                  ErfGelu(),
                   GeluAfterBias(),
                   TanhGelu(), TransposeCancel(), ConvChain(), PadPool(), LinearChain(), FusedMatMul(), LayerScale(),
                   SiLU(), HardActivation(), SliceSplit())
@@ -31,7 +33,7 @@ RULE_NAMES = (
     "pad_conv", "pad_pool", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
     "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act", "fused_matmul", "layer_scale", "transpose_cancel",
     "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "rmsnorm", "skip_rmsnorm", "silu",
-    "hard_sigmoid", "hard_swish", "slice_split", "attention", "rotary",
+    "hard_sigmoid", "hard_swish", "slice_split", "attention", "rotary", "swiglu", "geglu",
 )
 
 

@@ -2,7 +2,9 @@
 
 The forms: the square as Pow(x, 2) or x * x; ReduceMean over the last axis; + eps; then Sqrt + Reciprocal,
 Div(1, Sqrt), Pow(., -0.5) or x / Sqrt; the scale last. LLaMA and T5 cast to float32 first and back before
-the scale (``weight * hidden.to(input_dtype)``): both Casts are members.
+the scale (``weight * hidden.to(input_dtype)``): both Casts are members. T5 in half precision casts the input
+twice (``hidden.to(float32).pow(2)`` for the variance, and type promotion for ``hidden * rsqrt(...)``): the twin
+Cast is a member too. A Cast to the type a value already has is bypassed before any rule runs (`fold`).
 
 - ``rmsnorm`` -> the opset-23 ``RMSNormalization``, stash_type 1 (float32 inside); refused below opset 23:
   onnxruntime's ``SimplifiedLayerNormalization`` exists only in the ONNX domain, where onnx has no such op, so a
@@ -16,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, other_input
+from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, other_input, sole_consumer
 from ..lowering import contrib_target, rmsnorm_target
 from .common import F32
 from .norm import reduces_last_axis, residual_add, skip_inputs, skip_node, skip_outputs, square_of
@@ -52,7 +54,7 @@ def _inverse_root(cx, add: ir.Node, xf: ir.Value) -> tuple[list[ir.Node], ir.Nod
         inv = _only(cx, root, "Reciprocal", "Div")
         if inv is None:
             return None
-        if inv.op_type == "Div" and inv.inputs[0] is xf and inv.inputs[1] is root:
+        if inv.op_type == "Div" and _reads_x(cx, inv.inputs[0], xf) and inv.inputs[1] is root:
             return [nxt], inv  # xf / sqrt(mean + eps)
         if inv.op_type == "Div":
             one = cx.constant(inv.inputs[0])
@@ -61,7 +63,34 @@ def _inverse_root(cx, add: ir.Node, xf: ir.Value) -> tuple[list[ir.Node], ir.Nod
         nodes = [nxt, inv]
     r = nodes[-1].outputs[0]
     mul = _only(cx, r, "Mul")
-    return (nodes, mul) if mul is not None and other_input(mul, r) is xf else None
+    return (nodes, mul) if mul is not None and _reads_x(cx, other_input(mul, r), xf) else None
+
+
+def _reads_x(cx, v: ir.Value | None, xf: ir.Value) -> bool:
+    """v is xf, or a twin of it: a second Cast of xf's Cast's input to the same type, read only here (T5's
+    half-precision form casts the input once for the variance and once more for the product)."""
+    return v is xf or _twin(cx, v, xf) is not None
+
+
+def _twin(cx, v: ir.Value | None, xf: ir.Value) -> ir.Node | None:
+    a, b = (v.producer() if v is not None else None), xf.producer()
+    if v is None or v is xf or not is_op(a, "Cast") or not is_op(b, "Cast") or a.inputs[0] is not b.inputs[0]:
+        return None
+    if int(attr(a, "to", 0)) != int(attr(b, "to", -1)) or len(consumers(v)) != 1 or len(list(v.uses())) != 1 \
+            or v.is_graph_output():
+        return None
+    return a
+
+
+def _no_epsilon(cx, mean: ir.Node) -> None:
+    """Refused when the mean of squares goes on to an inverse root without + epsilon before it (a near miss)."""
+    nxt = sole_consumer(mean.outputs[0])
+    if not is_op(nxt, "Sqrt", "Pow", "Sub", "Reciprocal"):
+        return
+    later = sole_consumer(nxt.outputs[0])
+    where = f" after {nxt.op_type} {nxt.name}" if is_op(later, "Add") and nxt.op_type != "Sub" else ""
+    raise Refused(f"the mean of squares {mean.outputs[0].name} is read by {nxt.op_type} {nxt.name}, not by "
+                  f"+ epsilon{' (epsilon is added' + where + ')' if where else ''}: not an RMSNorm")
 
 
 def _core(cx, mean: ir.Node) -> dict | None:
@@ -76,6 +105,8 @@ def _core(cx, mean: ir.Node) -> dict | None:
     if is_op(centre, "Sub") and is_op(centre.inputs[1].producer(), "ReduceMean"):
         return None  # x - mean(x): the second half of a LayerNorm, which is the layernorm rule's
     add = _only(cx, mean.outputs[0], "Add")
+    if add is None:
+        _no_epsilon(cx, mean)
     eps_v = other_input(add, mean.outputs[0]) if add is not None else None
     eps = cx.constant(eps_v) if eps_v is not None else None
     if eps is None or eps.size != 1 or not float(eps.reshape(-1)[0]) > 0:
@@ -88,21 +119,27 @@ def _core(cx, mean: ir.Node) -> dict | None:
     tail, norm = found
     if sq.op_type == "Pow" and square_of(cx, xf, [sq]) is None:
         raise Refused(f"Pow {sq.name} is not exactly a square")
+    twin = _twin(cx, other_input(norm, tail[-1].outputs[0]), xf)
+    mine = {id(sq)} | ({id(norm)} if twin is None else set())
     readers = {id(n) for n in consumers(xf)}
-    if not {id(sq), id(norm)} <= readers:
+    if not mine <= readers:
         return None
-    shared = readers != {id(sq), id(norm)} or xf.is_graph_output()  # legal only as a residual sum handed on
+    shared = readers != mine or xf.is_graph_output()  # legal only as a residual sum handed on
     nodes = [sq, mean, add] + tail + [norm]
     cast = xf.producer()
+    if twin is not None and not (cx.dtype(xf) == F32 and cx.dtype(cast.inputs[0]) in _FLOATS):
+        return None
     if is_op(cast, "Cast") and cx.dtype(xf) == F32 and cx.dtype(cast.inputs[0]) in _FLOATS:
         nodes.insert(0, cast)  # LLaMA / T5: hidden.to(float32) first
+        if twin is not None:
+            nodes.insert(1, twin)
     cur = norm.outputs[0]
     back = _only(cx, cur, "Cast")
     if back is not None:
         nodes.append(back)
         cur = back.outputs[0]
     return {"nodes": nodes, "xf": xf, "sq": sq, "norm": norm, "cur": cur, "eps": float(eps.reshape(-1)[0]),
-            "shared": shared}
+            "shared": shared, "twin": twin}
 
 
 def _scale(cx, core: dict) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
@@ -116,12 +153,12 @@ def _scale(cx, core: dict) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
     if mul is None:
         raise Refused("no scale after the normalisation (the fused op needs one)")
     gamma = other_input(mul, cur)
-    nodes = core["nodes"]
-    x, readers = core["xf"], [core["sq"], core["norm"]]
+    nodes, twin = core["nodes"], core["twin"]
+    x, readers = core["xf"], [core["sq"]] + ([core["norm"]] if twin is None else [])
     if is_op(nodes[0], "Cast") and cx.dtype(nodes[0].inputs[0]) == cx.dtype(gamma):
-        x, readers = nodes[0].inputs[0], [nodes[0]]
+        x, readers = nodes[0].inputs[0], [nodes[0]] + ([twin] if twin is not None else [])
     elif is_op(nodes[0], "Cast"):
-        nodes.pop(0)
+        nodes.pop(0)  # the float32 input stays the op's (a twin Cast, read by the group alone, goes with it)
     h = (cx.shape(x) or (None,))[-1]
     if gamma is None or not isinstance(h, int) or cx.shape(gamma) != (h,):
         raise Refused(f"scale of shape {cx.shape(gamma) if gamma is not None else None} is not [H] = [{h}]")

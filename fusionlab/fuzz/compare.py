@@ -38,7 +38,8 @@ import numpy as np
 
 from ..runtime import TOLERANCES
 
-__all__ = ["FACTOR", "ILL_FACTOR", "RANGE_FACTOR", "accepted", "judge_output", "tolerance"]
+__all__ = ["FACTOR", "ILL_FACTOR", "RANGE_FACTOR", "accepted", "judge_output", "tolerance", "deviation", "spread",
+           "within_rounding"]
 
 FACTOR = 2.0
 ILL_FACTOR = 10.0
@@ -102,6 +103,59 @@ def accepted(o: np.ndarray, f: np.ndarray, r: np.ndarray | None = None) -> np.nd
             o_is_r = (np.isnan(o64) & np.isnan(r64)) | (o64 == r64)
             ok |= ~fin_o & ~fin_f & ~o_is_r  # the original's NaN/Inf is not the reference's: its kind is rounding
             ok |= fin_o & ~fin_r & ~fin_f & ((np.isnan(r64) & np.isnan(f64)) | (r64 == f64))  # f agrees with r
+    return ok
+
+
+def deviation(a, b) -> np.ndarray:
+    """|a - b| per element in float64: 0 where both hold the same NaN/Inf, infinite where only one is NaN."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        d = np.where((np.isnan(a) & np.isnan(b)) | (a == b), 0.0, np.abs(a - b))
+    return np.where(np.isnan(d), np.inf, d)
+
+
+def spread(base, runs) -> np.ndarray:
+    """Per element, the farthest any of `runs` lies from `base` (`deviation`: infinite where a run changes finiteness)."""
+    out = np.zeros(np.shape(base))
+    for run in runs:
+        out = np.fmax(out, deviation(run, base))
+    return out
+
+
+def within_rounding(o, f, runs: list, factor: float = FACTOR) -> np.ndarray:
+    """Per element, whether fused `f` is what the original could compute with its rounding moved: `runs` are the
+    original's outputs with its float inputs (or stored parameters) moved by a few ulps. The one excuse both the
+    fuzzer's judge (`oracle._ill_conditioned`) and `fuse()`'s safety net (`passes.runcheck._rounding`) give for
+    an ill-conditioned output, so the two cannot disagree on it. Accepted where
+
+    - `f` deviates from `o` by a finite amount at most `factor` times the farthest finite run (backward
+      stability; a run that went NaN/Inf bounds nothing), or holds the same value / the same NaN/Inf;
+    - `f` is NaN or infinite where `o` is not (or of another kind): some run of the original holds that very
+      NaN/Inf there. A normalisation of a row that is constant in exact arithmetic (a padded border, eps 0)
+      is 0/0: the original's finite ±1 is the sign of a rounding residue, and one ulp moved makes it ±1 or NaN;
+    - `f` is finite where `o` is NaN/Inf: some run of the original is finite there (its NaN/Inf is rounding).
+
+    A NaN/Inf that no run of the original shows is never excused, however large the spread elsewhere.
+    """
+    o64, f64 = np.asarray(o, dtype=np.float64), np.asarray(f, dtype=np.float64)
+    dev = deviation(o64, f64)
+    wide = np.zeros(o64.shape)
+    seen = np.zeros(o64.shape, dtype=bool)  # f's NaN/Inf appears in a run
+    finite_run = np.zeros(o64.shape, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        for r in runs:
+            r64 = np.asarray(r, dtype=np.float64)
+            if r64.shape != o64.shape:
+                continue
+            d = deviation(r64, o64)
+            # a run driven to NaN/Inf (the original at a singularity) bounds no finite deviation: a planted
+            # Sigmoid -> Tanh bug was once excused as "ill-conditioned" by an infinite spread
+            wide = np.fmax(wide, np.where(np.isfinite(d), d, 0.0))
+            seen |= (np.isnan(f64) & np.isnan(r64)) | (np.isinf(f64) & (f64 == r64))
+            finite_run |= np.isfinite(r64)
+        ok = np.isfinite(dev) & (dev <= factor * wide)
+        ok |= ~np.isfinite(dev) & ~np.isfinite(f64) & seen
+        ok |= ~np.isfinite(dev) & np.isfinite(f64) & ~np.isfinite(o64) & finite_run
     return ok
 
 

@@ -54,7 +54,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from .compare import accepted as _close, judge_output
+from .compare import accepted as _close, deviation as _deviation, judge_output, spread as _spread, within_rounding
 from .feeds import draws, feeds_for, overridable, session as _session
 from .rounding import rounded_runs
 from ..precision import Reference
@@ -110,22 +110,6 @@ def _nudged(v: np.ndarray, rng, ulps: float = 1.0, dtype=None) -> np.ndarray:
         return v
     eps = np.finfo(dtype or v.dtype).eps
     return np.asarray(v * (1 + ulps * eps * rng.uniform(-1, 1, v.shape))).astype(v.dtype)
-
-
-def _deviation(a, b) -> np.ndarray:
-    """|a - b| per element in float64: 0 where both hold the same NaN/Inf, infinite where only one is NaN."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        d = np.where((np.isnan(a) & np.isnan(b)) | (a == b), 0.0, np.abs(a - b))
-    return np.where(np.isnan(d), np.inf, d)
-
-
-def _spread(base, runs) -> np.ndarray:
-    """Per element, the farthest any of `runs` lies from `base` (`_deviation`)."""
-    out = np.zeros(np.shape(base))
-    for run in runs:
-        out = np.fmax(out, _deviation(run, base))
-    return out
 
 
 def input_runs(sess, feeds: dict, ulps: float, seed: int, n: int = 4) -> list[dict]:
@@ -202,10 +186,18 @@ class Case:
         the rounding that storing these parameters in that dtype implies, and all a weight fold changes
         (the folded weights are rounded once more). Infinite where a run changes finiteness.
         """
+        return _spread(self.outputs[k][name], [run[name] for run in self._parameter_runs(k)])
+
+    def _parameter_runs(self, k: int) -> list[dict]:
         key = ("params", k)
         if key not in self._unstable:
             self._unstable[key] = parameter_runs(self.model, self.feeds[k], 91 + k)
-        return _spread(self.outputs[k][name], [run[name] for run in self._unstable[key]])
+        return self._unstable[key]
+
+    def sensitivity_runs(self, k: int) -> list[dict]:
+        """The original's outputs of draw `k` with its float inputs moved by two ulps, then with its stored float
+        parameters moved by one (`sensitivity`, `parameter_sensitivity`): what `compare.within_rounding` judges by."""
+        return list(self._perturbed(k, 2.0)) + list(self._parameter_runs(k))
 
     def unstable(self, k: int, name: str) -> np.ndarray:
         """Elements of integer output `name` (draw `k`) that change when the float inputs move by a few ulps.
@@ -406,25 +398,22 @@ def check_fused(case: Case, fused: onnx.ModelProto, rules: dict | None = None) -
 
 
 def _ill_conditioned(case: Case, k: int, name: str, o, f) -> str:
-    """A note when the fused output's deviation is within twice what two-ulp input changes do to the original."""
+    """A note when the fused output is what the original computes with its float inputs moved by two ulps or its
+    stored parameters by one (`compare.within_rounding`, shared with `fuse()`'s safety net)."""
     o, f = np.asarray(o), np.asarray(f)
     if o.shape != f.shape or o.dtype.kind != "f":
         return ""
-    with np.errstate(invalid="ignore"):
-        o64, f64 = o.astype(np.float64), f.astype(np.float64)
-        same = (np.isnan(o64) & np.isnan(f64)) | (o64 == f64)  # the same NaN/Inf in both is no deviation
-        dev = np.where(same, 0.0, np.abs(f64 - o64))  # NaN where only one is NaN: judged below
-        sens = np.fmax(case.sensitivity(k, name), case.parameter_sensitivity(k, name))
-        bad = ~np.isfinite(dev) | (dev > 0)
-        worst = np.where(np.isfinite(dev), dev, np.inf)
-        k_bad = int(np.argmax(worst)) if bad.any() else 0
-        # An infinite sensitivity (a one-ulp change drives the original to Inf/NaN: it sits at a singularity)
-        # bounds nothing: it excuses only a fused NaN/Inf there, never a finite deviation of any size.
-        if bad.any() and np.all(~bad | ((dev <= 2 * sens) & np.isfinite(sens))
-                                | (~np.isfinite(dev) & ~np.isfinite(sens))):
-            return (f"ill-conditioned: two-ulp input or one-ulp parameter changes move the original by up to "
-                    f"{sens.flat[k_bad]:.3g} there")
-    return ""
+    runs = [run[name] for run in case.sensitivity_runs(k) if name in run]
+    ok = within_rounding(o, f, runs)
+    if not ok.all():
+        return ""
+    dev = _deviation(o, f)
+    if not (dev > 0).any():
+        return ""
+    sens = _spread(o, runs)
+    k_bad = int(np.argmax(np.where(np.isfinite(dev), dev, np.inf)))
+    return (f"ill-conditioned: two-ulp input or one-ulp parameter changes move the original by up to "
+            f"{sens.flat[k_bad]:.3g} there")
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:

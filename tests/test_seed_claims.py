@@ -65,8 +65,48 @@ def test_every_notebook_section_the_ledger_points_to_exists():
 def test_every_notebook_figure_is_printed_by_the_stored_notebook():
     for c in CLAIMS.values():
         for e in c.evidence:
-            if e.kind == "notebook":
+            if e.kind == "notebook" and not e.pattern:
                 assert _flat(e.text) in _stored_outputs(e.where), (c.id, e.where, e.text)
+    assert seed_claims.notebook_problems() == []
+    read = [(c.id, e) for c in CLAIMS.values() for e in c.evidence if e.pattern]
+    assert len(read) >= 3  # the measured figures notebooks 10 and 11 print are read, not typed
+    for cid, e in read:
+        assert re.search(r"\d", e.figure()), (cid, e.figure())
+
+
+def _planted(tmp_path, printed: str, evidence: dict) -> Path:
+    """A root with one notebook printing `printed` and a ledger of one claim citing it."""
+    (tmp_path / "notebooks").mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    cell = {"cell_type": "code", "source": "", "metadata": {}, "execution_count": 1,
+            "outputs": [{"output_type": "stream", "name": "stdout", "text": printed}]}
+    (tmp_path / "notebooks" / "10_x.ipynb").write_text(json.dumps({"cells": [cell]}))
+    claim = {"id": "x", "section": "1", "seed": "s", "says": "s", "verdict": "reproduced", "why": "w",
+             "evidence": [{"kind": "notebook", "where": "10_x"} | evidence], "shown_in": []}
+    (tmp_path / "data" / "seed_claims.json").write_text(json.dumps({"claims": [claim]}))
+    return tmp_path
+
+
+OUT = "B  2 intra-op threads\nspeedup A/B (median of paired ratios): 1.14× (95% CI 1.05–1.25×)\n"
+
+
+def test_a_ledger_figure_that_differs_from_its_notebook_fails(tmp_path):
+    root = _planted(tmp_path, OUT, {"text": "2 intra-op threads vs 1: 1.434× (95% CI 1.42–1.45×)"})
+    claims = seed_claims.load(root / "data" / "seed_claims.json")
+    assert len(seed_claims.notebook_problems(claims, root)) == 1  # typed: 1.434 where the notebook prints 1.14
+
+
+def test_a_ledger_figure_read_from_its_notebook_is_what_it_prints(tmp_path):
+    root = _planted(tmp_path, OUT, {"text": "2 intra-op threads vs 1:",
+                                    "pattern": r"speedup A/B \(median of paired ratios\): (\S+ \(95% CI [^)]+\))"})
+    claims = seed_claims.load(root / "data" / "seed_claims.json")
+    assert seed_claims.notebook_problems(claims, root) == []
+    (e,) = claims["x"].evidence
+    assert e.figure(root) == "1.14× (95% CI 1.05–1.25×)"
+    assert e.describe(root) == "2 intra-op threads vs 1: 1.14× (95% CI 1.05–1.25×) (printed by notebook `10_x`)"
+    ambiguous = _planted(tmp_path / "b", OUT * 2, {"text": "t", "pattern": r"(1\.14×)"})
+    claims = seed_claims.load(ambiguous / "data" / "seed_claims.json")
+    assert "matches 2 times" in seed_claims.notebook_problems(claims, ambiguous)[0]
 
 
 def test_every_benchmark_figure_is_read_from_its_results_table():

@@ -258,21 +258,19 @@ together = timing.compare_models(model, model, level_a="disable", level_b="all",
 print(f"together (all vs off):        {together.speedup:.2f}x; the first two multiplied: "
       f"{fusion_only.speedup * layout_only.speedup:.2f}x")
 
-# %%
-# NBVAL_IGNORE_OUTPUT
-from IPython.display import Markdown
+# what this means in words, built from the values; which of the two gains more is decided by the two intervals
+from IPython.display import Markdown, display
 
-# which of the two gains more: decided by the two intervals, not by the medians
 if layout_only.ci_low > fusion_only.ci_high:
     worth = "worth more than the fusions"
 elif layout_only.ci_high < fusion_only.ci_low:
     worth = "worth less than the fusions"
 else:
     worth = "worth about as much as the fusions (their intervals overlap)"
-Markdown(f"The two effects multiply, roughly: the last line sets their product, {fusion_only.speedup * layout_only.speedup:.2f}×, "
+display(Markdown(f"The two effects multiply, roughly: the last line sets their product, {fusion_only.speedup * layout_only.speedup:.2f}×, "
          f"beside the two levels measured together, {together.speedup:.2f}×. On this layer the layout transform "
          f"({layout_only.speedup:.2f}×) is {worth} ({fusion_only.speedup:.2f}×), so \"onnxruntime at `all` is "
-         f"{together.speedup:.1f}× faster\" is not a measure of fusion: always say which level you compare with which.")
+         f"{together.speedup:.1f}× faster\" is not a measure of fusion: always say which level you compare with which."))
 
 # %% [markdown]
 # Faster is only half the story. A fusion must also give the **same answers**. `fusionlab.verify` runs both

@@ -170,14 +170,17 @@ viz.draw(g, plan, title="FuseOps groups, no thresholds")
 # run with `max_group_ops=2`?
 
 # %%
-print(seed_claims.claim("s42-split-above-5-ops").summary())
-
-# %%
 print(f"the graph: {len(g)} nodes")
 for max_ops in (None, 5, 3, 2):
     p = mixed.plan(g, max_group_ops=max_ops)
     sizes = [grp.size for grp in p]
     print(f"max_group_ops={str(max_ops):<5} groups={len(p)} sizes={sizes} kernels={len(g) - p.saved_launches}")
+
+# %% [markdown]
+# The seed's rule and the ledger's verdict on it (notebook 05 §5 prices it on real networks):
+
+# %%
+print(seed_claims.claim("s42-split-above-5-ops").summary())
 
 # %%
 p3 = mixed.plan(g, max_group_ops=3)

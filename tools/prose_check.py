@@ -33,7 +33,8 @@ clear difference), displayed by code. A verdict typed in markdown ("faster", "sl
 "no clear difference", "level", "no measurable") is checked against the ratio nearest it in its sentence: the
 interval is the one typed after the ratio ("1.04× (1.03–1.04)") or, failing that, the one an output prints next
 to that ratio. An interval that excludes 1 cannot be "within the noise"; one that includes 1 cannot be "faster"
-or "slower".
+or "slower". A question ("will it be 2× faster?") states no verdict, and a ratio without decimals ("2×") is an
+order of magnitude, not a reading: neither is checked for its verdict (its number still is).
 """
 
 from __future__ import annotations
@@ -247,7 +248,7 @@ def check_notebook(path: Path) -> list[Flag]:
                 before = sentence[max(0, m.start() - 12):m.start()]
                 if _NAME_BEFORE.search(before):
                     continue
-                if unit in ("×", "x"):
+                if unit in ("×", "x") and "." in typed:  # "2×" is an order of magnitude, not a reading
                     ratios.append((m.start(), typed, m.end()))
                 bare = not unit and "." not in typed
                 if bare and value < 10:
@@ -262,7 +263,7 @@ def check_notebook(path: Path) -> list[Flag]:
                     continue
                 flags.append(Flag(stem, index, typed + (m.group("space") + unit if unit else ""), raw[offset:offset + len(sentence)],
                                   "no output of the notebook prints it"))
-            for v in _VERDICT.finditer(sentence):
+            for v in _VERDICT.finditer(sentence if not sentence.rstrip().endswith("?") else ""):  # a question
                 noise_typed = bool(_NOISE.search(v.group(0)))
                 if ratios:
                     pos, typed, end = min(ratios, key=lambda r: abs(r[0] - v.start()))

@@ -4,8 +4,12 @@ Every quantitative or factual claim of the seed (`../shared/seed/`) has one entr
 where, our verdict, the evidence, and the notebook sections that show it. The evidence is never a number
 typed twice:
 
-- ``notebook``: a figure a notebook prints deterministically; tests/test_seed_claims.py checks that the
-  stored, executed notebook really prints it (so a changed notebook output fails until the ledger agrees);
+- ``notebook``: a figure a notebook prints. With a ``pattern`` (a regular expression with a group, matched
+  once in the stored notebook's outputs, whitespace collapsed) the figure is *read* from the stored, executed
+  notebook, so it is whatever the notebook printed at its last build, measured figures included; without one,
+  ``text`` is a deterministic output quoted whole, and tests/test_seed_claims.py checks the notebook prints it
+  (so a changed notebook output fails until the ledger agrees). A figure a notebook prints is never typed in
+  the ledger as a benchmark's: the ledger would quote a number the notebook beside it contradicts;
 - ``benchmark``: a cell of a table in ``benchmarks/results/*.md``, read from that file when the ledger is
   rendered or a notebook asks (so the ledger always quotes the last benchmark run);
 - ``source``: a documentation or source reference for a factual claim (``../shared/reference/`` notes);
@@ -22,7 +26,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LEDGER", "DOC", "VERDICTS", "Evidence", "Claim", "load", "claim", "benchmark_cell", "notebook_sections",
+__all__ = ["LEDGER", "DOC", "VERDICTS", "Evidence", "Claim", "load", "claim", "benchmark_cell", "notebook_outputs",
+           "notebook_figure", "notebook_problems", "notebook_sections",
            "render", "write_doc"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,11 +55,14 @@ class Evidence:
     where: str = ""
     row: dict = field(default_factory=dict)  # benchmark: {column: value} picking the table row
     column: str = ""  # benchmark: the column holding the figure
+    pattern: str = ""  # notebook: a regex with one group, read from the stored notebook's outputs
 
     def figure(self, root: Path = ROOT) -> str:
         """The figure: for a benchmark, the current content of its results-table cell; else the text."""
         if self.kind == "benchmark":
             return benchmark_cell(root / self.where, self.row, self.column)
+        if self.kind == "notebook" and self.pattern:
+            return notebook_figure(self.where, self.pattern, root)
         return self.text
 
     def describe(self, root: Path = ROOT) -> str:
@@ -62,6 +70,8 @@ class Evidence:
         if self.kind == "benchmark":
             row = ", ".join(f"{v}" for v in self.row.values())
             return f"{self.text} {self.figure(root)} (measured: `{self.where}`, {row}; {self.column})"
+        if self.kind == "notebook" and self.pattern:
+            return f"{self.text} {self.figure(root)} (printed by notebook `{self.where}`)"
         if self.kind == "notebook":
             return f"{self.text} (printed by notebook `{self.where}`)"
         if self.kind == "source":
@@ -106,7 +116,11 @@ def _evidence(raw: dict, where: str) -> Evidence:
     if kind not in _KINDS:
         raise ValueError(f"{where}: evidence kind {kind!r} is not one of {_KINDS}")
     ev = Evidence(kind=kind, text=str(raw.get("text", "")), where=str(raw.get("where", "")),
-                  row=dict(raw.get("row", {})), column=str(raw.get("column", "")))
+                  row=dict(raw.get("row", {})), column=str(raw.get("column", "")), pattern=str(raw.get("pattern", "")))
+    if ev.pattern and kind != "notebook":
+        raise ValueError(f"{where}: only notebook evidence reads a pattern")
+    if ev.pattern and re.compile(ev.pattern).groups < 1:
+        raise ValueError(f"{where}: a notebook pattern needs a group (the figure)")
     if not ev.text:
         raise ValueError(f"{where}: evidence without text")
     if kind in ("notebook", "benchmark") and not ev.where:
@@ -160,6 +174,54 @@ def benchmark_cell(path: str | Path, row: dict, column: str) -> str:
             if all(cells.get(k) == v for k, v in row.items()):
                 return cells[column]
     raise ValueError(f"{path.name}: no table row {row} with a column {column!r}")
+
+
+def _flat(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def notebook_outputs(stem: str, root: Path = ROOT) -> str:
+    """All text the stored notebook's cells printed (whitespace collapsed), minus the ledger's own summaries
+    (so a figure read from it is one the notebook computed, not one the ledger put there)."""
+    import json as _json
+
+    nb = _json.loads((root / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))
+    parts = []
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            parts.append("".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", "")))
+    text = _flat("\n".join(parts))
+    for c in load(root / "data" / "seed_claims.json").values():
+        text = text.replace(_flat(c.summary()), "")
+    return text
+
+
+def notebook_figure(stem: str, pattern: str, root: Path = ROOT) -> str:
+    """The figure `pattern` picks from the stored notebook's outputs (several groups: joined by ' → ', e.g. a
+    before and an after); it must match exactly once, so the figure is unambiguous."""
+    found = list(re.finditer(pattern, notebook_outputs(stem, root)))
+    if len(found) != 1:
+        raise ValueError(f"notebook {stem}: pattern {pattern!r} matches {len(found)} times in its outputs, not once")
+    return " → ".join(found[0].groups())
+
+
+def notebook_problems(claims: dict[str, Claim] | None = None, root: Path = ROOT) -> list[str]:
+    """Every notebook figure of the ledger that its stored notebook does not print: a quoted text that is not
+    among the outputs, or a pattern that does not match exactly once. Empty when the ledger quotes the notebooks."""
+    claims = load() if claims is None else claims
+    problems = []
+    for c in claims.values():
+        for e in c.evidence:
+            if e.kind != "notebook":
+                continue
+            try:
+                if e.pattern:
+                    notebook_figure(e.where, e.pattern, root)
+                elif _flat(e.text) not in notebook_outputs(e.where, root):
+                    problems.append(f"{c.id}: notebook {e.where} does not print {e.text!r}")
+            except (OSError, ValueError) as err:
+                problems.append(f"{c.id}: {err}")
+    return problems
 
 
 def notebook_sections(stem: str, root: Path = ROOT) -> dict[str, str]:

@@ -27,7 +27,7 @@ from .text import text_table
 __all__ = [
     "Timing", "Comparison", "bench", "bench_session", "compare", "compare_models", "comparisons_table", "interleaved",
     "session_at_each_level",
-    "machine_info", "median_ci", "format_seconds",
+    "machine_info", "median_ci", "format_seconds", "VERDICT_WORDS", "ratio_verdict", "verdict_markdown",
 ]
 
 Timer = Callable[[], float]
@@ -100,6 +100,39 @@ def format_seconds(seconds: float, unit: str | None = None) -> str:
     scale = dict((u, s) for s, u in _UNITS)[unit] if unit else _unit_for(seconds)[0]
     name = unit or _unit_for(seconds)[1]
     return f"{_num(seconds / scale)} {name}"
+
+
+# --------------------------------------------------------------------------------------------------
+# verdicts: the one place a ratio's interval becomes words
+# --------------------------------------------------------------------------------------------------
+
+#: The only words a verdict on a measured ratio may use. tools/prose_check.py flags them when typed in a
+#: notebook's markdown against a ratio whose printed interval says otherwise.
+VERDICT_WORDS = ("faster", "slower", "no clear difference")
+
+
+def ratio_verdict(ci_low: float, ci_high: float) -> str:
+    """'faster' when the 95% CI of time_A / time_B lies above 1 (B faster), 'slower' when below 1 (B slower),
+    'no clear difference' when it contains 1: the interval decides, never the point estimate."""
+    if ci_low > 1:
+        return "faster"
+    if ci_high < 1:
+        return "slower"
+    return "no clear difference"
+
+
+def verdict_markdown(what: str, speedup: float, ci_low: float, ci_high: float, than: str = "") -> str:
+    """A sentence for a notebook's Markdown display: '**X** is 1.04× faster (95% CI 1.03–1.04×) than Y.'
+
+    `speedup` is time(than) / time(what) (>1: `what` faster). Built from the values, so a rebuild keeps it true."""
+    word = ratio_verdict(ci_low, ci_high)
+    ci = f"(95% CI {ci_low:.2f}–{ci_high:.2f}×)"
+    tail = f" than {than}" if than else ""
+    if word == "faster":
+        return f"{what} is {speedup:.2f}× faster {ci}{tail}."
+    if word == "slower":
+        return f"{what} is {1 / speedup:.2f}× slower {ci}{tail}: time ratio {speedup:.2f}×."
+    return f"{what}{' against ' + than if than else ''}: {speedup:.2f}× {ci}, no clear difference (the interval includes 1)."
 
 
 # --------------------------------------------------------------------------------------------------
@@ -208,11 +241,17 @@ class Comparison:
         """One sentence: which is faster, or that the interval cannot tell.
 
         `brief` drops what a row that prints the ratio and its CI beside it already shows ('B faster')."""
-        if self.ci_low > 1:
+        word = ratio_verdict(self.ci_low, self.ci_high)
+        if word == "faster":
             return f"{self.label_b} faster" if brief else f"{self.label_b} is faster ({self.speedup:.2f}×)"
-        if self.ci_high < 1:
+        if word == "slower":
             return f"{self.label_a} faster" if brief else f"{self.label_a} is faster ({1 / self.speedup:.2f}×)"
-        return "no clear difference" + ("" if brief else " (the 95% CI of the ratio includes 1)")
+        return word + ("" if brief else " (the 95% CI of the ratio includes 1)")
+
+    def markdown(self, what: str | None = None, than: str | None = None) -> str:
+        """`verdict_markdown` of this comparison: B against A, the words from the interval."""
+        return verdict_markdown(what or self.label_b, self.speedup, self.ci_low, self.ci_high,
+                                than=self.label_a if than is None else than)
 
     def _rows(self) -> list[list[str]]:
         scale, unit = _unit_for(min(self.a.median, self.b.median) or self.a.median)

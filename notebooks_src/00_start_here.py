@@ -242,9 +242,11 @@ comparison = timing.compare_models(model, model, level_a="disable", level_b="all
 comparison
 
 # %% [markdown]
-# Not all of that is fusion. Level `"extended"` applies onnxruntime's fusions (BN folding, Conv + Relu); `"all"`
-# adds a layout transform on top, rewriting the Conv into its blocked NCHWc form (channels in blocks of 8 or 16,
-# which its vector kernels prefer). Separate the two:
+# Not all of that is fusion. Level `"basic"` already folds the BatchNormalization into the Conv (onnxruntime's
+# `ConvBNFusion` is a basic-level rewrite); `"extended"` keeps that and adds its fusions, here Conv + Relu into one
+# `FusedConv`; `"all"` adds a layout transform on top, rewriting the Conv into its blocked NCHWc form (channels in
+# blocks of 8 or 16, which its vector kernels prefer). Separate the fusions (off → extended) from the layout
+# (extended → all):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -256,10 +258,19 @@ together = timing.compare_models(model, model, level_a="disable", level_b="all",
 print(f"together (all vs off):        {together.speedup:.2f}x; the first two multiplied: "
       f"{fusion_only.speedup * layout_only.speedup:.2f}x")
 
-# %% [markdown]
-# The two effects multiply: the last line sets their product beside the two levels measured together. On this layer the layout transform can be worth as much as the
-# fusions or more, so "onnxruntime at `all` is 1.5× faster" is not a measure of fusion: always say which level you
-# compare with which.
+# what this means in words, built from the values; which of the two gains more is decided by the two intervals
+from IPython.display import Markdown, display
+
+if layout_only.ci_low > fusion_only.ci_high:
+    worth = "worth more than the fusions"
+elif layout_only.ci_high < fusion_only.ci_low:
+    worth = "worth less than the fusions"
+else:
+    worth = "worth about as much as the fusions (their intervals overlap)"
+display(Markdown(f"The two effects multiply, roughly: the last line sets their product, {fusion_only.speedup * layout_only.speedup:.2f}×, "
+         f"beside the two levels measured together, {together.speedup:.2f}×. On this layer the layout transform "
+         f"({layout_only.speedup:.2f}×) is {worth} ({fusion_only.speedup:.2f}×), so \"onnxruntime at `all` is "
+         f"{together.speedup:.1f}× faster\" is not a measure of fusion: always say which level you compare with which."))
 
 # %% [markdown]
 # Faster is only half the story. A fusion must also give the **same answers**. `fusionlab.verify` runs both

@@ -109,7 +109,7 @@ print(f"seed's formula, conv without bias: max |error| below 1e-12: "
 # %% [markdown]
 # The formula is right only when the convolution has **no bias**. That is the common case in exported
 # CNNs (PyTorch's `Conv2d(..., bias=False)` before a BatchNorm), which is why the mistake goes unnoticed. But
-# many models (YOLO heads, older Caffe exports, any conv whose bias was left on) have one, and then every
+# many models (older Caffe exports, any `Conv2d` whose bias was left on before its BatchNorm) have one, and then every
 # output channel is off by $s\cdot b$.
 #
 # ### The derivation, step by step
@@ -219,6 +219,7 @@ print(report.summary())
 gamma_bad, var_bad = gamma.copy(), var.copy()
 gamma_bad[3], var_bad[3] = 2000.0, 0.0                      # s = 2000 / sqrt(1e-5), about 630,000
 report_bad = derive.fold_fp16_report(W, b, gamma_bad, beta, mean, var_bad, eps)
+print(f"scale s of channel 3: {gamma_bad[3] / np.sqrt(var_bad[3] + eps):,.0f}")
 print(report_bad.summary())
 f16 = derive.fold_conv_bn(W.astype(np.float16), b.astype(np.float16), gamma_bad, beta, mean, var_bad, eps)
 print("fold_conv_bn flags it:", f16.overflow, "| inf weights in channel 3:", int(np.isinf(f16.weight[3]).sum()))
@@ -228,7 +229,7 @@ print("fold_conv_bn flags it:", f16.overflow, "| inf weights in channel 3:", int
 # the scale $s$ itself is already beyond 65504, so the whole channel, bias included, becomes `inf`. That is
 # why its relative error reads `inf`.
 #
-# Would the unfused model fare better in fp16? Not with this channel. A scale of 632,000 amplifies every
+# Would the unfused model fare better in fp16? Not with this channel. A scale of 632,456 amplifies every
 # difference from the mean, so the *exact* BN outputs of channel 3 are themselves beyond fp16's range almost
 # everywhere:
 
@@ -241,8 +242,22 @@ print(f"largest: {np.abs(exact[0, 3]).max():.3g}")
 # So no fp16 model can compute this channel, folded or unfused: γ = 2000 with σ² = 0 is a broken BN, and the
 # overflow flag is reporting it. Folding adds a failure of its own in a narrower case: the folded weight carries
 # the scale $s$ alone, while the output carries $s\,(y-\mu)$, and for a nearly dead channel $y-\mu$ is tiny. Then the
-# unfused model's outputs fit in fp16 but the folded weights $s\cdot W$ do not. Either way a pass must check
-# `Folded.overflow` and leave that BN alone (and report it), or keep the model in fp32.
+# unfused model's outputs fit in fp16 but the folded weights $s\cdot W$ do not. The next cell builds such a channel:
+# γ = 1000 and σ² = 0 again, but a conv whose output barely moves from the mean (small weights, small inputs).
+
+# %%
+x_dead = rng.uniform(0, 1e-3, (1, 8, 6, 6))                 # small activations
+W_dead = np.full((1, 8, 3, 3), 0.25)                         # s·W = 316,228 × 0.25, beyond fp16
+p_dead = [np.array([1000.0]), np.array([0.5]), np.array([0.0]), np.array([0.0])]  # γ, β, μ, σ²
+unfused_dead = derive.batch_norm(derive.conv_nd(x_dead, W_dead, None), *p_dead, eps)
+folded_dead = derive.fold_conv_bn(W_dead.astype(np.float16), None, *p_dead, eps)  # an fp16 model's weights
+print(f"unfused outputs: largest |value| {np.abs(unfused_dead).max():,.0f}, fits fp16 (<= 65504): "
+      f"{np.abs(unfused_dead).max() <= 65504}")
+print(f"folded weights:  largest |value| {np.abs(folded_dead.weight).max():,.0f}, overflow flagged: "
+      f"{folded_dead.overflow}")
+
+# %% [markdown]
+# Either way a pass must check `Folded.overflow` and leave that BN alone (and report it), or keep the model in fp32.
 #
 # ## 5. When folding is illegal
 #
@@ -288,7 +303,9 @@ for label, v in cases.items():
 # %% [markdown]
 # ## 6. A real layer: the ResNet-50 stem
 #
-# `fusionlab.zoo.resnet50()` builds ResNet-50 as `torch.onnx` exports it, with deterministic random weights
+# `fusionlab.zoo.resnet50()` builds ResNet-50 as `torch.onnx.export(..., do_constant_folding=False)` writes it (with
+# the default `do_constant_folding=True` the exporter folds every BN into its conv itself, `docs/corpus.md`), with
+# deterministic random weights
 # and realistic BN statistics. Its stem is a 7×7 stride-2 convolution from 3 to 64 channels (no bias), a
 # BatchNormalization and a Relu. `zoo.extract` cuts those three nodes out as a runnable model.
 
@@ -349,9 +366,6 @@ viz.before_after(stem, stem_folded, titles=("ResNet-50 stem, exported", "BN fold
 # share will the FLOPs fall, and by what share the bytes moved?
 
 # %%
-print(seed_claims.claim("s21-40pct-instructions").summary())
-
-# %%
 works = derive.conv_bn_work(1, 3, 64, (224, 224), (7, 7), strides=[2, 2], pads=[3, 3, 3, 3], dtype_bytes=2)
 print(derive.work_table(works))
 seed_work, one_kernel, folded_work = works
@@ -378,6 +392,12 @@ plt.close(fig)
 fig
 
 # %% [markdown]
+# The seed's claim and the ledger's verdict, now that the count is in:
+
+# %%
+print(seed_claims.claim("s21-40pct-instructions").summary())
+
+# %% [markdown]
 # The count says what folding really saves:
 #
 # - **arithmetic: almost nothing.** The BN steps are a few operations per output element. The conv does
@@ -393,16 +413,21 @@ fig
 #
 # ### What the cost model predicts for an Atlas 300I Pro
 #
-# `fusionlab.cost` models a device from its published specifications (70 TFLOPS fp16, 204.8 GB/s; the
-# launch overhead is an assumption, see `devices.get(...).uncertain`). Each kernel takes
+# `fusionlab.cost` models a device from its published specifications (peak fp16 and memory bandwidth, printed
+# below; the launch overhead is an assumption, see `devices.get(...).uncertain`). Each kernel takes
 # max(FLOPs / peak, bytes / bandwidth) plus a launch. These are **predictions, not measurements**.
 #
 # One thing the model leaves out: Ascend stores feature maps as NC1HWC0, channels in blocks of C0 = 16 (fp16), and
 # the cube unit works on whole blocks. The stem's 3 input channels are padded to 16, so the device computes (and its
-# DMA moves) 16/3 ≈ 5.3× the input-channel work the ONNX graph describes. The cell after the prediction counts
-# both; the cost model's conv time uses the unpadded count.
+# DMA moves) 16/3 ≈ 5.3× the input-channel work the ONNX graph describes. ATC has an option for exactly this layer:
+# `--enable_small_channel=1` (ATC's command-line reference) lets a first convolution with at most 4 input channels
+# use the C04 layout, its channels padded to 4 instead of 16. The cell after the prediction counts all three; the
+# cost model's conv time uses the unpadded count.
 
 # %%
+for name in ("Atlas 300I Pro", "Atlas 800I A2 (Ascend 910B)"):
+    spec = devices.get(name)
+    print(f"{name}: {spec.peak_flops('float16') / 1e12:g} TFLOPS fp16, {spec.mem_bandwidth_gbs:g} GB/s")
 for name in ("Atlas 300I Pro", "Atlas 800I A2 (Ascend 910B)"):
     before = cost.plan_cost(stem, None, name, dims={"batch": 1})
     after = cost.plan_cost(stem_folded, None, name, dims={"batch": 1})
@@ -410,14 +435,15 @@ for name in ("Atlas 300I Pro", "Atlas 800I A2 (Ascend 910B)"):
           f"folded {after.latency_s * 1e6:6.1f} us ({after.kernels} kernels), "
           f"predicted saving {1 - after.latency_s / before.latency_s:.0%}")
 
-# %% [markdown]
 # %%
 padded = derive.conv_bn_work(1, 16, 64, (224, 224), (7, 7), strides=[2, 2], pads=[3, 3, 3, 3], dtype_bytes=2)[2]
+c04 = derive.conv_bn_work(1, 4, 64, (224, 224), (7, 7), strides=[2, 2], pads=[3, 3, 3, 3], dtype_bytes=2)[2]
 pro_peak = devices.get("Atlas 300I Pro").peak_flops("float16")
-print(f"folded stem conv: {folded_work.flops / 1e9:.3f} GFLOP as in the graph (C_in = 3), "
-      f"{padded.flops / 1e9:.3f} GFLOP with C_in padded to C0 = 16 ({padded.flops / folded_work.flops:.2f}x)")
+print(f"folded stem conv: {folded_work.flops / 1e9:.3f} GFLOP as in the graph (C_in = 3),\n"
+      f"  {padded.flops / 1e9:.3f} GFLOP with C_in padded to C0 = 16 ({padded.flops / folded_work.flops:.2f}x), "
+      f"{c04.flops / 1e9:.3f} GFLOP in C04 ({c04.flops / folded_work.flops:.2f}x)")
 print(f"at the 300I Pro's fp16 peak: {folded_work.flops / pro_peak * 1e6:.1f} us unpadded, "
-      f"{padded.flops / pro_peak * 1e6:.1f} us padded")
+      f"{padded.flops / pro_peak * 1e6:.1f} us padded to 16, {c04.flops / pro_peak * 1e6:.1f} us in C04")
 
 # %% [markdown]
 # The prediction differs from the CPU measurement for a clear reason. On an accelerator with tens of
@@ -427,9 +453,10 @@ print(f"at the 300I Pro's fp16 peak: {folded_work.flops / pro_peak * 1e6:.1f} us
 # medians in §8). Whether the
 # write-up's 40% holds on real hardware would need `msprof` on an Atlas 300I Pro. The model only shows
 # that a saving of that order is *plausible* for a memory-bound BN after a fast conv. The C0 padding weakens even
-# that: padded, the conv's arithmetic alone takes 18 µs at the 300I Pro's peak instead of 3.4 µs, longer than the
-# conv's memory traffic, so on the device the conv is slower than the model has it and the BN pass that folding
-# removes is a smaller share of the layer than predicted.
+# that: padded to 16, the conv's arithmetic alone takes 18 µs at the 300I Pro's peak instead of 3.4 µs, longer than
+# the conv's memory traffic, so on the device the conv is slower than the model has it and the BN pass that folding
+# removes is a smaller share of the layer than predicted. Compiled with `--enable_small_channel=1` (C04) the padded
+# arithmetic takes 4.5 µs, and the prediction stands closer to the model's.
 #
 # ### The seed's other ResNet-50 claim: MatMul + activation and the batch size
 
@@ -465,10 +492,10 @@ ort_fold = timing.compare_models(stem, stem_folded, level_a="basic", level_b="di
 print(ort_fold.table())
 
 # %% [markdown]
-# How to read these numbers, with the count of §7 in hand. The stem's conv does about 236 million floating-point operations on a
-# 64×112×112 output. The BN pass over that output is one multiply and one add per element, about 0.8
-# million elements. Its cost is mostly memory: it reads and writes 3.2 MB (fp32) that the conv has just
-# produced. On a CPU, much of that tensor is still in cache, so removing BN saves a modest slice of a
+# How to read these numbers, with the count of §7 in hand. The stem's conv does about 237 million floating-point
+# operations on a 64×112×112 output. The BN pass over that output is one multiply and one add per element, over
+# 802,816 elements. Its cost is mostly memory: it reads a 3.2 MB tensor (fp32) that the conv has just
+# produced and writes one as large. On a CPU, much of that tensor is still in cache, so removing BN saves a modest slice of a
 # layer dominated by the conv. If the speedup above is small, or its interval includes 1, that is the
 # honest result: **folding removes a memory-bound pass, not arithmetic.** The second table shows
 # onnxruntime doing the same fold by itself at its `basic` level, so the two should be about equal.

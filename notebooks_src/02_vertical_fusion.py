@@ -32,8 +32,7 @@ from fusionlab.lessons import codegen
 from fusionlab.passes import fuse, plan as plan_passes, vertical
 from fusionlab.runtime import make_feeds, session
 from fusionlab.text import wrap
-
-print(seed_claims.claim("s1-yolov5-23pct").summary())
+from IPython.display import Markdown, display
 
 # %% [markdown]
 # ## 1. The intuition: one loop per op against one fused loop
@@ -42,7 +41,8 @@ print(seed_claims.claim("s1-yolov5-23pct").summary())
 # max with zero. Run as three kernels, each is its own loop over the whole tensor: it reads a full tensor from
 # memory and writes a full tensor, which the next loop reads back. Fused, one loop reads the tensor once, keeps
 # the two intermediate values in registers, and writes the result once. `codegen.loop_vs_loop` generates both
-# from the same code generator (the same compiler, the same arithmetic), on a float32 tensor of 2²⁵ values
+# from the same code generator (Python loops compiled to machine code with numba, single-threaded: the same
+# compiler, the same arithmetic), on a float32 tensor of 2²⁵ values
 # (128 MiB, larger than this machine's caches), so the only difference is the number of passes over memory.
 #
 # **Predict before you run the next cell:** how many MiB does each variant move?
@@ -111,7 +111,7 @@ for rule, n in plan.rule_counts().items():
 # turn 228 nodes into 114 kernels.
 #
 # Why is SiLU a "QuickGelu"? onnxruntime's `QuickGelu(x) = x · sigmoid(α·x)`, the fast GELU approximation with
-# α = 1.702. With **α = 1** it is `x · sigmoid(x)`, which is exactly SiLU (also called Swish). The pass writes
+# `α = 1.702`. With **α = 1** it is `x · sigmoid(x)`, which is exactly SiLU (also called Swish). The pass writes
 # α = 1, and onnxruntime agrees with numpy to the last few bits:
 
 # %%
@@ -146,6 +146,7 @@ for title, names, costs in (("unfused", g0.nodes, before), ("emitted", emitted, 
 moved = {t: sum(c[n].bytes for n in names) for t, names, c in (("unfused", g0.nodes, before), ("emitted", emitted, after))}
 print(f"traffic of the group: {moved['unfused'] / 1024:.0f} KiB unfused, {moved['emitted'] / 1024:.0f} KiB emitted: "
       f"{(moved['unfused'] - moved['emitted']) / 1024:.0f} KiB less; the plan's 'saved KiB': {g0.saved_bytes / 1024:.0f}")
+print(f"the two differ by {(moved['unfused'] - moved['emitted'] - g0.saved_bytes) / 1024:.1f} KiB")
 whole = sum(c.bytes for c in before.values()) - sum(c.bytes for c in after.values())
 print(f"whole model: the emitted graph moves {whole / 2**20:.2f} MiB less; the plan says {fused.plan.saved_bytes / 2**20:.2f} MiB")
 
@@ -158,7 +159,7 @@ print(f"whole model: the emitted graph moves {whole / 2**20:.2f} MiB less; the p
 #
 # The plan's `saved KiB` counts the same thing: every intermediate written once and read once **by each node that
 # reads it** (the BN output by two), less what the emitted lowering still writes and reads (the Conv output). The
-# 0.4 KiB between the two figures is the BN's own parameters, which the folded model no longer reads: weights, not
+# 0.4 KiB between the two figures (the last line above) is the BN's own parameters, which the folded model no longer reads: weights, not
 # intermediate traffic. Over the network, 28.20 MiB of intermediate traffic saved against the 28.31 MiB the two
 # graphs differ by. The `kernels` and `launches saved` columns count what the emitted model launches.
 #
@@ -301,14 +302,25 @@ for title, r in runs.items():
     measured[title] = timing.compare_models(model, r["b"], level_a=r["level_a"], level_b=r["level_b"], min_time=2)
 print(timing.comparisons_table(measured, header=("comparison: B vs A", "A", "B", "A/B", "95% CI", "verdict")))
 
+
+def said(c):
+    """A measured ratio in words: the ratio, its interval, and the verdict the interval gives."""
+    return f"{c.speedup:.2f}× (95% CI {c.ci_low:.2f}–{c.ci_high:.2f}), {timing.ratio_verdict(c.ci_low, c.ci_high)}"
+
+
+m = list(measured.values())
+display(Markdown(
+    f"The answer, in this run: our fused model against the unfused one, {said(m[0])}; onnxruntime's own EXTENDED "
+    f"fusions against the unfused model, {said(m[1])}; ours against theirs, {said(m[2])} (they run the same 142 "
+    f"kernels). Nowhere near 2×. The one large effect is the layout transform of ALL over EXTENDED, {said(m[3])}. "
+    f"With both at ALL: {said(m[4])}."))
+
 # %% [markdown]
-# The answer: a few percent at most, within the noise of this shared machine, not 2×. Our fused model and
-# onnxruntime's own EXTENDED fusions each gain a few percent or nothing measurable over the unfused model, and
-# against each other they are level: they run the same 142 kernels. The one large, clear effect is the layout
-# transform of ALL (1.2–1.4× over EXTENDED in the runs made for this notebook), and it fuses nothing new. With both
-# at ALL our rewrite leaves onnxruntime nothing to do and costs nothing. On this CPU a 3×3 convolution costs far
-# more than its BN and SiLU (see §8), so removing the elementwise passes and 114 launches of about 0.3 µs each
-# (notebook 10 §3) is a small share of the run.
+# ALL is not only a layout: it also has fusions of its own (`ConvAddActivationFusion`, and the NCHWc transformer
+# folds a following activation or `Add` into its blocked Conv), but on this detector the op counts of §5 show the
+# same 57 `QuickGelu` and no other op gone, so what ALL adds here is the layout. On this CPU a 3×3 convolution
+# costs far more than its BN and SiLU (see §8), so removing the elementwise passes and 114 launches of about 0.3 µs
+# each (notebook 10 §3) is a small share of the run.
 #
 # ### One step further than onnxruntime: the residual Add
 #
@@ -335,7 +347,8 @@ side_by_side(resnet, resnet_result.graph, levels=("extended",))
 # ## 7. The same on a Transformer
 #
 # BERT's vertical chains are different: `Add → Gelu` (written out with `Erf` by the exporter) becomes
-# `BiasGelu`, and the eight-op decomposed LayerNorm becomes one `LayerNormalization`. (`MatMul → Add` would
+# `BiasGelu`, and the nine-op decomposed LayerNorm (`ReduceMean`, `Sub`, `Pow`, `ReduceMean`, `Add`, `Sqrt`, `Div`,
+# `Mul`, `Add`) becomes one `LayerNormalization`. (`MatMul → Add` would
 # become a `Gemm`, but here the MatMuls are 3-D, `[batch, sequence, hidden] @ W`, and Gemm is 2-D only: the
 # pass says so in the plan's notes and leaves them alone.)
 
@@ -350,7 +363,7 @@ print("equivalent at sequence 16:", fusionlab.verify(bert, bert_result.graph, di
 side_by_side(bert, bert_result.graph, levels=("extended",))
 
 # %% [markdown]
-# ### A fused kernel that is slower
+# ### A fused kernel that must earn its place
 #
 # onnxruntime also has `SkipLayerNormalization`, the residual `Add` and the LayerNorm in one kernel. The
 # pass knows that rule (`skip_layernorm`) but does **not** apply it by default: when the rule was written,
@@ -374,7 +387,8 @@ print(timing.compare_models(plain_ln, skip_ln, level_a="all", level_b="all", dim
 # output allocation) and **intermediate memory traffic** (each unfused op writes its output and the next
 # reads it back). Which one matters depends on the layer and the device:
 #
-# * A 3×3 convolution with many channels does hundreds of multiply-adds per byte it touches: it is
+# * A 3×3 convolution does `9·C_in` multiply-adds for every value it writes, so with many channels it does far
+#   more arithmetic per byte than the elementwise ops: it is
 #   **compute-bound**, and the BN and SiLU after it are a small fraction of its time. On this CPU that is most of
 #   the run, which is why §6 measures a few percent.
 # * The elementwise ops after a conv do one or two operations per element: they are **memory-bound**. Fusing them
@@ -423,6 +437,12 @@ for launch in (0.0, 1.0, 2.0, 5.0, 10.0):
           f"{rows[3][0].latency_s / rows[3][1]:>14.2f}x")
 
 # %% [markdown]
+# The seed's claim and the ledger's verdict, with both baselines in hand:
+
+# %%
+print(seed_claims.claim("s1-yolov5-23pct").summary())
+
+# %% [markdown]
 # So the model cannot reproduce the seed's 23 % against any baseline it can name:
 #
 # * **Against ATC's default** (the last row of the first table) the custom op is the same kernel ATC already
@@ -430,8 +450,8 @@ for launch in (0.0, 1.0, 2.0, 5.0, 10.0):
 #   defaults, the 23 % came from something else (a better kernel than ATC's, or a different model).
 # * **Against a model without those fusions** (every op a kernel, or BN folded but SiLU left as two ops), the model
 #   predicts **1.58× or more at any launch cost**, even at zero: at this size the elementwise passes alone are
-#   worth more than 23 %. Notebook 05 §4 finds the same for its 320-pixel detector (2.9× against the unfused model,
-#   1.00× against ATC's default).
+#   worth more than 23 %. Notebook 05 §4 finds the same for its own detector, against the unfused model and
+#   against ATC's default.
 # * The figure may be end-to-end latency, including image pre-processing, host-device copies and post-processing,
 #   which dilute any kernel speedup. The seed does not say; without an Atlas 300I and `msprof` we cannot check.
 #
@@ -441,7 +461,7 @@ for launch in (0.0, 1.0, 2.0, 5.0, 10.0):
 # ## 9. A model you did not build: BERT as torch exports it
 #
 # Everything above was built by `fusionlab.zoo`. What you bring was written by an exporter, and exporters write
-# the same network in different ways. `tests/corpus/` holds 27 small real exports (`docs/corpus.md`): eight
+# the same network in different ways. `tests/corpus/` holds small real exports (`docs/corpus.md`): eight
 # architectures from transformers, torchvision and ultralytics, each written by torch's TorchScript exporter with
 # constant folding on and off and by its dynamo exporter. Take Hugging Face's `BertModel` (2 layers, hidden 128,
 # SDPA attention) as the dynamo exporter writes it:
@@ -472,7 +492,7 @@ side_by_side(corpus / "bert.dynamo.onnx", ours.graph, levels=("extended",))
 # scale included, is one kernel. The guard is dropped because the mask is finite (the exporter fills masked
 # positions with the dtype's lowest value, not -inf), so no row can be NaN. `bias_gelu` and `gemm_act` (the
 # pooler's Gemm + Tanh) take the rest. onnxruntime's EXTENDED level does not fuse this attention; it makes
-# `SkipLayerNormalization` (which §7 measured slower here, so ours leaves it out by default) and `FusedMatMul`s.
+# `SkipLayerNormalization` (which ours leaves out by default: §7 measures it) and `FusedMatMul`s.
 #
 # What did not fuse, and why? The plan keeps every refusal:
 
@@ -518,11 +538,27 @@ for title, level_a, level_b in (("ours (off) vs ORT EXTENDED", "extended", "disa
                                              dims={"batch": 1, "sequence": 64}, min_time=2)
 print(timing.comparisons_table(bert_runs, header=("comparison: B vs A", "A", "B", "A/B", "95% CI", "verdict")))
 
+# where the time went: the launches the plan saved, priced at about 0.3 µs each (notebook 10 §3), against the gain
+vs_ext = bert_runs["ours (off) vs ORT EXTENDED"]
+launch_us = 0.3
+saved = ours.plan.saved_launches
+gain_us = (vs_ext.a.median - vs_ext.b.median) * 1e6
+if timing.ratio_verdict(vs_ext.ci_low, vs_ext.ci_high) != "faster":
+    why = "This run cannot tell a gain from the noise, so there is nothing to attribute."
+elif saved * launch_us < gain_us / 2:
+    why = (f"The run is {gain_us:.0f} µs shorter. The {saved} launches the plan saves account for about "
+           f"{saved * launch_us:.0f} µs of that at {launch_us} µs each: most of the gain is the fused attention kernel "
+           f"itself, which computes the scores, softmax and weighted sum without materialising the head views and "
+           f"their transposes between separate kernels.")
+else:
+    why = (f"The run is {gain_us:.0f} µs shorter, and the {saved} launches the plan saves, at about {launch_us} µs "
+           f"each, are a large share of that.")
+display(Markdown(
+    f"Against onnxruntime's EXTENDED level the fused export is {said(vs_ext)}; with both at ALL, "
+    f"{said(bert_runs['both at ALL'])}. {why}"))
+
 # %% [markdown]
-# In the runs made for this notebook the fused export was about 1.3× faster than onnxruntime's EXTENDED level and
-# about 1.1× faster with both at ALL: here attention is a large share of the work, and one `MultiHeadAttention`
-# kernel replaces two dozen launches per layer. `benchmarks/results/exports.md` measures the full-size exports
-# (BERT-base, GPT-2, ViT, ConvNeXt) the same way.
+# `benchmarks/results/exports.md` measures the full-size exports (BERT-base, GPT-2, ViT, ConvNeXt) the same way.
 #
 # **Measured selection.** Rather than trust a rule's default, `fuse(..., select="measured")` cuts each group out
 # as a small model, times it fused and unfused on this machine, and keeps only what measured faster (groups with
@@ -546,7 +582,7 @@ for note in chosen.plan.notes:
 # * onnxruntime's EXTENDED level makes the same kernels; its ALL level adds a layout transform (NCHWc) that is not a
 #   fusion and must be measured apart. A plan can go further than the runtime when the runtime's kernel allows it
 #   (the residual `Add` + `Relu` of ResNet in `FusedConv`'s `Z`), and a fused kernel has to earn its place by
-#   measurement (`SkipLayerNormalization` did not, here).
+#   measurement (`SkipLayerNormalization` is off by default for that reason; §7 measures it on your machine).
 # * A real export (Hugging Face BERT through torch's dynamo exporter) fuses too: each 24-node attention block
 #   becomes one `MultiHeadAttention`, and `select="measured"` keeps only what times faster here.
 # * The seed's 23 % depends on its baseline: the cost model predicts 1.00× against ATC's default fusions and 1.58×

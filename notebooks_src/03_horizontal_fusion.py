@@ -24,16 +24,16 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from fusionlab import derive, seed_claims, viz, zoo
+from fusionlab import derive, seed_claims, timing, viz, zoo
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.graph import load
 from fusionlab.passes import fuse, horizontal
 from fusionlab.plan import FusionPlan
 from fusionlab.runtime import session, verify
 from fusionlab.timing import compare_models
+from IPython.display import Markdown, display
 
 rng = np.random.default_rng(0)
-print(seed_claims.claim("s22-horizontal-15-25pct").summary())
 
 # %% [markdown]
 # ## 1. The derivation
@@ -212,6 +212,10 @@ viz.draw(after_vertical, inc_horizontal, nodes=viz.neighbourhood(after_vertical,
 # - both with optimisations **on** (`all`): what is left once onnxruntime has done its own fusions.
 #
 # Timings vary from run to run and machine to machine, so these cells are not compared by the tests.
+#
+# **Predict first:** the seed promises 15–25% for horizontal fusion. For BERT-tiny's Q/K/V and Inception's 1x1
+# branches, at batch 1 and batch 8, with onnxruntime off and at `all`: where will the fused model be faster, and by
+# how much?
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -226,7 +230,14 @@ for label, a, b, dims in cases:
         rows.append((label, dims, level, c))
 print(f"{'model':<15} {'sizes':<28} {'ORT level':<9} {'A/B':>6}  95% CI")
 for label, dims, level, c in rows:
-    print(f"{label:<15} {str(dims):<28} {level:<9} {c.speedup:>6.2f}  {c.ci_low:.2f}–{c.ci_high:.2f}")
+    print(f"{label:<15} {str(dims):<28} {level:<9} {c.speedup:>6.2f}  {c.ci_low:.2f}–{c.ci_high:.2f}  "
+          f"{timing.ratio_verdict(c.ci_low, c.ci_high)}")
+
+# %% [markdown]
+# The seed's claim and the ledger's verdict, beside the measurement:
+
+# %%
+print(seed_claims.claim("s22-horizontal-15-25pct").summary())
 
 # %% [markdown]
 # ## 7. When it helps, and when it does not
@@ -271,16 +282,21 @@ def ort_kernels(graph, level="all"):
         return collections.Counter(n.op_type for n in load(path, check=False).topological_order())
 
 
+counted = {}
 for name, graph in (("vertical", inc_vertical.graph), ("vertical + horizontal", inc_fused.graph)):
     k = ort_kernels(graph)
     print(f"{name:<22} {sum(k.values()):>3} kernels at 'all': Conv {k['Conv']}, Split {k['Split']}, "
           f"ReorderInput {k['ReorderInput']}, ReorderOutput {k['ReorderOutput']}")
+    counted[name] = k
+
+v, h = counted["vertical"], counted["vertical + horizontal"]
+reorders = sum(h[op] - v[op] for op in ("ReorderInput", "ReorderOutput"))
+display(Markdown(f"On this machine the horizontal pass removed {v['Conv'] - h['Conv']} convolutions but made "
+                 f"onnxruntime run {sum(h.values()) - sum(v.values())} more kernels: {h['Split']} `Split`s and "
+                 f"{reorders} more layout reorders. Fewer nodes in the graph we hand over is not fewer kernels in "
+                 f"the graph that runs."))
 
 # %% [markdown]
-# On the machine this notebook was written on, the horizontal pass removed 8 convolutions but made onnxruntime
-# run 22 *more* kernels: 4 `Split`s and 26 more layout reorders. Fewer nodes in the graph we hand over is not
-# fewer kernels in the graph that runs.
-#
 # **Where onnxruntime's own horizontal fusion lives.** onnxruntime has no general horizontal fusion. Its Q/K/V
 # fusion is part of `AttentionFusion` (level `extended`): when it recognises a whole self-attention block (the
 # three MatMul+Add projections, the reshapes and transposes, the softmax and the context MatMul), it replaces the
@@ -292,9 +308,12 @@ ops = ort_kernels(bert, "extended")
 print("Attention nodes after onnxruntime's extended level:", ops.get("Attention", 0),
       "| MatMul:", ops.get("MatMul", 0), "| FusedMatMul:", ops.get("FusedMatMul", 0))
 
-# TVM ships `CombineParallelConv2D` and `CombineParallelDense` only at opt-level 4 — off by default —
-# because the wide ops are new workloads that can regress performance (TVM #2827). Horizontal fusion is a
-# candidate to *measure*, never to assume; the seed's "15–25%" is a claim about Ascend kernels.
+# %% [markdown]
+# TVM's older Relay pipeline had horizontal passes, `CombineParallelConv2D` and `CombineParallelDense`, which ran
+# only at opt-level 4, off by default: the wide op they create is a new workload whose speed nobody has measured.
+# The TVM this workbook installs (notebook 08) has only the newer Relax pipeline, without Relay or these passes.
+# Horizontal fusion is a candidate to *measure*, never to assume; the seed's "15–25%" is a claim about Ascend
+# kernels.
 #
 # ## Summary
 #
@@ -310,6 +329,6 @@ print("Attention nodes after onnxruntime's extended level:", ops.get("Attention"
 # - onnxruntime's own horizontal Q/K/V fusion is part of its `AttentionFusion`, which needs a whole recognised
 #   attention block.
 #
-# **Try next:** raise `min_branches` to 3 (TVM's default) and see which groups remain; compare at
-# sequence 128 or 256; run the horizontal pass alone on Inception and compare its groups with the ones above;
+# **Try next:** raise `min_branches` to 3 (the default of Relay's `CombineParallelConv2D`) and see which groups remain; compare at
+# longer sequences (`dims={"sequence": 128}`, then `256`); run the horizontal pass alone on Inception and compare its groups with the ones above;
 # notebook 04 groups ops in arbitrary topologies (mixed fusion).

@@ -26,6 +26,7 @@ from fusionlab.graph import load
 from fusionlab.passes import fuse, mixed
 from fusionlab.runtime import verify
 from fusionlab.text import wrap
+from IPython.display import Markdown, display
 
 rng = np.random.default_rng(0)
 
@@ -154,22 +155,32 @@ viz.draw(g, plan, title="FuseOps groups, no thresholds")
 # rule the decomposed LayerNorm takes three or more kernels; a compiler that fuses reductions with their
 # consumers (XLA, Inductor, CANN's `LayerNormONNXFusionPass`) runs it as one.
 #
+# Two stops in the trace name a **multi-consumer output**: `bias2` feeds `mean` and `center`, and `center` feeds
+# `square` and `normalise`. A result read by several ops can join its post-dominator's group only together with
+# every path to it; when one of those paths is blocked (here by a reduction), the result must be written to
+# memory for the consumers outside the group anyway, so it stays a group's output. `allow_recompute=True` (§5)
+# copies a cheap op into each consumer's group instead.
+#
 # ## 5. Thresholds
 #
 # **Maximum ops per group.** The seed's rule for Atlas 800I A2 is to split a custom op that fuses more
-# than 5 basic ops. TVM's equivalent knob is `relay.FuseOps.max_depth` (default 256).
+# than 5 basic ops. TVM's equivalent knob was Relay's `relay.FuseOps.max_depth` (default `256`).
 #
 # **Predict first:** the graph has 17 nodes. With no limit it makes the groups above; how many kernels will it
 # run with `max_group_ops=2`?
 
 # %%
-print(seed_claims.claim("s42-split-above-5-ops").summary())
-
-# %%
+print(f"the graph: {len(g)} nodes")
 for max_ops in (None, 5, 3, 2):
     p = mixed.plan(g, max_group_ops=max_ops)
     sizes = [grp.size for grp in p]
     print(f"max_group_ops={str(max_ops):<5} groups={len(p)} sizes={sizes} kernels={len(g) - p.saved_launches}")
+
+# %% [markdown]
+# The seed's rule and the ledger's verdict on it (notebook 05 §5 prices it on real networks):
+
+# %%
+print(seed_claims.claim("s42-split-above-5-ops").summary())
 
 # %%
 p3 = mixed.plan(g, max_group_ops=3)
@@ -240,8 +251,8 @@ for max_ops in (None, 5, 3):
               f"kernels={len(yolo) - p.saved_launches:>3} / {len(yolo)} nodes")
 
 # %% [markdown]
-# Most settings give 80 kernels, but a 64 KB buffer gives 189, more than twice as many. Why such a jump? Compare
-# the groups the pass forms at 192 KB and at 64 KB, and the working sets it computes for them:
+# Most settings give the same kernel count, but a 64 KB buffer gives more than twice as many (the `buffer_kb=64`
+# rows). Why such a jump? Compare the groups the pass forms at 192 KB and at 64 KB, and the working sets it computes for them:
 
 # %%
 for kb in (192, 64):
@@ -256,20 +267,36 @@ _, steps = mixed.plan(yolo, max_group_ops=None, buffer_kb=64, trace=True)
 print("why a left-over Sigmoid cannot join its Mul at 64 KB:",
       next(s for s in steps if s.node == "/model.1/act/Sigmoid").reason)
 
+# %%
+# the same counts in words, computed from the two plans (so the sentence and the tables cannot disagree)
+plans = {kb: mixed.plan(yolo, max_group_ops=None, buffer_kb=kb) for kb in (192, 64)}
+kernels = {kb: len(yolo) - p.saved_launches for kb, p in plans.items()}
+sets = collections.defaultdict(list)
+for grp in plans[192]:
+    sets[grp.size].append(grp.extra["working_set_kb"])
+four, five = sets[4], sets[5]
+total = len(plans[192])
+above = sum(w > 64 for w in four + five)
+stopped = sum(grp.size == 2 for grp in plans[64])
+assert kernels[192] + 2 * stopped + len(five) == kernels[64]  # the arithmetic of the last sentence
+display(Markdown(
+    f"It is a cliff, not a slope. In this tile model a Conv + BN + SiLU group holds at most four 16 KB tiles at "
+    f"once: the Conv's inputs travel through L1, so the UB holds at most two intermediates at a time (the BN's "
+    f"output stays live until both the Sigmoid and the Mul have read it) and the group's output (two tiles, "
+    f"double-buffered), plus the BN's per-channel parameters (small, double-buffered too): {min(four)}–{max(four)} KB "
+    f"for the {len(four)} four-op groups (less where a tensor is smaller than a tile). The {len(five)} five-op groups "
+    f"add the residual input (two tiles, double-buffered), and the Mul's output becomes an intermediate live until "
+    f"the Add reads it (one more): {min(five)}–{max(five)} KB, up to {int(max(five) // 16)} tiles. {above} of the "
+    f"{total} groups need more than 64 KB. At 192 KB every Conv takes its BN, Sigmoid and Mul, and the residual "
+    f"`Add`s ride along. A 64 KB budget is just under that: {stopped} of the {total} groups stop after the BN. The "
+    f"Sigmoid and Mul left behind cannot even pair up, because their input now arrives from memory, double-buffered "
+    f"(two tiles instead of one), and the pair needs more than the budget (the last line above). So each Conv group "
+    f"that stopped leaves two single-op kernels behind, and the residual `Add`s run alone too: {kernels[192]} + 2 × "
+    f"{stopped} + {len(five)} = {kernels[64]}. A budget that sits just below the working set of a common pattern "
+    f"changes the plan of the whole network at once."))
+
 # %% [markdown]
-# It is a cliff, not a slope. In this tile model a whole Conv + BN + SiLU group holds four 16 KB tiles at once: the
-# Conv's inputs travel through L1, so the UB holds at most two intermediates at a time (the BN's output stays live
-# until both the Sigmoid and the Mul have read it) and the group's output (two tiles, double-buffered), plus the
-# BN's per-channel parameters (small, double-buffered too) and, in the 5-op groups, the residual input (two more
-# tiles): 54–114 KB, and 52 of the 57 groups need more than 64 KB. At
-# 192 KB every Conv takes its BN, Sigmoid and Mul, and the residual `Add`s ride along. A 64 KB budget is just under
-# that: 51 of the 57 groups stop after the BN. The Sigmoid and Mul left behind cannot even pair up, because their
-# input now arrives from memory, double-buffered (two tiles instead of one), and the pair needs 80 KB, more than
-# the budget. So each Conv group that stopped leaves two single-op kernels behind, and the residual `Add`s run
-# alone too: 80 + 2 × 51 + 7 = 189. A budget that sits just below the working set of a common pattern changes the
-# plan of the whole network at once.
-#
-# No Ascend core has a 64 KB UB, though: at the real 192 KB (910B) or 256 KB (310P3) every group of this network
+# No Ascend core has a 64 KB UB, though: at the real 192 KB (910B) or 256 KB (310P3, `cann_facts.md` §3.3) every group of this network
 # fits at 16 KB tiles, and the pass forms the same 80 kernels as without a budget. Is the seed's "split above 5
 # ops" a step like this one, set by one device's buffer? Not on these networks: notebook 05 §5 finds no group of
 # YOLOv5 or BERT that outgrows a real core's UB.
@@ -292,6 +319,12 @@ yres = fuse(yolo, ("mixed",), max_group_ops=5, buffer_kb=192)
 print(len(yolo), "->", len(yres.graph), "nodes;", "equivalent" if verify(yolo, yres.graph).ok else "NOT equivalent")
 
 # %% [markdown]
+# The seed's 40–60% for mixed fusion, and the ledger's verdict:
+
+# %%
+print(seed_claims.claim("s22-mixed-40-60pct").summary())
+
+# %% [markdown]
 # ## Summary
 #
 # - Ops are classified by how their output depends on their inputs; the class decides what may fuse.
@@ -300,13 +333,16 @@ print(len(yolo), "->", len(yres.graph), "nodes;", "equivalent" if verify(yolo, y
 # - Phases order the work: Conv/MatMul groups first, injective ops later.
 # - Backend limits reshape the groups: a cap on ops per group (the seed's 5 on Atlas 800I A2), the on-chip
 #   buffer (the tile model shared with the cost model), recompute of multi-consumer results. Each group records
-#   why it stopped. A budget just below the working set of a common pattern is a cliff: YOLOv5n goes from 80 to
-#   189 kernels at 64 KB, a budget below any real Ascend core's UB.
+#   why it stopped. A budget just below the working set of a common pattern is a cliff: YOLOv5n's kernels more
+#   than double at 64 KB, a budget below any real Ascend core's UB.
+# - The seed's 40–60% for mixed fusion is not measured here: onnxruntime inlines the ONNX functions, so the groups
+#   run as the ops they hold (§6). The ledger's verdict (`s22-mixed-40-60pct`, printed in §7) says what the cost
+#   model of notebook 05 predicts instead.
 # - The partitioner's rule that a reduction only ends a group is conservative; TVM's own Relax pipeline fuses a
 #   reduction with its elementwise consumers, and XLA, Inductor and CANN fuse reductions with the ops around them
 #   (notebook 07).
 # - Lowered to ONNX functions, the model still verifies against the original.
 #
-# **Try next:** change `tile_kb` and `buffer_kb` together (256 KB for a 310P3 core); plan BERT-tiny
+# **Try next:** change `tile_kb` and `buffer_kb` together (256 KB for a 310P3 core, `cann_facts.md` §3.3); plan BERT-tiny
 # (`zoo.get("bert_tiny")`) and look at the LayerNorm groups with and without recompute; compare the
-# groups with what onnxruntime fuses on its own (notebook 02, section 4).
+# groups with what onnxruntime fuses on its own (notebook 02, section 5).

@@ -1,6 +1,7 @@
 """Every notebook is stored executed and matches its reviewable source in notebooks_src/."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -108,3 +109,22 @@ def test_learner_sees_only_notebooks():
     """The lab's file browser shows notebooks/: sources and test config live elsewhere."""
     visible = sorted(p.name for p in (ROOT / "notebooks").iterdir() if not p.name.startswith("."))
     assert visible and all(name.endswith(".ipynb") for name in visible), visible
+
+
+_PROSE_AS_COMMENT = re.compile(r"^# (#+ |\*\*|- \S)", re.M)  # a heading, bold lead-in or list item, commented out
+
+
+def prose_in_code(cells: list[tuple[str, str]]) -> list[int]:
+    """Code cells holding markdown written as comments: a lost `# %% [markdown]` marker (issue 20, notebook 03)."""
+    return [i for i, (kind, text) in enumerate(cells) if kind == "code" and _PROSE_AS_COMMENT.search(text)]
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
+def test_no_prose_hidden_in_a_code_cell(src):
+    assert prose_in_code(nbbuild.parse(src.read_text())) == [], "a `# %% [markdown]` marker is missing"
+
+
+def test_a_lost_markdown_marker_is_caught():
+    lost = nbbuild.parse("# %%\nprint(1)\n\n# Some words.\n#\n# ## Summary\n#\n# - a point\n")
+    assert prose_in_code(lost) == [0]
+    assert prose_in_code(nbbuild.parse("# %%\n# a comment\nx = 1  # **not** prose\n")) == []

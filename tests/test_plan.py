@@ -62,3 +62,17 @@ def test_group_validation():
         FusionGroup("g", "vertical", "r", [])
     with pytest.raises(ValueError, match="differ in length"):
         FusionGroup("g", "vertical", "r", ["a", "b"], ["Conv"])
+
+
+def test_a_group_over_an_earlier_groups_product_is_not_counted_twice():
+    """A mixed group that takes in a vertically fused Conv covers the vertical group's nodes: the summary counts
+    each loaded-model node and each kernel once (69 nodes, not 73; issue 20)."""
+    from fusionlab.plan import FusionGroup, FusionPlan
+
+    v = FusionGroup("v0", "vertical", "conv_bn", ["conv", "bn"], ["Conv", "BatchNormalization"], saved_launches=1)
+    m = FusionGroup("m0", "mixed", "fuse_ops", ["conv_fused", "add", "relu"], ["Conv", "Add", "Relu"],
+                    saved_launches=2, covers=["conv", "bn", "add", "relu"])
+    alone = FusionGroup("v1", "vertical", "conv_bn", ["conv2", "bn2"], ["Conv", "BatchNormalization"], saved_launches=1)
+    plan = FusionPlan([v, alone, m])
+    assert plan.covered_and_kernels() == (6, 2)  # conv, bn, add, relu in m0 (1 kernel); conv2, bn2 in v1
+    assert plan.table().splitlines()[-1].startswith("3 groups: 6 nodes run as 2 kernels, 4 launches")

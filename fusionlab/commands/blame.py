@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import add_dim_option, load_input, parse_dims, parse_passes
 from ..text import MAX_WIDTH, wrap
+from ..timing import ratio_verdict
 
 LEVELS = ["basic", "extended", "all"]
 
@@ -88,12 +89,8 @@ def run(args) -> int:
 def _cost_text(what: str, c) -> str:
     """A Comparison of (with, without) as what the change costs: without / with, its 95% CI."""
     r, lo, hi = 1 / c.speedup, 1 / c.ci_high, 1 / c.ci_low
-    if lo > 1:
-        verdict = "slower without it"
-    elif hi < 1:
-        verdict = "faster without it"
-    else:
-        verdict = "no clear difference"
+    word = ratio_verdict(lo, hi)  # ratio without/with: above 1, the run without it takes longer
+    verdict = {"faster": "slower without it", "slower": "faster without it"}.get(word, word)
     return (f"{what}: runs take {r:.2f}× as long (95% CI {lo:.2f}–{hi:.2f}, {c.rounds} interleaved rounds, "
             f"median of paired ratios): {verdict}")
 

@@ -1,0 +1,108 @@
+"""Numbers and verdicts in the notebooks' prose agree with the outputs beside them (tools/prose_check.py)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import prose_check  # noqa: E402
+
+from fusionlab import timing  # noqa: E402
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+#: Notebooks whose prose is still being brought into agreement (issue 20, items 06-12 on another branch).
+#: strict: once a notebook passes, its entry must go.
+PENDING = {stem: "issue 20 items 06-12" for stem in (
+    "07_reductions_attention", "08_real_compilers", "10_profiling_case", "11_double_buffering", "12_dynamic_shapes")}
+
+
+def _notebook(tmp_path, markdown: list[str], printed: str) -> Path:
+    cells = [{"cell_type": "code", "source": "print(x)", "metadata": {}, "execution_count": 1,
+              "outputs": [{"output_type": "stream", "name": "stdout", "text": printed}]}]
+    cells += [{"cell_type": "markdown", "source": m, "metadata": {}} for m in markdown]
+    path = tmp_path / "99_planted.ipynb"
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+OUTPUT = ("fused vs unfused  1.04x  1.03-1.04  B faster\n"
+          "layout            1.46x  1.40-1.52  B faster\n"
+          "at ALL            1.00x  0.98-1.02  no clear difference\n"
+          "kernels 179 of 1,949 nodes; 46.5% of the peak; 16.25 KiB\n")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_prose_agrees_with_outputs(path):
+    if path.stem in PENDING:
+        pytest.xfail(PENDING[path.stem]) if prose_check.check_notebook(path) else pytest.fail(
+            f"{path.stem} passes now: remove it from PENDING")
+    flags = prose_check.check_notebook(path)
+    assert not flags, "\n".join(map(str, flags))
+
+
+def test_a_planted_stale_number_is_caught_and_a_true_one_accepted(tmp_path):
+    stale = _notebook(tmp_path, ["A 16 KiB buffer gives 189 kernels."], OUTPUT)
+    assert [f.number for f in prose_check.check_notebook(stale)] == ["189 kernels"]
+    true = _notebook(tmp_path, ["A 16 KB buffer gives 179 kernels out of 1,949, 46.5 % of the peak; the fusion "
+                                "is 1.04× (1.03–1.04) and the layout about 1.5×, 16.3 KiB."], OUTPUT)
+    assert prose_check.check_notebook(true) == []
+
+
+@pytest.mark.parametrize("typed", ["It gains 1.07× over the unfused model.", "About 48% of the peak.",
+                                   "We saw 16.4 KiB.", "It has 180 nodes."])
+def test_every_kind_of_stale_number_is_caught(tmp_path, typed):
+    assert len(prose_check.check_notebook(_notebook(tmp_path, [typed], OUTPUT))) == 1, typed
+
+
+@pytest.mark.parametrize("typed", [
+    "A `3×3` convolution and a 3×3 one, opset 17, onnxruntime 1.31.1, in 2024, notebook 10 §3, cell [24].",
+    "Two passes fuse 3 outputs.",
+    "The seed reports 23 % lower latency on an Atlas 300I.",
+    'They claim "a 2.1× speedup".',
+    "## 8. Where the gain comes from",
+    "Ascend 910B has a 192 KB UB ([spec](https://example.org)).",
+])
+def test_what_is_not_a_measurement_is_not_flagged(tmp_path, typed):
+    assert prose_check.check_notebook(_notebook(tmp_path, [typed], OUTPUT)) == [], typed
+
+
+def test_a_planted_wrong_verdict_is_caught(tmp_path):
+    wrong = ["Fused against unfused: 1.04× (1.03–1.04), within the noise.",  # typed interval excludes 1
+             "At ALL our rewrite is 1.00× faster.",  # the printed interval of 1.00 includes 1
+             "The fused model gains a few percent at most, within the noise of this shared machine."]  # under a
+    # measurement whose every interval... (not here: this output mixes) -> only the first two are caught
+    flags = prose_check.check_notebook(_notebook(tmp_path, wrong, OUTPUT))
+    assert [f.cell for f in flags] == [1, 2] and all("typed verdict" in f.why for f in flags)
+    right = ["Fused against unfused: 1.04× (1.03–1.04), faster.", "At ALL: 1.00×, no clear difference.",
+             "The layout is 1.46× faster."]
+    assert prose_check.check_notebook(_notebook(tmp_path, right, OUTPUT)) == []
+
+
+def test_a_noise_verdict_under_a_clear_measurement_is_caught(tmp_path):
+    out = "fused vs unfused  1.04x  1.03-1.04  B faster\n"
+    flags = prose_check.check_notebook(_notebook(tmp_path, ["A few percent at most, within the noise."], out))
+    assert len(flags) == 1 and "1.03–1.04" in flags[0].why
+
+
+def test_the_verdict_words_come_from_one_helper():
+    assert timing.ratio_verdict(1.03, 1.04) == "faster"
+    assert timing.ratio_verdict(0.90, 0.97) == "slower"
+    assert timing.ratio_verdict(0.98, 1.02) == "no clear difference"
+    assert set(timing.VERDICT_WORDS) == {timing.ratio_verdict(*ci) for ci in ((1.1, 1.2), (0.8, 0.9), (0.9, 1.1))}
+    c = timing.Comparison.from_samples([1.04, 1.05, 1.03] * 4, [1.0] * 12, label_a="unfused", label_b="fused")
+    assert c.verdict(brief=True) == "fused faster"
+    assert c.markdown().startswith("fused is 1.04× faster (95% CI") and c.markdown().endswith("than unfused.")
+    same = timing.Comparison.from_samples([1.0, 1.02, 0.98] * 4, [1.0] * 12)
+    assert "no clear difference" in same.markdown() and "faster" not in same.markdown()
+    slower = timing.verdict_markdown("fused", 0.8, 0.75, 0.85)
+    assert slower.startswith("fused is 1.25× slower")
+
+
+def test_the_allowances_are_short_and_current():
+    assert len(prose_check.ALLOWED) <= 15, "the allowlist is for the rare exception: display numbers from code"
+    assert all(why.strip() for why in prose_check.ALLOWED.values())
+    assert prose_check.stale_allowances() == []

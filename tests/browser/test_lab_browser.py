@@ -29,7 +29,8 @@ def _stored(name: str) -> dict:
 
 def _ignored(cell: dict) -> bool:
     src = "".join(cell["source"])
-    return "NBVAL_IGNORE_OUTPUT" in src or "NBVAL_SKIP" in src
+    tags = set(cell.get("metadata", {}).get("tags", []))
+    return "NBVAL_IGNORE_OUTPUT" in src or "NBVAL_SKIP" in src or bool(tags & {"nbval-ignore-output", "nbval-skip"})
 
 
 # -- landing ------------------------------------------------------------------------------------------

@@ -348,10 +348,16 @@ class FusionPlan:
             out = _pattern_lines(header, cells)
         if len(shown) < len(rows):
             out.append(f"... {len(rows) - len(shown)} more groups")
-        c = self.counts()
-        out.append(f"{c.line()}, {c.launches_saved} launches and {self.saved_bytes / 2**20:.2f} MiB of "
-                   "intermediate traffic saved")
+        from .text import wrap as wrap_text
+
+        out += wrap_text(self.footer()).split("\n")
         return "\n".join(out)
+
+    def footer(self) -> str:
+        """The table's last line, unwrapped: the plan's counts (`counts`) and the traffic it saves."""
+        c = self.counts()
+        return (f"{c.line()}, {c.launches_saved} launches and {self.saved_bytes / 2**20:.2f} MiB of intermediate "
+                "traffic saved")
 
     def __str__(self) -> str:
         return self.table()
@@ -364,7 +370,7 @@ class FusionPlan:
         body = "".join(
             "<tr>" + "".join(f"<td>{html.escape(str(r[h]))}</td>" for h in header) + "</tr>" for r in self.rows()
         )
-        foot = html.escape(self.table().splitlines()[-1])
+        foot = html.escape(self.footer())
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table><p>{foot}</p>"
 
     # -- serialisation -----------------------------------------------------------------------------

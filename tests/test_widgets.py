@@ -200,3 +200,30 @@ def test_the_explorers_text_breaks_only_at_spaces_within_the_width(resnet):
     text = wrap("since the initial setting, " + widgets.change_line(a, b)) + "\n" + widgets.result_text(b)
     assert all(len(line) <= MAX_WIDTH for line in text.splitlines())
     assert len(text.splitlines()) <= 16
+
+
+def test_the_explorer_makes_the_same_widget_ids_on_every_run(resnet, capsys):
+    """A learner's Run All in a fresh kernel names the models the stored notebook's widget state holds (random
+    ids made the reopened notebook say "Error displaying widget: model not found"); running the cell again in
+    the same kernel closes the first explorer and reuses its ids."""
+    pytest.importorskip("ipywidgets")
+
+    def ids(box):
+        out, todo = [], [box]
+        while todo:
+            w = todo.pop()
+            out.append(w.model_id)
+            todo += [v for k in w.keys for v in ([getattr(w, k)] if not isinstance(getattr(w, k), (list, tuple))
+                                                 else getattr(w, k)) if hasattr(v, "model_id") and v.comm]
+        return sorted(set(out))
+
+    first = widgets.explore(resnet, kinds=widgets.KINDS)
+    a, box_id = ids(first), first.model_id
+    key = widgets._explorer_key(widgets.as_graph(resnet), widgets.KINDS, 5, 0, "Atlas 300I Pro")
+    assert len(a) > 10 and all(i.startswith(key + "-") for i in a)  # the controls, their layouts and styles too
+    again = widgets.explore(resnet, kinds=widgets.KINDS)
+    assert first.comm is None  # the first explorer was closed
+    assert ids(again) == a and again.model_id == box_id
+    other = widgets.explore(resnet, kinds=("vertical",))
+    assert not set(ids(other)) & set(a)
+    capsys.readouterr()

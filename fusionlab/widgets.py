@@ -293,7 +293,7 @@ STORED_NOTE = "A stored view of the explorer: run the notebook (Run > Run All Ce
 #: Inside the explorer's box: hide the per-control icons, show the one note while no kernel is connected, and
 #: wrap the result's lines at spaces (JupyterLab's output style breaks a line anywhere, mid-word).
 _STYLE = """<style>
-.fl-explorer .jupyter-widgets-disconnected::before { display: none; }
+.fl-explorer.jupyter-widgets-disconnected::before, .fl-explorer .jupyter-widgets-disconnected::before { display: none; }
 .fl-explorer .fl-explorer-stored { display: none; color: var(--jp-ui-font-color2); }
 .fl-explorer.jupyter-widgets-disconnected .fl-explorer-stored { display: block; }
 .fl-explorer .fl-explorer-text { white-space: pre-wrap; word-break: normal; overflow-wrap: normal; margin: 0;

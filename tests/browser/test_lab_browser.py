@@ -90,7 +90,7 @@ _JS_ICONS = """return [...arguments[0].querySelectorAll('.jupyter-widgets-discon
            && e.getClientRects().length; }).length;"""
 
 # every place a line of the explorer's text wraps on screen: the characters either side of the break
-_JS_WRAPS = """const el = arguments[0]; const out = [];
+_JS_WRAPS = r"""const el = arguments[0]; const out = [];
 const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT); let prev = null, prevTop = null, prevCh = '';
 for (let n = walker.nextNode(); n; n = walker.nextNode()) {
   for (let i = 0; i < n.data.length; i++) {

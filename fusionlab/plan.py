@@ -12,7 +12,7 @@ from typing import Iterable, Iterator
 
 from .text import text_table
 
-__all__ = ["FusionGroup", "FusionPlan", "Refusal", "MissGroup", "PlanError", "VERTICAL", "HORIZONTAL", "MIXED", "KINDS",
+__all__ = ["FusionGroup", "FusionPlan", "PlanCounts", "Refusal", "MissGroup", "PlanError", "VERTICAL", "HORIZONTAL", "MIXED", "KINDS",
            "DEFAULT_PASSES"]
 
 VERTICAL = "vertical"
@@ -148,6 +148,45 @@ class FusionGroup:
         return cls(**d)
 
 
+@dataclass(frozen=True)
+class PlanCounts:
+    """The plan's accounting, computed once (`FusionPlan.counts`) and printed the same way everywhere.
+
+    - `groups`: groups whose kernel runs. A group a later one absorbed (a vertical FusedConv inside a mixed
+      group: their `covers` overlap) is no kernel of its own and is not counted; `formed` counts every group.
+    - `nodes`: the loaded model's nodes those groups run, each counted once.
+    - `kernels`: the kernels those groups launch (a group's lowering may launch two: Conv + QuickGelu).
+    - `unfused_kernels`, `fused_kernels`: given the cost model's prices of the model unfused and under this
+      plan (`cost.plan_cost`), the kernels the whole model launches: the "kernels A -> B" the explorer and
+      `explain` print. Nodes outside groups launch one kernel each (host-side shape arithmetic none).
+    """
+
+    groups: int
+    formed: int
+    nodes: int
+    kernels: int
+    unfused_kernels: int | None = None
+    fused_kernels: int | None = None
+
+    @property
+    def absorbed(self) -> int:
+        return self.formed - self.groups
+
+    @property
+    def launches_saved(self) -> int:
+        return self.nodes - self.kernels
+
+    def line(self) -> str:
+        """One line, e.g. "24 groups: 69 nodes run as 24 kernels (4 group(s) inside later ones counted once)"."""
+        text = f"{self.groups} groups: {self.nodes} nodes run as {self.kernels} kernels"
+        if self.absorbed:
+            text += f" ({self.absorbed} group(s) inside later ones counted once)"
+        if self.fused_kernels is not None:
+            text += (f"; with {self.fused_kernels - self.kernels} kernel(s) outside groups the model launches "
+                     f"{self.unfused_kernels} -> {self.fused_kernels}")
+        return text
+
+
 @dataclass
 class FusionPlan:
     """An ordered list of fusion groups over one model."""
@@ -243,6 +282,22 @@ class FusionPlan:
         return [g for r in rules for g in per_rule[r]]
 
     # -- summaries ---------------------------------------------------------------------------------
+    def running(self) -> list[FusionGroup]:
+        """The groups whose kernel runs: all but those a later group absorbed (see `kernel_of`)."""
+        live = set(self.kernel_of().values())
+        return [g for g in self.groups if g.id in live]
+
+    def counts(self, fused=None, unfused=None) -> PlanCounts:
+        """Groups, nodes, kernels and launches, each node and kernel counted once (see `PlanCounts`).
+
+        `fused`, `unfused`: the cost model's `PlanCost` of the model under this plan and without one, for the
+        whole model's kernels."""
+        running = self.running()
+        return PlanCounts(groups=len(running), formed=len(self.groups), nodes=len(self.kernel_of()),
+                          kernels=sum(g.kernels for g in running),
+                          unfused_kernels=unfused.kernels if unfused is not None else None,
+                          fused_kernels=fused.kernels if fused is not None else None)
+
     @property
     def saved_bytes(self) -> int:
         return sum(g.saved_bytes for g in self.groups)
@@ -250,16 +305,6 @@ class FusionPlan:
     @property
     def saved_launches(self) -> int:
         return sum(g.saved_launches for g in self.groups)
-
-    def covered_and_kernels(self) -> tuple[int, int]:
-        """(nodes of the loaded model the plan covers, kernels they run as). A group of a later pass that takes in
-        an earlier group's product (a mixed group over a vertically fused Conv) covers that group's nodes: each
-        node and each kernel is counted once, by the outermost group."""
-        sets = [frozenset(g.covers) for g in self.groups]
-        inner = [g for g, c in zip(self.groups, sets) if any(c < other for other in sets)]
-        # an inner group's kernels stand in the outer group as its product nodes: count them once
-        nodes = sum(g.size for g in self.groups) - sum(g.kernels for g in inner)
-        return nodes, sum(g.kernels for g in self.groups) - sum(g.kernels for g in inner)
 
     def rule_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -303,13 +348,16 @@ class FusionPlan:
             out = _pattern_lines(header, cells)
         if len(shown) < len(rows):
             out.append(f"... {len(rows) - len(shown)} more groups")
-        covered, kernels = self.covered_and_kernels()
-        out.append(
-            f"{len(self.groups)} groups: {covered} nodes run as "
-            f"{kernels} kernels, {self.saved_launches} launches and "
-            f"{self.saved_bytes / 2**20:.2f} MiB of intermediate traffic saved"
-        )
+        from .text import wrap as wrap_text
+
+        out += wrap_text(self.footer()).split("\n")
         return "\n".join(out)
+
+    def footer(self) -> str:
+        """The table's last line, unwrapped: the plan's counts (`counts`) and the traffic it saves."""
+        c = self.counts()
+        return (f"{c.line()}, {c.launches_saved} launches and {self.saved_bytes / 2**20:.2f} MiB of intermediate "
+                "traffic saved")
 
     def __str__(self) -> str:
         return self.table()
@@ -322,7 +370,7 @@ class FusionPlan:
         body = "".join(
             "<tr>" + "".join(f"<td>{html.escape(str(r[h]))}</td>" for h in header) + "</tr>" for r in self.rows()
         )
-        foot = html.escape(self.table().splitlines()[-1])
+        foot = html.escape(self.footer())
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table><p>{foot}</p>"
 
     # -- serialisation -----------------------------------------------------------------------------

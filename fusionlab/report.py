@@ -123,7 +123,7 @@ def report(model, *, passes=None, name: str | None = None, level: str = "all", d
                  r["launches saved"], r["saved KiB"], r["lowered to"]] for r in plan.rows()]
         parts.append(_table(["id", "rule", "pattern", "nodes", "kernels", "launches saved", "saved KiB", "lowered to"],
                             rows, numeric=(3, 4, 5, 6)))
-        parts.append(f"<p class='muted'>{_esc(plan.table().splitlines()[-1])}</p>")
+        parts.append(f"<p class='muted'>{_esc(plan.footer())}</p>")
     else:
         parts.append("<p>No group: nothing in this model matches a rule of these passes.</p>")
     # picture

@@ -1080,6 +1080,7 @@ class NetronView:
         from .runtime import model_bytes
 
         data = model_bytes(model)
+        self.model = model  # what the stored view draws
         self.height = height
         self.dir = Path(tempfile.mkdtemp(prefix="fusionlab-netron-"))
         os.chmod(self.dir, 0o700)
@@ -1135,14 +1136,34 @@ class NetronView:
     def _repr_html_(self) -> str:
         if not self.alive:
             return "<p>netron view stopped</p>"
+        if not self.proxy_url:
+            return self.static_html()
         src = html.escape(self.src)
-        how = ("through this Jupyter server" if self.proxy_url else
-               f"at {html.escape(self.url)}, reachable only from this machine (forward port {self.port} "
-               "over SSH, or install jupyter-server-proxy)")
-        return (f'<p>netron {how}: <a href="{src}" target="_blank" rel="noopener">open in a new tab</a>. '
-                f'{html.escape(NETRON_NOTICE)}</p>'
+        return (f'<p>netron through this Jupyter server: <a href="{src}" target="_blank" rel="noopener">open in a '
+                f'new tab</a>. {html.escape(NETRON_NOTICE)}</p>'
                 f'<iframe src="{src}" width="100%" height="{int(self.height)}" frameborder="0" '
                 'allowfullscreen></iframe>')
+
+    #: how many of the model's first ops the stored view draws
+    STATIC_OPS = 10
+
+    def static_html(self) -> str:
+        """Outside a Jupyter server that proxies (a notebook built or viewed without a lab): no frame that cannot
+        load, but a picture of the model's first ops and one sentence on how to open the live view."""
+        import base64
+        import io
+
+        graph = as_graph(self.model, check=False)
+        first = [n.name for n in graph.topological_order()][: self.STATIC_OPS]
+        fig = draw(graph, nodes=first, title=f"the served model's first {len(first)} of {len(graph)} ops")
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        png = base64.b64encode(buf.getvalue()).decode()
+        return (f'<img alt="the first ops of the served model" src="data:image/png;base64,{png}" '
+                f'style="max-width: 100%; max-height: {int(self.height)}px">'
+                "<p>Run this cell in the lab <code>make lab</code> starts and netron's live view of the whole model "
+                f"opens here (in another Jupyter, open {html.escape(self.url)} on the machine running the kernel)."
+                "</p>")
 
     def __repr__(self) -> str:
         return f"NetronView({self.src if self.alive else 'stopped'})"

@@ -18,9 +18,11 @@ from .plan import DEFAULT_PASSES, FusionPlan
 from .text import text_table, wrap
 
 __all__ = ["ExplorerResult", "make_plan", "explore_state", "change_line", "what_each_control_governs",
-           "sweep_group_size", "sweep_table", "plot_sweep", "measure", "explore"]
+           "result_text", "sweep_group_size", "sweep_table", "plot_sweep", "measure", "explore"]
 
 KINDS = ("vertical", "horizontal", "mixed")
+#: device name -> the precision its float models run in ("float16" on the Ascend presets, "float32" here)
+_PRECISION: dict[str, str] = {}
 
 
 
@@ -47,19 +49,38 @@ class ExplorerResult:
     figure: object = None
     settings: dict = field(default_factory=dict)
 
+    def counts(self):
+        """The plan's accounting with the whole model's kernels on the chosen device (`FusionPlan.counts`)."""
+        return self.plan.counts(self.cost, self.baseline)
+
     def summary(self) -> str:
         """Deterministic text: the setting, groups by kind, and predicted latency / peak memory."""
-        by_kind = {k: len(self.plan.by_kind(k)) for k in KINDS if len(self.plan.by_kind(k))}
+        running = self.plan.running()
+        by_kind = {k: sum(1 for g in running if g.kind == k) for k in KINDS}
         b, c = self.baseline, self.cost
         return "\n".join([
             ", ".join(f"{k}={v}" for k, v in self.settings.items()),
-            f"groups: {len(self.plan)} ({', '.join(f'{k} {v}' for k, v in by_kind.items()) or 'none'}), "
+            f"groups: {len(running)} ({', '.join(f'{k} {v}' for k, v in by_kind.items() if v) or 'none'}), "
             f"kernels {b.kernels} -> {c.kernels}",
             f"{c.device}: predicted {b.latency_s * 1e6:.1f} -> {c.latency_s * 1e6:.1f} us "
             f"({b.latency_s / c.latency_s:.2f}x), peak memory {b.peak_memory_bytes / 2**20:.2f} -> "
             f"{c.peak_memory_bytes / 2**20:.2f} MiB, traffic {b.bytes_moved / 2**20:.2f} -> "
             f"{c.bytes_moved / 2**20:.2f} MiB",
         ])
+
+    def device_table(self) -> str:
+        """Every device the result was costed on (the chosen one marked >): kernels, latency, peak memory."""
+        rows: dict[str, dict] = {}
+        for r in self.devices.rows:
+            rows.setdefault(r["device"], {})[r["plan"]] = r
+        cells = []
+        for name, r in rows.items():
+            u, f = r["unfused"], r["plan"]
+            cells.append([("> " if name == self.cost.device else "  ") + name, f"{u['kernels']} -> {f['kernels']}",
+                          f"{u['latency_s'] * 1e6:.1f} -> {f['latency_s'] * 1e6:.1f}", f"{f['speedup']:.2f}x",
+                          f"{u['peak_MiB']:.2f} -> {f['peak_MiB']:.2f}", _PRECISION.get(name, "")])
+        return "\n".join(text_table(["device", "kernels", "latency us", "speedup", "peak MiB", "runs"], cells,
+                                     rule=False))
 
 
 def explore_state(model, max_group_ops: int | None = 5, buffer_kb: float | None = None, kinds=DEFAULT_PASSES,
@@ -79,13 +100,18 @@ def explore_state(model, max_group_ops: int | None = 5, buffer_kb: float | None 
     a = cost.Analysis(graph, dims, dev.precision)
     base = cost.plan_cost(graph, None, dev, analysis=a)
     fused = cost.plan_cost(graph, plan, dev, analysis=a)
-    others = devices if devices is not None else list(load_devices().values())
+    others = list(devices if devices is not None else load_devices().values())
+    if dev.name not in {get_device(d).name for d in others}:
+        others.append(dev)  # "this machine" (or a custom device) is a row like the presets
+    for d in others:
+        d = get_device(d)
+        _PRECISION[d.name] = "float32" if d.precision == "fp32" else "float16"
     table = cost.compare(graph, {"unfused": None, "plan": plan}, others, dims=dims)
     fig = None
     if picture:
         from . import viz
 
-        fig = viz.draw(graph, plan, title=f"{len(plan)} groups, max {max_group_ops} ops per group")
+        fig = viz.draw(graph, plan, title=f"{len(plan.running())} groups, max {max_group_ops} ops per group")
     settings = {"kinds": "+".join(kinds), "max_group_ops": max_group_ops, "buffer_kb": buffer_kb, "device": dev.name}
     if drop:
         settings["dropped"] = ",".join(d for d in drop if d in known) or "none"
@@ -93,18 +119,62 @@ def explore_state(model, max_group_ops: int | None = 5, buffer_kb: float | None 
 
 
 def change_line(before: ExplorerResult, after: ExplorerResult) -> str:
-    """One line saying what a control change did: "max_group_ops 5 -> 3: 4 groups split, 6 more launches, ..."."""
-    moved = [f"{k} {before.settings.get(k)} -> {after.settings.get(k)}" for k in after.settings
-             if before.settings.get(k) != after.settings.get(k)]
+    """One line saying what a control change did, and why a number did not move.
+
+    E.g. "max_group_ops 5 -> 3: 4 more group(s), 6 more launches, latency +3.1%, peak memory unchanged (...)"."""
+    moved = [k for k in after.settings if before.settings.get(k) != after.settings.get(k)]
     b, a = before.cost, after.cost
-    dg, dk = len(after.plan) - len(before.plan), a.kernels - b.kernels
+    cb, ca = before.plan.counts(), after.plan.counts()
+    same_plan = _layout(before.plan) == _layout(after.plan)
+    dg, dk = ca.groups - cb.groups, a.kernels - b.kernels
     parts = []
-    if dg:
+    if same_plan:
+        parts.append(f"same plan ({_why_same(before, after, moved)})")
+    elif dg:
         parts.append(f"{abs(dg)} {'more' if dg > 0 else 'fewer'} group(s)")
-    parts.append(f"{abs(dk)} {'more' if dk > 0 else 'fewer'} launches" if dk else "same launches")
-    parts.append(f"latency {_pct(a.latency_s, b.latency_s)}")
-    parts.append(f"peak memory {_pct(a.peak_memory_bytes, b.peak_memory_bytes)}")
-    return f"{', '.join(moved) or 'no change'}: " + ", ".join(parts)
+    else:
+        parts.append("as many groups, regrouped")
+    if dk:
+        parts.append(f"{abs(dk)} {'more' if dk > 0 else 'fewer'} launches")
+    elif same_plan:
+        parts.append("same launches")
+    else:
+        parts.append("same launches (each group is still one kernel)")
+    lat = f"latency {_pct(a.latency_s, b.latency_s)}"
+    if a.latency_s == b.latency_s and not same_plan:
+        lat += " (same kernels' bytes and FLOPs)"
+    parts.append(lat)
+    peak = f"peak memory {_pct(a.peak_memory_bytes, b.peak_memory_bytes)}"
+    pb, pa = _PRECISION.get(b.device), _PRECISION.get(a.device)
+    if pb and pa and pb != pa:
+        peak += f" ({a.device} runs {pa}, {b.device} {pb}: {'twice' if pa == 'float32' else 'half'} the bytes a value)"
+    elif a.peak_memory_bytes == b.peak_memory_bytes:
+        peak += " (the largest live tensors stay the same)"
+    parts.append(peak)
+    head = ", ".join(f"{k} {before.settings.get(k)} -> {after.settings.get(k)}" for k in moved) or "no change"
+    return f"{head}: " + ", ".join(parts)
+
+
+def _layout(plan: FusionPlan) -> list:
+    return [(g.kind, tuple(g.covers), g.kernels) for g in plan.running()]
+
+
+def _why_same(before: ExplorerResult, after: ExplorerResult, moved: list[str]) -> str:
+    """Why a control change left the plan as it was, in a few words."""
+    if moved == ["device"]:
+        return "a device prices the plan; the passes do not look at it"
+    if "max_group_ops" in moved:
+        largest = max((g.size for g in after.plan.running() if g.kind == "mixed"), default=0)
+        lo = min(x for x in (before.settings.get("max_group_ops"), after.settings.get("max_group_ops")) if x)
+        if not largest:
+            return "max ops splits mixed groups and stops vertical chains; none reached either limit"
+        if largest <= lo:
+            return f"no group needed more than {lo} ops"
+    if "buffer_kb" in moved:
+        return "no group's tiles outgrew the buffer"
+    if "kinds" in moved:
+        return "the kinds added or removed found nothing of their own"
+    return "no group was at a limit the change moved"
 
 
 def _pct(new: float, old: float) -> str:
@@ -209,13 +279,27 @@ def measure(model, kinds=DEFAULT_PASSES, max_group_ops: int | None = 5, buffer_k
     return compare_models(graph, result.graph, dims=dims, min_time=min_time, label_a="original", label_b="fused")
 
 
-#: Tallest the explorer's picture may be before it scrolls (px): the result stays on screen.
+#: Tallest the explorer's picture may be (px): it is scaled to fit, never scrolled, so the result stays on screen.
 PICTURE_MAX_PX = 480
 
 
-def _result_text(res: ExplorerResult) -> str:
-    """What the explorer prints for one setting: summary, plan table, the plan on every device."""
-    return wrap("\n".join([res.summary(), res.plan.table(max_rows=12), res.devices.table()]))
+def result_text(res: ExplorerResult) -> str:
+    """What the explorer prints for one setting: the summary, the plan's counts, the devices side by side."""
+    return "\n".join([wrap(res.summary()), wrap(res.counts().line()), res.device_table()])
+
+
+#: Shown instead of ipywidgets' red "disconnected" icon on every control of a stored (kernel-less) explorer.
+STORED_NOTE = "A stored view of the explorer: run the notebook (Run > Run All Cells) to use its controls."
+#: Inside the explorer's box: hide the per-control icons, show the one note while no kernel is connected, and
+#: wrap the result's lines at spaces (JupyterLab's output style breaks a line anywhere, mid-word).
+_STYLE = """<style>
+.fl-explorer.jupyter-widgets-disconnected::before, .fl-explorer .jupyter-widgets-disconnected::before { display: none; }
+.fl-explorer .fl-explorer-stored { display: none; color: var(--jp-ui-font-color2); }
+.fl-explorer.jupyter-widgets-disconnected .fl-explorer-stored { display: block; }
+.fl-explorer .fl-explorer-text { white-space: pre-wrap; word-break: normal; overflow-wrap: normal; margin: 0;
+  font-family: var(--jp-code-font-family); font-size: var(--jp-code-font-size); line-height: 1.3; }
+.fl-explorer .fl-explorer-picture img { max-width: 100%; max-height: %dpx; object-fit: contain; }
+</style>""".replace("%d", str(PICTURE_MAX_PX))
 
 
 class ExplorerBox:
@@ -233,6 +317,51 @@ class ExplorerBox:
         return data
 
 
+_EXPLORERS: dict[str, list] = {}
+
+
+def _explorer_key(graph, kinds, max_group_ops, buffer_kb, device) -> str:
+    import hashlib
+
+    what = repr((graph.name, len(graph), tuple(kinds), max_group_ops, buffer_kb, device))
+    return "fusionlab-explorer-" + hashlib.sha1(what.encode()).hexdigest()[:12]
+
+
+class _StableIds:
+    """Widgets made inside get model ids `key-000`, `key-001`, ... instead of random ones.
+
+    The notebook stores the widgets' state (ids and all) when it is built; a learner's Run All in a fresh kernel
+    then makes the same ids, so the output a save writes names models that the stored state holds, and the
+    reopened notebook renders them (with random ids it shows "Error displaying widget: model not found").
+    Running the cell again in the same kernel closes the previous explorer's widgets and reuses their ids."""
+
+    def __init__(self, key: str):
+        self.key, self.made = key, []
+
+    def __enter__(self):
+        from ipywidgets import comm as wcomm
+
+        for old in _EXPLORERS.pop(self.key, []):
+            old.close()
+        self._create = wcomm.create_comm
+        count = iter(range(10**6))
+
+        def create(*args, **kwargs):
+            if kwargs.get("target_name") == "jupyter.widget" and not kwargs.get("comm_id"):
+                kwargs["comm_id"] = f"{self.key}-{next(count):03d}"
+            return self._create(*args, **kwargs)
+
+        wcomm.create_comm = create
+        return self
+
+    def __exit__(self, *exc):
+        from ipywidgets import comm as wcomm
+        from ipywidgets.widgets.widget import _instances
+
+        wcomm.create_comm = self._create
+        _EXPLORERS[self.key] = [w for k, w in list(_instances.items()) if k.startswith(self.key + "-")]
+
+
 def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: str = "Atlas 300I Pro",
             buffer_kb: int = 0, kinds=DEFAULT_PASSES):
     """An ipywidgets explorer over `explore_state` and `measure`: controls, what changed, result, picture.
@@ -241,18 +370,23 @@ def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: 
     import ipywidgets as w
 
     graph = as_graph(model)
-    c = _controls(w, max_group_ops, buffer_kb, device, kinds)
-    measured, result, picture = w.Output(), w.Output(), w.Output(layout=w.Layout(
-        max_height=f"{PICTURE_MAX_PX}px", overflow="auto", border="1px solid #ddd"))
-    for widget, name in ((measured, "measured"), (result, "result"), (picture, "picture")):
-        widget.add_class(f"fl-explorer-{name}")
-    box_cls = type("Explorer", (ExplorerBox, w.VBox), {})
-    box = box_cls([w.HBox([c["ops"], c["buf"]]), w.HBox([c["kinds"], c["dev"], c["drop"], c["button"]]), measured,
-                   result, picture])
-    box.add_class("fl-explorer")
+    with _StableIds(_explorer_key(graph, kinds, max_group_ops, buffer_kb, device)):
+        c = _controls(w, max_group_ops, buffer_kb, device, kinds)
+        measured, result = w.Output(), w.HTML()
+        picture = w.Output(layout=w.Layout(max_height=f"{PICTURE_MAX_PX + 20}px", overflow="hidden",
+                                           border="1px solid #ddd"))
+        for widget, name in ((measured, "measured"), (result, "result"), (picture, "picture")):
+            widget.add_class(f"fl-explorer-{name}")
+        note = w.HTML(_STYLE + f'<div class="fl-explorer-stored">{STORED_NOTE}</div>')
+        box_cls = type("Explorer", (ExplorerBox, w.VBox), {})
+        box = box_cls([note, w.HBox([c["ops"], c["buf"]]), w.HBox([c["kinds"], c["dev"], c["drop"], c["button"]]),
+                       measured, result, picture])
+        box.add_class("fl-explorer")
     state = {"last": None, "first": None}
 
     def show(*_):
+        import html
+
         res = explore_state(graph, c["ops"].value, c["buf"].value or None, c["kinds"].value or DEFAULT_PASSES,
                             c["dev"].value, dims=dims, drop=tuple(c["drop"].value))
         kept = [g.id for g in make_plan(graph, c["kinds"].value or DEFAULT_PASSES, c["ops"].value,
@@ -266,8 +400,8 @@ def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: 
             if state["first"].settings != state["last"].settings:  # several steps: also what they add up to
                 head += "\nsince the initial setting, " + change_line(state["first"], res)
         before, state["last"] = state["last"], res
-        box.last_text = "\n".join([head, _result_text(res), what_each_control_governs(res.plan)])
-        _print_to(result, box.last_text)
+        box.last_text = "\n".join([wrap(head), result_text(res), what_each_control_governs(res.plan)])
+        result.value = f'<pre class="fl-explorer-text">{html.escape(box.last_text)}</pre>'
         _draw_to(picture, graph, res, before)
 
     def run_measure(_):
@@ -312,7 +446,7 @@ def _print_to(out, text: str) -> None:
 
 
 #: models up to this many nodes are drawn whole; bigger ones around the groups the last change touched
-WHOLE_PICTURE_NODES = 120
+WHOLE_PICTURE_NODES = 40
 
 
 def changed_nodes(before: ExplorerResult | None, after: ExplorerResult, limit: int = 24) -> list[str]:
@@ -333,18 +467,23 @@ def changed_nodes(before: ExplorerResult | None, after: ExplorerResult, limit: i
 
 
 def _draw_to(out, graph, res: ExplorerResult, before: ExplorerResult | None = None) -> None:
+    import base64
+    import io
+
     import matplotlib.pyplot as plt
-    from IPython.display import display
+    from IPython.display import HTML, display
 
     from . import viz
 
     out.clear_output(wait=True)
-    title = f"{len(res.plan)} groups, max {res.settings['max_group_ops']} ops per group"
+    title = f"{len(res.plan.running())} groups, max {res.settings['max_group_ops']} ops per group"
     nodes = None
     if len(graph) > WHOLE_PICTURE_NODES:
         nodes = viz.neighbourhood(graph, changed_nodes(before, res) or [n.name for n in list(graph)[:8]], hops=1)
         title += f" (around what changed: {len(nodes)} of {len(graph)} nodes)"
     fig = viz.draw(graph, res.plan, nodes=nodes, title=title)
-    with out:
-        display(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     plt.close(fig)
+    with out:  # scaled to fit the box (CSS in _STYLE), not a scroll box inside the notebook's own
+        display(HTML(f'<img alt="{title}" src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">'))

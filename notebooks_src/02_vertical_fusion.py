@@ -234,11 +234,8 @@ view = viz.netron_view(result.graph, height=520)
 view
 
 # %% [markdown]
-# The server runs in this kernel until you stop it (or the kernel shuts down):
-
-# %%
-view.stop()
-print(view)
+# The server runs in this kernel, and the frame stays live, until you stop it: run `view.stop()` in a new cell
+# when you are done, or shut the kernel down (Kernel > Shut Down Kernel), which stops it too.
 
 # %% [markdown]
 # ## 5. What does onnxruntime do on its own?

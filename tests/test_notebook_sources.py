@@ -26,11 +26,22 @@ def test_notebook_matches_source_and_is_executed(src):
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert all(c["execution_count"] is not None for c in code), "cells stored unexecuted"
     assert not any(o.get("output_type") == "error" for c in code for o in c["outputs"]), "stored error output"
-    ignored = sum("NBVAL_IGNORE_OUTPUT" in "".join(c["source"]) or "NBVAL_SKIP" in "".join(c["source"]) for c in code)
+    tags = [c["metadata"].get("tags", []) for c in code]
+    ignored = sum(bool({"nbval-ignore-output", "nbval-skip"} & set(t)) for t in tags)
+    assert not any("".join(c["source"]).lstrip().startswith("# NBVAL") for c in code), (
+        "an nbval marker is a cell's first line: the build should have made it a tag")
     assert ignored <= len(code) / 3, f"{ignored} of {len(code)} code cells unchecked by nbval"
     text = json.dumps(nb)
     for needle in ("/tmp/", "/work/", "/root/", "/home/"):
         assert needle not in text, f"machine path {needle} in notebook"
+
+
+def test_nbval_markers_become_cell_tags():
+    nb = nbbuild.to_notebook(nbbuild.parse("# %%\n# NBVAL_IGNORE_OUTPUT\nprint(1)\n\n# %%\n# NBVAL_SKIP\nx\n"
+                                           "\n# %%\n# a comment\n# NBVAL_IGNORE_OUTPUT\ny\n"))
+    assert [(c.source, c.metadata.get("tags")) for c in nb.cells] == [
+        ("print(1)", ["nbval-ignore-output"]), ("x", ["nbval-skip"]),
+        ("# a comment\n# NBVAL_IGNORE_OUTPUT\ny", None)]  # only a leading marker moves (nbval reads the rest)
 
 
 def test_parse_percent_format():

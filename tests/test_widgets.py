@@ -134,3 +134,96 @@ def test_the_explorer_starts_from_the_passes_fuse_runs(yolo):
     state = widgets.explore_state(yolo, max_group_ops=None)
     assert [g.covers for g in state.plan] == [g.covers for g in plan(yolo)]
     assert state.settings["kinds"] == "+".join(DEFAULT_PASSES)
+
+
+# -- one source of counts (issue 24) ------------------------------------------------------------------------
+
+def test_plan_counts_each_node_and_kernel_once_and_agree_with_the_cost_model(resnet):
+    """A mixed group over a vertical FusedConv is one kernel: the plan's footer, the explorer's "groups:" line
+    and the cost model's "kernels A -> B" are one accounting (the 69-node model once read "73 nodes run as 28
+    kernels" beside "69 -> 24")."""
+    res = widgets.explore_state(resnet, max_group_ops=3, kinds=widgets.KINDS)
+    plan, counts = res.plan, res.counts()
+    assert counts.absorbed > 0, "this setting should put vertical groups inside mixed ones"
+    assert counts.nodes <= len(resnet) and counts.groups == len(plan) - counts.absorbed
+    covered = {n for g in plan.running() for n in g.covers}
+    assert counts.nodes == len(covered)
+    assert (counts.unfused_kernels, counts.fused_kernels) == (res.baseline.kernels, res.cost.kernels)
+    assert counts.kernels <= counts.fused_kernels
+    footer = plan.footer()
+    assert " ".join(plan.table().split()).endswith(" ".join(footer.split()))
+    assert footer.startswith(f"{counts.groups} groups: {counts.nodes} nodes run as {counts.kernels} kernels")
+    assert f"groups: {counts.groups} (" in res.summary() and f"kernels {res.baseline.kernels} -> {res.cost.kernels}" \
+        in res.summary()
+    text = widgets.result_text(res)
+    assert f"the model launches {res.baseline.kernels} -> {res.cost.kernels}" in " ".join(text.split())
+
+
+def test_a_regrouping_is_not_reported_as_more_groups(resnet):
+    """max ops 5 -> 3 on resnet_small moves vertical groups inside mixed ones: as many kernels, not "8 more groups,
+    same launches"."""
+    a = widgets.explore_state(resnet, max_group_ops=5, kinds=widgets.KINDS)
+    b = widgets.explore_state(resnet, max_group_ops=3, kinds=widgets.KINDS)
+    line = widgets.change_line(a, b)
+    assert a.counts().groups == b.counts().groups and a.cost.kernels == b.cost.kernels
+    assert "more group" not in line and "same launches (" in line
+
+
+def test_a_device_change_updates_the_table_and_says_why_the_plan_and_peak_moved(resnet):
+    a = widgets.explore_state(resnet, kinds=widgets.KINDS)
+    b = widgets.explore_state(resnet, kinds=widgets.KINDS, device="this machine")
+    assert [r.lstrip("> ").split("  ")[0] for r in a.device_table().splitlines()[1:]] == list(
+        widgets.load_devices())
+    rows = b.device_table().splitlines()
+    mine = [r for r in rows if r.startswith("> ")]
+    assert len(mine) == 1 and mine[0].startswith("> this machine") and mine[0].endswith("float32")
+    assert f"{b.cost.latency_s * 1e6:.1f}" in mine[0] and f"{b.cost.peak_memory_bytes / 2**20:.2f}" in mine[0]
+    line = widgets.change_line(a, b)
+    assert "same plan (a device prices the plan" in line
+    assert b.cost.peak_memory_bytes > a.cost.peak_memory_bytes
+    assert "this machine runs float32, Atlas 300I Pro float16" in line
+
+
+def test_a_limit_no_group_reaches_says_so(resnet):
+    a = widgets.explore_state(resnet, max_group_ops=16, kinds=("mixed",))
+    b = widgets.explore_state(resnet, max_group_ops=15, kinds=("mixed",))
+    assert max(g.size for g in a.plan) <= 15
+    line = widgets.change_line(a, b)
+    assert "same plan (no group needed more than 15 ops)" in line and "same launches" in line
+
+
+def test_the_explorers_text_breaks_only_at_spaces_within_the_width(resnet):
+    a = widgets.explore_state(resnet, max_group_ops=5, kinds=widgets.KINDS)
+    b = widgets.explore_state(resnet, max_group_ops=3, kinds=widgets.KINDS, device="this machine")
+    from fusionlab.text import wrap
+
+    text = wrap("since the initial setting, " + widgets.change_line(a, b)) + "\n" + widgets.result_text(b)
+    assert all(len(line) <= MAX_WIDTH for line in text.splitlines())
+    assert len(text.splitlines()) <= 16
+
+
+def test_the_explorer_makes_the_same_widget_ids_on_every_run(resnet, capsys):
+    """A learner's Run All in a fresh kernel names the models the stored notebook's widget state holds (random
+    ids made the reopened notebook say "Error displaying widget: model not found"); running the cell again in
+    the same kernel closes the first explorer and reuses its ids."""
+    pytest.importorskip("ipywidgets")
+
+    def ids(box):
+        out, todo = [], [box]
+        while todo:
+            w = todo.pop()
+            out.append(w.model_id)
+            todo += [v for k in w.keys for v in ([getattr(w, k)] if not isinstance(getattr(w, k), (list, tuple))
+                                                 else getattr(w, k)) if hasattr(v, "model_id") and v.comm]
+        return sorted(set(out))
+
+    first = widgets.explore(resnet, kinds=widgets.KINDS)
+    a, box_id = ids(first), first.model_id
+    key = widgets._explorer_key(widgets.as_graph(resnet), widgets.KINDS, 5, 0, "Atlas 300I Pro")
+    assert len(a) > 10 and all(i.startswith(key + "-") for i in a)  # the controls, their layouts and styles too
+    again = widgets.explore(resnet, kinds=widgets.KINDS)
+    assert first.comm is None  # the first explorer was closed
+    assert ids(again) == a and again.model_id == box_id
+    other = widgets.explore(resnet, kinds=("vertical",))
+    assert not set(ids(other)) & set(a)
+    capsys.readouterr()

@@ -10,6 +10,10 @@ Each notebook has a source `notebooks_src/NN_name.py` in the "percent" format:
     # %%
     import fusionlab
 
+A code cell whose source begins with an nbval marker comment (`# NBVAL_IGNORE_OUTPUT`, `# NBVAL_SKIP`, ...)
+gets nbval's cell tag instead (`nbval-ignore-output`, `nbval-skip`; nbval honours both): the marker stays in
+the reviewable source but is not the first line a learner reads in the notebook.
+
 `python tools/nbbuild.py notebooks_src/01_conv_bn_folding.py [...]` writes
 `notebooks/01_conv_bn_folding.ipynb`, executed top to bottom in the notebooks/ folder (as nbval
 runs it), atomically. `--check` only verifies that every stored notebook's cells equal its source
@@ -58,12 +62,27 @@ def parse(source: str) -> list[tuple[str, str]]:
     return out
 
 
+_MARKER = re.compile(r"^# (NBVAL_(?:IGNORE_OUTPUT|CHECK_OUTPUT|SKIP|RAISES_EXCEPTION))\s*$")
+
+
+def tagged(kind: str, text: str) -> tuple[str, list[str]]:
+    """(source, tags): leading nbval marker comments of a code cell become nbval's cell tags."""
+    tags: list[str] = []
+    lines = text.split("\n")
+    while kind == "code" and lines and _MARKER.match(lines[0]):
+        tags.append(_MARKER.match(lines.pop(0)).group(1).lower().replace("_", "-"))
+    return "\n".join(lines), tags
+
+
 def to_notebook(cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
     nb.metadata["language_info"] = {"name": "python"}
     for i, (kind, text) in enumerate(cells):
+        text, tags = tagged(kind, text)
         cell = nbformat.v4.new_markdown_cell(text) if kind == "markdown" else nbformat.v4.new_code_cell(text)
+        if tags:
+            cell.metadata["tags"] = tags
         cell["id"] = f"cell-{i:03d}"  # stable ids: clean diffs
         nb.cells.append(cell)
     return nb
@@ -128,8 +147,8 @@ def out_of_sync(src: Path) -> str | None:
     if not out.exists():
         return f"{out.name} missing (run: make notebooks)"
     stored = nbformat.read(out, as_version=4)
-    want = parse(src.read_text())
-    have = [(c.cell_type, c.source) for c in stored.cells]
+    want = [(kind, *tagged(kind, text)) for kind, text in parse(src.read_text())]
+    have = [(c.cell_type, c.source, list(c.metadata.get("tags", []))) for c in stored.cells]
     if want != have:
         for i, (a, b) in enumerate(zip(want, have)):
             if a != b:
@@ -138,14 +157,30 @@ def out_of_sync(src: Path) -> str | None:
     return None
 
 
+def retag(src: Path) -> Path:
+    """Move the stored notebook's nbval marker comments into cell tags, outputs kept as they are (no re-run: a
+    comment line changes nothing a cell prints)."""
+    out = target_for(src)
+    nb = nbformat.read(out, as_version=4)
+    for cell in nb.cells:
+        text, tags = tagged(cell.cell_type, cell.source)
+        if tags:
+            cell.source = text
+            cell.metadata["tags"] = list(dict.fromkeys(list(cell.metadata.get("tags", [])) + tags))
+    return atomic_write(out, serialise(nb))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sources", nargs="+", type=Path)
     ap.add_argument("--check", action="store_true", help="only check stored notebooks match their sources")
+    ap.add_argument("--retag", action="store_true", help="only move stored notebooks' nbval markers into tags")
     args = ap.parse_args(argv)
     bad = 0
     for src in args.sources:
-        if args.check:
+        if args.retag:
+            retag(src)
+        elif args.check:
             problem = out_of_sync(src)
             if problem:
                 print(problem)

@@ -225,7 +225,7 @@ viz.before_after(graph, result.graph, plan=result.plan, nodes_a=first[:8],
 # reach the lab through an SSH tunnel or on a remote machine; in another Jupyter it points at 127.0.0.1,
 # and you forward the port it prints. The first time, netron asks you to accept its cookie notice ("This
 # app uses cookies to report errors and anonymous usage information"): click **Accept** once, netron
-# remembers it for 30 days; its page has no setting to skip the notice. The static picture just above
+# remembers it; its page has no setting to skip the notice. The static picture just above
 # shows the same groups and needs nothing, also in a static view of this notebook.
 
 # %%

@@ -25,7 +25,6 @@ from fusionlab.lessons import codegen
 from fusionlab.text import wrap
 from IPython.display import Markdown, display
 
-print(seed_claims.claim("s1-fusion-saves-traffic-and-launches").summary())
 
 # %% [markdown]
 # ## 1. The intuition: an unfused loop against a fused loop
@@ -42,6 +41,9 @@ print(seed_claims.claim("s1-fusion-saves-traffic-and-launches").summary())
 N = 2**25
 demo = codegen.loop_vs_loop(n=N, measure=False)
 print(demo.bytes_table())
+
+# %%
+print(seed_claims.claim("s1-fusion-saves-traffic-and-launches").summary())
 
 # %% [markdown]
 # Four passes against one: 1024 MiB against 256 MiB, a ratio of 4. The two loops, side by side (the generator's

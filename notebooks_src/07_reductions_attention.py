@@ -187,7 +187,7 @@ fig.tight_layout()
 # **compute-bound** below the bandwidth line. Where onnxruntime's kernel is faster, it is not because it
 # moves fewer bytes (it moves the same); MLAS's softmax computes its exponentials in hand-written AVX2 /
 # AVX-512 kernels, and the difference lies in that arithmetic (this notebook does not count instructions). `benchmarks/bench_reductions.py` records the fraction of the bandwidth reached
-# (`benchmarks/results/reductions.md`) against the 70% target, and says so when it misses.
+# against the target it sets (`benchmarks/results/reductions.md`), and says so when it misses.
 #
 # ## 5. LayerNorm: the same story with two reductions
 #

@@ -17,7 +17,7 @@
 # Until now the mixed-fusion groups were lowered to ONNX functions that onnxruntime inlines, so nothing
 # ran fused and the gain of mixed fusion was only modelled (notebook 05). Here a compiler runs the
 # groups. IREE (`iree-base-compiler` and `iree-base-runtime`, pinned in `pyproject.toml`) is part of
-# the workbook's environment. TVM is not: it is about 320 MB more and is used only for its grouping,
+# the workbook's environment. TVM is not: it is about 320 MB more [src: `du` of its wheel installed into `.venv`] and is used only for its grouping,
 # so `benchmarks/bench_tvm_agreement.py` (with the `oracle` extra) ran it once and this notebook reads
 # its committed output, `data/tvm_groups.json`.
 
@@ -429,7 +429,8 @@ for stage, passes in cann.read_fusion_result(published).items():
 #   YOLOv5n; on BERT the reductions are handled as mirror images (TVM: mean + consumers; fusionlab:
 #   producers + reduction), and a fused LayerNorm kernel beats both.
 # * Installing the compilers: IREE adds about 390 MB to `.venv` (two wheels, about 20 s to install on
-#   this machine); TVM about 320 MB (about 10 s), kept in the `oracle` extra.
+#   this machine); TVM about 320 MB (about 10 s), kept in the `oracle` extra [src: `du` and `pip install` timed
+#   once into `.venv`, not measured by this notebook].
 #
 # **What to try next**
 #

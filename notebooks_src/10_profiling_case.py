@@ -494,7 +494,7 @@ for line in ort_lines(replace(found, cost=None), "offset_layernorm"):
 # responsible, and the float64 reference says which result to trust. Here the *unfused* graph is the accurate one:
 # it subtracts the mean before it squares. onnxruntime's CPU `LayerNormalization` kernel accumulates the sum and
 # the sum of squares in one pass and takes the variance as E[x²] − E[x]² (in float32): with a mean of 100 and a
-# spread of 0.1 the two terms are 10000.01 and 10000.00, equal to six significant digits of float32's seven, so
+# spread of 0.1 the two terms are `100² + 0.1² = 10000.01` and `100² = 10000.00`, equal to six significant digits of float32's seven, so
 # the subtraction keeps mostly rounding. (The table shows the other transformers too: without LayerNormFusion,
 # SimplifiedLayerNormFusion takes over part of the pattern, and that result stays within tolerance.)
 # That is a property of the kernel, not of fusion as such; fusion is what routed the model onto that kernel.
@@ -532,7 +532,7 @@ print(f"repro: {shrunk.repro.name}, {shrunk.repro_nodes[0]} -> {shrunk.repro_nod
 # | memory leak | "workspace not freed" → "use the `ACL_MEM_MALLOC_HUGE` flag" | The cause is right, the fix is not. `ACL_MEM_MALLOC_HUGE_FIRST` is an `aclrtMalloc` page policy: blocks over 1 MiB come from 2 MiB huge pages when there are any. It frees nothing. The fix for a leak is to pair every `aclrtMalloc` with `aclrtFree` and destroy datasets and buffers after use. Better still, allocate the workspace once and reuse it, as onnxruntime's arena does (§7). |
 # | build failure | TBE / driver version mismatch | Plausible, not checked: no build fails here. The CANN toolkit, driver and firmware versions must match (compatibility tables in the CANN release notes), and `--soc_version` must name the chip exactly (`Ascend310P3`, `Ascend910B4`, ...), but we found no documented case of a TBE version mismatch breaking an operator build. Notebook `09` generates the package and the `atc` command with that parameter. |
 # | slower after fusion | bad fusion strategy → analyse with msprof | Right: fusion can make a model slower. Notebook `03` §6 measures it (horizontally fused Inception is slower than the original once onnxruntime optimises both), and notebook `05` §5 shows, with the over-fusion curve, that in the cost model bigger groups are not the cause on YOLOv5 or BERT (latency falls with group size, then flattens: no group outgrows a core's UB). Profile before and after (§5 here, with the profiler's own cost in mind, §3); switch off a single CANN fusion pass with a `fusion_switch.cfg` (notebook `09`). |
-# | custom op with more than 5 basic ops on Atlas 800I A2 | split it | A rule of thumb for one device. Notebooks `04` and `05` make it a parameter (`max_group_ops`) beside the UB budget. The cost model does not support it on YOLOv5 or BERT: its minimum is at the largest group TVM's rules form, and a limit of 5 makes BERT 1.18× slower (notebook `05` §5). |
+# | custom op with more than 5 basic ops on Atlas 800I A2 | split it | A rule of thumb for one device. Notebooks `04` and `05` make it a parameter (`max_group_ops`) beside the UB budget. The cost model does not support it on YOLOv5 or BERT: its minimum is at the largest group TVM's rules form, and a limit of 5 makes BERT slower in the cost model (notebook `05` §5 prints by how much). |
 
 # %% [markdown]
 # The ledger's verdict on each row, with the evidence it cites (`docs/seed_claims.md`):

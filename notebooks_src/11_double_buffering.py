@@ -42,7 +42,6 @@ from fusionlab.timing import bench, compare
 from fusionlab.text import text_table, wrap
 
 plt.rcParams["figure.dpi"] = 80
-print(seed_claims.claim("s33-tbe-dsl-sketch").summary())
 
 # %% [markdown]
 # ## 1. Three queues, one memory path
@@ -86,6 +85,9 @@ for name, s in cases.items():
     print(f"{name:<30} total {s.total:5.1f} us   Vector busy {s.busy()['Vector']:.0%}   "
           f"memory path busy {s.path_busy:.0%}")
 print(f"no schedule can beat {double_buffer.lower_bound(8, stages):.0f} us: 8 tiles x 2 us of copying")
+
+# %%
+print(seed_claims.claim("s33-tbe-dsl-sketch").summary())
 
 # %%
 fig, axes = plt.subplots(3, 1, figsize=(9, 6.6), sharex=True)
@@ -151,9 +153,6 @@ for compute in (0.25, 0.5, 1, 2, 4, 16, 64):
 # buffers it has, and a compute-bound one keeps the Vector unit busy anyway.
 #
 # ## 3. The seed's "+18%": for which stage ratios would it hold?
-
-# %%
-print(seed_claims.claim("s33-double-buffer-18pct").summary())
 
 # %% [markdown]
 # With one memory path, `BUFFER_NUM = 1` runs a tile every in + compute + out, `BUFFER_NUM = 2` every
@@ -263,6 +262,9 @@ vector = double_buffer.core_from_device(presets["Atlas 300I Pro"]).vector_gflops
 print("\ncompute on one core, every preset (one vector model): "
       + ", ".join(f"{label} {ELEMS * ops / vector:.0f} us" for label, ops in (("Add", 1), ("Sinh-like", 20),
                                                                            ("100 ops/elem", 100))))
+
+# %%
+print(seed_claims.claim("s33-double-buffer-18pct").summary())
 
 # %% [markdown]
 # The least time for the Sinh-like kernel on the 300I Pro is 16 MiB ÷ 25.6 GB/s = 655 µs, and the double-buffered

@@ -107,9 +107,6 @@ except ValueError as exc:
 # will the seed's cache hold at the end?
 
 # %%
-print(seed_claims.claim("s51-shape-cache").summary())
-
-# %%
 class DynamicFusionOp:
     def __init__(self, max_ops=3):
         self.fusion_cache = {}
@@ -146,6 +143,9 @@ for n in stream:
     sizes.append(len(op.fusion_cache))
 print(f"compiled kernels held by the seed's cache after the stream: {len(op.fusion_cache)}")
 print(f"after the first 100 requests: {sizes[99]}, after 1000: {sizes[999]}, after 2000: {sizes[-1]}")
+
+# %%
+print(seed_claims.claim("s51-shape-cache").summary())
 
 # %% [markdown]
 # **Flaw 1: the cache never stops growing.** Every new sequence length costs one compilation and one more
@@ -223,7 +223,7 @@ fig
 # %% [markdown]
 # ## 3. Gears: padding wastes compute, and is exact thanks to the mask
 #
-# Gears trade compilations for padding: a request of 65 tokens runs on gear 128 and computes 63 tokens for
+# Gears trade compilations for padding: a request of 65 tokens runs on gear 128 and computes `128 − 65 = 63` tokens for
 # nothing. We measure the waste as *computed tokens / useful tokens* over the stream. Fewer gears mean fewer
 # compilations and more padding; the stream's distribution decides where gears should sit.
 
@@ -617,7 +617,7 @@ display(Markdown(f"Section 4's largest static-over-dynamic ratio on the grid: {c
 #   gain about that much (in principle a little more, as attention's cost grows with the square of the
 #   length): well short of 2.1×. Our four
 #   gears do nothing for this stream: every request falls into the 512 gear; gears for long traffic would sit
-#   at, say, 320/384/448/512. The dynamic session's figure also contains section 4's kernel difference, not
+#   at, say, `320/384/448/512`. The dynamic session's figure also contains section 4's kernel difference, not
 #   only the padding avoided.
 # - So a ×2.1 *for long sequences* is hard to get from avoiding padding alone, with BERT's maximum of 512 tokens.
 #   It would have to come mostly from the kernels themselves being faster when compiled per shape. On this

@@ -111,12 +111,21 @@ def format_seconds(seconds: float, unit: str | None = None) -> str:
 VERDICT_WORDS = ("faster", "slower", "no clear difference")
 
 
+#: the decimals every interval is printed with (`verdict_markdown`, `Comparison`, the notebooks' tables)
+VERDICT_DECIMALS = 2
+
+
 def ratio_verdict(ci_low: float, ci_high: float) -> str:
     """'faster' when the 95% CI of time_A / time_B lies above 1 (B faster), 'slower' when below 1 (B slower),
-    'no clear difference' when it contains 1: the interval decides, never the point estimate."""
-    if ci_low > 1:
+    'no clear difference' when it contains 1: the interval decides, never the point estimate.
+
+    The interval is judged as it is printed (to `VERDICT_DECIMALS` decimals): a CI of 0.9961-0.9998 prints as
+    "0.96-1.00" and must not read "slower" beside another printed "0.96-1.00" that reads "no clear difference"
+    (an expert reader found exactly that pair in notebook 12)."""
+    lo, hi = round(ci_low, VERDICT_DECIMALS), round(ci_high, VERDICT_DECIMALS)
+    if lo > 1:
         return "faster"
-    if ci_high < 1:
+    if hi < 1:
         return "slower"
     return "no clear difference"
 

@@ -91,6 +91,9 @@ def test_the_verdict_words_come_from_one_helper():
     assert timing.ratio_verdict(1.03, 1.04) == "faster"
     assert timing.ratio_verdict(0.90, 0.97) == "slower"
     assert timing.ratio_verdict(0.98, 1.02) == "no clear difference"
+    # judged as printed: two intervals that both print "0.96-1.00" get the same word
+    assert timing.ratio_verdict(0.961, 0.9962) == timing.ratio_verdict(0.958, 1.001) == "no clear difference"
+    assert timing.ratio_verdict(1.004, 1.04) == "no clear difference" and timing.ratio_verdict(1.006, 1.04) == "faster"
     assert set(timing.VERDICT_WORDS) == {timing.ratio_verdict(*ci) for ci in ((1.1, 1.2), (0.8, 0.9), (0.9, 1.1))}
     c = timing.Comparison.from_samples([1.04, 1.05, 1.03] * 4, [1.0] * 12, label_a="unfused", label_b="fused")
     assert c.verdict(brief=True) == "fused faster"

@@ -363,19 +363,22 @@ side_by_side(bert, bert_result.graph, levels=("extended",))
 # ### A fused kernel that must earn its place
 #
 # onnxruntime also has `SkipLayerNormalization`, the residual `Add` and the LayerNorm in one kernel. The
-# pass knows that rule (`skip_layernorm`) but does **not** apply it by default: when the rule was written,
-# the fused kernel measured slower on CPU than `Add` followed by onnxruntime's `LayerNormalization`. Fewer
-# kernels is not automatically faster; a fused kernel earns its place by measurement. Opt in and see what
-# your machine says: a ratio below 1 means the fused kernel is slower, and an interval that includes 1
-# means no clear difference.
+# pass knows that rule (`skip_layernorm`) but does **not** apply it by default: in the rule benchmark
+# (`benchmarks/results/rules.md`, long interleaved runs) the fused kernel was slower than `Add` followed by
+# onnxruntime's `LayerNormalization` with optimisations off, and at level `all` level or slower depending on the
+# form. Fewer kernels is not automatically faster; a fused kernel earns its place by measurement. Opt in and
+# see what your machine says at `all`: the sentence under the table reads this run's interval (one short run
+# on one model; the default rests on the benchmark's forms and sizes).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 mid_bert = zoo.bert(layers=2, hidden=384, heads=6, intermediate=1536, vocab=1000)
 plain_ln = fuse(mid_bert, passes=("vertical",)).graph
 skip_ln = fuse(mid_bert, passes=("vertical",), rules=vertical.RULES).graph
-print(timing.compare_models(plain_ln, skip_ln, level_a="all", level_b="all", dims={"sequence": 128}, min_time=3,
-                            label_a="Add + LayerNormalization", label_b="SkipLayerNormalization"))
+skip_cmp = timing.compare_models(plain_ln, skip_ln, level_a="all", level_b="all", dims={"sequence": 128}, min_time=3,
+                                label_a="Add + LayerNormalization", label_b="SkipLayerNormalization")
+print(skip_cmp)
+display(Markdown(skip_cmp.markdown()))
 
 # %% [markdown]
 # ## 8. Where the gain comes from, and the seed's 23 %
@@ -387,7 +390,7 @@ print(timing.compare_models(plain_ln, skip_ln, level_a="all", level_b="all", dim
 # * A 3×3 convolution does `9·C_in` multiply-adds for every value it writes, so with many channels it does far
 #   more arithmetic per byte than the elementwise ops: it is
 #   **compute-bound**, and the BN and SiLU after it are a small fraction of its time. On this CPU that is most of
-#   the run, which is why §6 measures a few percent.
+#   the run, which is why §6 measures little.
 # * The elementwise ops after a conv do one or two operations per element: they are **memory-bound**. Fusing them
 #   into the conv's epilogue removes their traffic almost entirely (§1).
 # * On an accelerator, the conv runs at tens of TFLOPS, a launch costs microseconds, and the elementwise share of
@@ -452,8 +455,8 @@ print(seed_claims.claim("s1-yolov5-23pct").summary())
 # * The figure may be end-to-end latency, including image pre-processing, host-device copies and post-processing,
 #   which dilute any kernel speedup. The seed does not say; without an Atlas 300I and `msprof` we cannot check.
 #
-# On this CPU, the same fusion measures a few percent against the unfused model and nothing against onnxruntime's
-# own fusions (§6). The ledger entry (`docs/seed_claims.md`, `s1-yolov5-23pct`) records both baselines.
+# On this CPU, §6 measures the same fusion against the unfused model and against onnxruntime's own fusions: its
+# verdicts, read from the intervals, are printed there. The ledger entry (`docs/seed_claims.md`, `s1-yolov5-23pct`) records both baselines.
 #
 # ## 9. A model you did not build: BERT as torch exports it
 #

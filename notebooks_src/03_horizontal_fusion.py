@@ -249,9 +249,10 @@ print(seed_claims.claim("s22-horizontal-15-25pct").summary())
 #   when each sibling is small — batch 1, short sequences — where per-op overhead is a large share.
 # - **The Split is not free.** onnxruntime's `Split` copies its input into new buffers. When the siblings
 #   are large (big batch, long sequence), that extra write and read can eat the gain.
-# - **onnxruntime already fuses some of this.** At level `all` onnxruntime fuses MatMul+Add into its own
-#   kernels; whether it also recognises the wide form depends on its patterns. A rewrite that wins with
-#   optimisations off may be a wash with them on — the comparison at `all` is the one deployment sees.
+# - **onnxruntime has its own rewrites.** Its MatMul+Add→Gemm fusion is 2-D only (a BASIC pass), so it leaves
+#   these 3-D projections alone, but its layout and activation fusions at `all` change what the siblings cost.
+#   A rewrite that wins with optimisations off may be a wash with them on — the comparison at `all` is the one
+#   deployment sees.
 # - **Convolutions.** A 1x1 Conv is a GEMM too; stacking three of them widens it. Inception's small
 #   feature maps at 75x75 make each branch tiny, which is where fewer launches should pay most. Yet at `all`
 #   the horizontally fused Inception is *slower* in the benchmark (`benchmarks/results/horizontal.md`, its last

@@ -199,7 +199,8 @@ viz.draw(g, p3, title="max_group_ops=3")
 # - Conv/MatMul inputs travel through L1/L0 to the cube unit, not through the UB.
 #
 # With `buffer_kb`, a group's working set at 16 KB tiles must fit the budget; a group that does not is split.
-# (Each feature map here is 16 channels of 32x32 fp32, 64 KB, so every tensor takes a full 16 KB tile.) The cost
+# (Each feature map here is 16 channels of 32x32 fp32, 64 KB, so every feature map takes a full 16 KB tile; a
+# reduction's output, one value per position, is smaller.) The cost
 # model asks the converse question, what tile a group gets in a real core's UB and what small tiles cost
 # (notebook 05 §3).
 

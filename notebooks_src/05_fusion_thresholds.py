@@ -438,7 +438,7 @@ display(Markdown(f"**The ranking, tested in this run:** of {agree + disagree + u
 # for every op, though a removed kernel saves more than a launch (output allocation, a pass over the tensor in
 # the cache). The mixed rows test the model's bookkeeping: onnxruntime runs the same kernels, and the prediction
 # says so. A model that is off by tens of percent can still rank plans correctly, which is what the explorer uses
-# it for; the line above tests that on the pairs this run can tell apart (a handful: a test, not a proof).
+# it for; the line above tests that on the pairs this run can tell apart (it says how many: a test, not a proof).
 #
 # ## 7. The explorer
 #

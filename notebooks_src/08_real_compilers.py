@@ -179,8 +179,8 @@ display(Markdown(
 # same inputs, but the per-op build also pays six module calls, and those are large here. Against
 # onnxruntime the question changes to *whose kernels are better*. onnxruntime at level ALL also fuses
 # (into two kernels: LayerNormalization, then Gelu, with one 6 MiB intermediate between them) and its
-# kernels are hand-vectorised MLAS code; IREE's are generated, with its own polynomial for `erf`. So
-# against onnxruntime the result can land either way, and it moves with the machine's load;
+# kernels are hand-vectorised MLAS code; IREE's are generated, with its own polynomial for `erf`. The
+# table above says which is faster in this run, and the ratio moves with the machine's load;
 # `benchmarks/bench_compilers.py` records the same comparison with longer runs
 # (`benchmarks/results/compilers.md`).
 #
@@ -427,7 +427,8 @@ for stage, passes in cann.read_fusion_result(published).items():
 #   is an upper bound on what fusion buys, to be read beside onnxruntime's unfused kernels.
 # * fusionlab's mixed pass agrees with TVM's FuseOps on almost every edge of ResNet, MobileNetV2 and
 #   YOLOv5n; on BERT the reductions are handled as mirror images (TVM: mean + consumers; fusionlab:
-#   producers + reduction), and a fused LayerNorm kernel beats both.
+#   producers + reduction); notebook 07 times a fused LayerNorm kernel against both the nine-op graph and
+#   onnxruntime's `LayerNormalization` (not against TVM's grouping).
 # * Installing the compilers: IREE adds about 390 MB to `.venv` (two wheels, about 20 s to install on
 #   this machine); TVM about 320 MB (about 10 s), kept in the `oracle` extra [src: `du` and `pip install` timed
 #   once into `.venv`, not measured by this notebook].

@@ -69,9 +69,8 @@ print(conv_relu)
 #
 # The seed gives three rules for a fused op's prototype: (1) declare every input's and output's tensor
 # types; (2) keep attribute names consistent with CANN's built-in ops; (3) name the op after what it fuses
-# (`ConvRelu`, not `MyOp`). The seed's own example breaks rule 2: it writes `stride` and `padding`, but
-# CANN's `Conv2D` calls them `strides` and `pads`. `OP_END_FACTORY_REG` runs every check and reports all
-# problems at once. A small helper prints them.
+# (`ConvRelu`, not `MyOp`). `OP_END_FACTORY_REG` runs every check and reports all problems at once. A small
+# helper prints them.
 #
 # **Predict first:** the seed's own example declares `.ATTR(stride, ListInt, {1, 1})` and
 # `.ATTR(padding, ListInt, {0, 0})` for a fused Conv. Which of the three rules does it break? The second cell

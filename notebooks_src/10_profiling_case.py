@@ -44,8 +44,8 @@ plt.rcParams["figure.dpi"] = 80
 # ## 1. The model, and its fused twin
 #
 # A YOLOv5-style detector (the seed's §1 example) at width 0.25 and 160×160 input, so that every run takes a few
-# milliseconds. It is exported the way `torch.onnx` writes it: every Conv is followed by a separate
-# BatchNormalization and a SiLU written as Sigmoid + Mul. The vertical pass folds the BN into the Conv and fuses
+# milliseconds. It is exported the way `torch.onnx` writes it with `do_constant_folding=False` (the default
+# folds BN itself): every Conv is followed by a separate BatchNormalization and a SiLU written as Sigmoid + Mul. The vertical pass folds the BN into the Conv and fuses
 # the activation; the fused model is checked against the original before anything is timed.
 
 # %%

@@ -439,7 +439,8 @@ for name, (predicted, c) in (("page-cache loader", memcpy_result), ("emulated de
 #   double buffering, the unfused chain least.
 # - "IPC 1.7×" needs hardware counters; in the model, the Vector unit's busy share grows with the number of
 #   fused ops, so any such ratio describes one kernel, not fusion.
-# - On a CPU the idea is measurable too; it pays when the loading side does not need the cores that compute.
+# - On a CPU the idea is measurable too; whether it paid in this run is the verdict printed in section 5, and
+#   the model's prediction for it assumes the loading side needs none of the cores that compute.
 #
 # **What to try next**
 #

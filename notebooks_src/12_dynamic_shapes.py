@@ -122,7 +122,7 @@ class DynamicFusionOp:
         return f"kernel #{len(self.fusion_cache)}"  # stands in for minutes of compilation
 
 # %% [markdown]
-# A realistic stream: 2000 requests whose token counts follow a log-normal distribution (median 96 tokens, a
+# A realistic stream: 2000 requests whose token counts follow a log-normal distribution (median parameter 96 tokens, a
 # long tail), cut at BERT's maximum of 512 tokens as tokenizers do, and never shorter than 8. The generator is
 # seeded, so every run of this notebook sees the same stream.
 
@@ -355,8 +355,9 @@ print("\n".join(text_table(["op", "dynamic", "static (128)"], rows)))
 
 # %% [markdown]
 # Knowing the shapes, onnxruntime folds the `Shape → Gather → Slice` chain that computes the position ids into a
-# constant, rewrites the projections `MatMul + Add` as `Gemm` (with `Reshape`s around them), and fuses each
-# residual `Add` with the following LayerNorm into one `SkipLayerNormalization` kernel. That is the promise of
+# constant, rewrites the projections `MatMul + Add` as `Gemm` (with `Reshape`s around them), and fuses one more
+# `Add` with the LayerNorm after it into a `SkipLayerNormalization` kernel (the dynamic graph already fuses the
+# others: the op counts below show how many each has). That is the promise of
 # compiling for a fixed shape: more fusion, decided at compile time. Whether it runs faster is a measurement.
 #
 # The measurement: for each length on a grid from 8 to 512 tokens, build a static session (timed), then time it
@@ -438,11 +439,12 @@ fig
 # 1. **A compilation costs many runs** (the paragraph under the table gives the range). We have not measured
 #    ATC; an offline compiler that generates kernels for every operator of the model does far more work than an
 #    onnxruntime session build, so expect the ratio to be larger there, not smaller. Compiling while requests wait, as the seed's cache does on every new length, is expensive.
-# 2. **Padding costs real time.** Run time grows with the length (faster than linearly: attention is quadratic
-#    in it), so a 65-token request run on gear 128 pays for 128 tokens.
+# 2. **Padding costs real time.** Run time grows with the length (the table above shows how: at short lengths
+#    fixed costs dominate, at long ones attention's quadratic term), so a 65-token request run on gear 128 pays
+#    for 128 tokens.
 # 3. **Does knowing the shape make the static session faster?** The verdicts under the table answer per
 #    length, but they do not isolate the shape: the static graph differs in more than shapes. It fuses one more
-#    residual `Add` into a `SkipLayerNormalization`, and onnxruntime's CPU `SkipLayerNormalization` kernel is
+#    `Add` + LayerNorm pair into a `SkipLayerNormalization`, and onnxruntime's CPU `SkipLayerNormalization` kernel is
 #    not necessarily faster than the `Add` and `LayerNormalization` kernels it replaces. To separate the two, time four sessions
 #    interleaved: dynamic and static, each with and without that one fusion (`SkipLayerNormFusion`
 #    disabled). Dynamic against static with the fusion off in *both* is the shape knowledge alone; each
@@ -585,7 +587,7 @@ print(seed_claims.claim("s51-bert-2.1x").summary())
 
 # %%
 long_stream = request_lengths(2000, seed=1, median=384, sigma=0.25, min_len=257)
-for name, s in (("our stream (median 96)", stream), ("long sequences (257-512)", long_stream)):
+for name, s in ((f"our stream (median {int(np.median(stream))})", stream), ("long sequences (257-512)", long_stream)):
     w = 512 * len(s) / s.sum()
     print(f"{name:<26} padding to 512 computes {w:.2f}x the useful tokens")
 
@@ -596,7 +598,7 @@ for name, s in (("our stream (median 96)", stream), ("long sequences (257-512)",
 # %%
 # NBVAL_IGNORE_OUTPUT
 gains = []
-for name, s in (("our stream (median 96)", stream), ("long sequences (257-512)", long_stream)):
+for name, s in ((f"our stream (median {int(np.median(stream))})", stream), ("long sequences (257-512)", long_stream)):
     base = dynamic_shapes.replay(s, "gears", gears=(512,), capacity=1, run_seconds=run_static).run_seconds
     exact_s = dynamic_shapes.replay(s, "exact", run_seconds=run_static).run_seconds
     gears_s = dynamic_shapes.replay(s, "gears", gears=GEARS, capacity=4, run_seconds=run_static).run_seconds
@@ -640,8 +642,8 @@ display(Markdown(f"Section 4's largest static-over-dynamic ratio on the grid: {c
 #   working set recompiles all the time.
 # - Padding with attention mask 0 is exact, because `exp(-10000)` is exactly 0 in fp32; without the mask it is
 #   wrong. Checked here on a real BERT encoder at every gear.
-# - Measured with onnxruntime on this CPU: a compilation costs many runs; padding costs time in proportion
-#   (or worse) to the padded tokens; a static-shape session enables more fusion (`SkipLayerNormalization`,
+# - Measured with onnxruntime on this CPU: a compilation costs many runs; padding costs time that grows with the
+#   padded tokens; a static-shape session enables more fusion (`SkipLayerNormalization`,
 #   `Gemm`), and section 4 separates what the shape knowledge and that fusion are each worth.
 # - The seed's ×2.1 cannot be reproduced without its baseline and workload. Against padding everything to the
 #   maximum length, short-request traffic gains several times; long sequences gain far less from padding alone.

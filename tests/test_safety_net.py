@@ -355,3 +355,52 @@ def test_within_rounding_excuses_a_nan_or_inf_only_where_a_run_of_the_original_h
     # NaN seen in a run; NaN no run shows; +inf where a run has only -inf; finite where a run is finite (o's inf is
     # rounding); within twice the spread (0.5); a deviation where no run moves at all
     assert within_rounding(o, f, runs).tolist() == [True, False, False, True, True, False]
+
+
+def test_net_and_judge_excuse_by_one_function_on_the_nets_inputs():
+    """Campaign 21, model 3976: a float16 concat_conv group whose output moves by 0.0134 (atol 5.3e-03) where every
+    rewritten part, fed the original's values, computes what the original's part does. The judge excused it
+    ('amplified downstream'); the net, with only the sensitivity excuse and on other inputs, raised. The net now
+    calls the judge's `oracle.excuse` on the inputs it ran, and says which excuse held."""
+    from pathlib import Path
+
+    from fusionlab.fuzz.oracle import Case, judge
+
+    path = Path(__file__).parent / "data" / "fuzz_repros" / "fuzz_safety_net_fp16_concat_conv_amplified_downstream.onnx"
+    m = onnx.load(path)
+    res = fuse(m, passes=("horizontal",))  # raised FusionError "disagrees with the original"
+    assert res.plan.rule_counts() == {"concat_conv": 1} and res.check.compared
+    assert "amplified downstream" in res.check.note, res.check.note
+    assert not judge(Case(m, options={"lower": "runtime"}), ("horizontal",)).failed
+
+
+def test_a_net_alarm_is_judged_on_the_nets_inputs_too(monkeypatch):
+    """When the net raises on inputs of its own, the judge judges those inputs as well: a fused model wrong only
+    there is 'wrong' (the draws missed it), not a false alarm of the net. Planted: a 'fused' Relu that doubles
+    values above 50, which no standard-normal draw reaches and the net's (planted) inputs do."""
+    import fusionlab.passes as passes_mod
+    from fusionlab.fuzz import oracle
+
+    x, y = value_info("x", np.float32, [2, 3]), value_info("y", np.float32, [2, 3])
+    original = make_model([h.make_node("Relu", ["x"], ["y"])], [x], [y], [], opset=17)
+    planted = make_model([h.make_node("Relu", ["x"], ["r"]), h.make_node("Greater", ["x", "t"], ["big"]),
+                          h.make_node("Where", ["big", "two", "one"], ["k"]), h.make_node("Mul", ["r", "k"], ["y"])],
+                         [x], [y], [tensor("t", np.float32(50)), tensor("two", np.float32(2)),
+                                    tensor("one", np.float32(1))], opset=17)
+    real = passes_mod.fuse
+    net_feeds = {"x": np.full((2, 3), 100.0, np.float32)}
+
+    def fake(model, **kw):
+        if kw.get("compare", True):
+            raise FusionError("the fused model disagrees with the original on random inputs (planted)",
+                              pass_name="vertical", feeds=net_feeds)
+        res = real(model, **kw)
+        res.graph = load(planted)
+        return res
+
+    monkeypatch.setattr(passes_mod, "fuse", fake)
+    out = oracle.judge(oracle.Case(original), ("vertical",))
+    assert out.kind == "wrong" and out.detail.startswith("on the safety net's inputs"), (out.kind, out.detail)
+    net_feeds["x"] = np.full((2, 3), 1.0, np.float32)  # inputs where the planted model is right: the net's fault
+    out = oracle.judge(oracle.Case(original), ("vertical",))
+    assert out.kind == "crash" and "false alarm" in out.detail, (out.kind, out.detail)

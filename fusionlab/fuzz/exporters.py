@@ -190,7 +190,8 @@ def gated_mlp(b: Builder, x: str, pool: list[str]) -> str:
     b.mark_inner(g, u, act)
     y = b.binary("Mul", act, u)
     b.mark_inner(y)
-    return b.node("MatMul", [y, b.weight((inter, h), "W_down", "down")], shape)
+    # the product's shape, not x's: a near-miss constant of rank 3 in the GELU broadcasts a rank-2 x up
+    return b.node("MatMul", [y, b.weight((inter, h), "W_down", "down")], tuple(b.shape(y)[:-1]) + (h,))
 
 
 def _rows(b: Builder, x: str) -> bool:

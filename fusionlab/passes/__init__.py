@@ -215,7 +215,9 @@ def _check(original: Graph, result: FusionResult, *, compare: bool = True, dims:
                 return True
             return False
 
-        raise _blamed(original, result.plan, exc.problem, broken) from None
+        error = _blamed(original, result.plan, exc.problem, broken)
+        error.feeds = exc.feeds
+        raise error from None
 
 
 def _blamed(original: Graph, fplan: FusionPlan, problem: str, broken) -> FusionError:

@@ -20,8 +20,10 @@ __all__ = ["FusionError", "problems", "interface_problems", "checker_problem", "
 class FusionError(RuntimeError):
     """A rewrite produced an invalid model: a bug in fusionlab, named by pass, rule and group."""
 
-    def __init__(self, problem: str, *, pass_name: str = "", rule: str = "", group: str = ""):
+    def __init__(self, problem: str, *, pass_name: str = "", rule: str = "", group: str = "",
+                 feeds: dict | None = None):
         self.problem, self.pass_name, self.rule, self.group = problem, pass_name, rule, group
+        self.feeds = feeds  # the inputs of a failed run (None for a checker or interface problem)
         where = ", ".join(f"{k} {v}" for k, v in (("pass", pass_name), ("rule", rule), ("group", group)) if v)
         super().__init__(f"{where}: {problem}" if where else problem)
 

@@ -119,6 +119,7 @@ def add_layernorm(b: Builder, x: str, pool: list[str]) -> str:
         b.tags.append("nm:skip_is_bias")
     a = b.binary("Add", x, skip)
     b.mark_inner(a)
+    shape = b.shape(a)  # a near-miss bias of higher rank broadcasts x up: the norm keeps the sum's shape
     attrs: dict = {}
     axis = -1
     if len(shape) >= 2 and b.miss("ln_node_axis"):

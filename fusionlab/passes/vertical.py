@@ -61,7 +61,7 @@ __all__ = ["RULES", "DEFAULT_RULES", "LOWERINGS", "OPTIONS", "FUSED_CONV_ACTIVAT
 
 RULES = RULE_NAMES
 #: rules a user names to get (measured no faster than what the default rules make; see below)
-_OPT_IN = ("skip_layernorm", "swiglu", "geglu")
+_OPT_IN = ("skip_layernorm", "swiglu", "geglu", "gqa")
 #: Rules applied when none are named. A fused kernel earns its place by measurement, not by existing
 #: (benchmarks/bench_rules.py -> results/rules.md: one thread, medians of paired interleaved ratios with 95% CIs,
 #: speedup = time(original) / time(fused); "off" = optimisations off. The machine is shared: figures are noisy.)

@@ -61,7 +61,7 @@ __all__ = ["RULES", "DEFAULT_RULES", "LOWERINGS", "OPTIONS", "FUSED_CONV_ACTIVAT
 
 RULES = RULE_NAMES
 #: rules a user names to get (measured no faster than what the default rules make; see below)
-_OPT_IN = ("skip_layernorm", "swiglu", "geglu", "gqa")
+_OPT_IN = ("skip_layernorm", "swiglu", "geglu")
 #: Rules applied when none are named. A fused kernel earns its place by measurement, not by existing
 #: (benchmarks/bench_rules.py -> results/rules.md: one thread, medians of paired interleaved ratios with 95% CIs,
 #: speedup = time(original) / time(fused); "off" = optimisations off. The machine is shared: figures are noisy.)
@@ -87,6 +87,11 @@ _OPT_IN = ("skip_layernorm", "swiglu", "geglu", "gqa")
 #:   a small share) 0.98-1.06x, within noise. Where the rotated heads are only transposed back, onnxruntime EXTENDED
 #:   cancels the Transpose pair around the written-out form and the fused op, opaque to it, measured 0.63x
 #:   (0.54-0.72): that case is refused.
+#: - `gqa` (GroupQueryAttention on the unrepeated K/V, causal=0, the graph's mask as attention_bias) is on: against
+#:   MultiHeadAttention after LLaMA's repeat_kv (benchmarks/bench_gqa.py -> results/gqa.md, corpus LLaMA at 1x32
+#:   and 1x128, an 8 Q / 2 K/V-head block at 1x128 and 1x512) it measured faster in 4 of 16 cells (ts exports
+#:   at 1x32, 1.08-1.13x) and no clear difference in the rest, never slower, with fewer nodes; without it
+#:   (rules without 'gqa') attention is MultiHeadAttention after the kept repeat.
 #: - `swiglu`, `geglu` are opt-in: onnxruntime 1.31 has no CPU kernel for a gated MLP (SwiGLU only inside
 #:   MoE/QMoE, BiasSplitGelu CUDA-only), so the group is its ops or one model-local function, which onnxruntime
 #:   inlines: against the default rules on the corpus exports (batch 1, sequence 64, 1 thread, interleaved,

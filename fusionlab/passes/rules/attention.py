@@ -19,10 +19,15 @@ Q, K or V may also come already split into heads, [B, N, S, D], from any produce
 out or com.microsoft RotaryEmbedding), or LLaMA's grouped-query repeat_kv (Unsqueeze -> Expand -> Reshape of
 fewer K/V heads). Such K and V go in MultiHeadAttention's 4-D key/value form ([B, N, L, D]) and the repeat is
 kept; such a Q goes back to [B, S, N*D] by Transpose + Reshape. A K/V head count the MatMul broadcasts instead
-(no explicit repeat) is refused. GroupQueryAttention is not written: on CPU it is causal-only (seqlens_k,
-total_sequence_length), so it would need a proof that the graph's mask is causal, which a user padding mask
-is not; measured at 1x256x512 (8 Q / 2 K/V heads) it ran no faster than MultiHeadAttention after the repeat
-(1.00x, 0.96-1.04, optimisations off). A head view read elsewhere only for its shape (T5's layer 0 reads
+(no explicit repeat) is refused. With rule `gqa` (on by default) a repeat_kv of Nkv < N heads, proved by shapes
+(Unsqueeze at axis 2, Expand to [B, Nkv, G, L, D], Reshape to [B, Nkv*G, L, D]: head h reads K/V head h // G),
+becomes com.microsoft GroupQueryAttention on the unrepeated K/V instead, the repeat removed: causal=0 with the
+graph's own mask as attention_bias (so a padding mask stays exact: GQA's built-in causal mask is not used and no
+proof of causality is needed), no past, seqlens_k = S - 1 per batch, total_sequence_length = S (from q's shape);
+self-attention only (query length provably the key length), head size a multiple of 8 (the CPU kernel's
+condition). onnxruntime 1.31's CPU kernel runs float32 and float16. It measured no slower than MultiHeadAttention after the repeat, faster on the TorchScript LLaMA exports
+(benchmarks/results/gqa.md); without `gqa` the MultiHeadAttention form is written.
+A head view read elsewhere only for its shape (T5's layer 0 reads
 key_states.shape) stays outside the group for that reader.
 """
 
@@ -42,8 +47,9 @@ from .layout import Atom, base_layout, names, shape_branch, step, trace_back, tr
 __all__ = ["Attention", "ATTENTION_DTYPES", "GQA_OPT_IN"]
 
 #: why a grouped-query attention became MultiHeadAttention after the repeat (rule `gqa` off): --why-not says it
-GQA_OPT_IN = ("K/V repeated from fewer heads: MultiHeadAttention after the repeat; GroupQueryAttention on the "
-              "unrepeated K/V is opt-in (rules=[..., 'gqa'])")
+GQA_OPT_IN = ("K/V repeated from fewer heads: MultiHeadAttention after the repeat, since rule gqa is off (it is on "
+              "by default: GroupQueryAttention on the unrepeated K/V measured no slower, faster on LLaMA's "
+              "TorchScript exports; benchmarks/results/gqa.md)")
 
 #: dtypes onnxruntime 1.31's CPU MultiHeadAttention kernel runs (float16 checked on a built model: it loads, runs
 #: and is within float16 rounding of a float64 reference, max error 6e-4 at 2x5x16; float64 has no kernel)
@@ -371,6 +377,10 @@ class Attention(Rule):
         elif qs is None or ks is None or qs[2 if q4 else 1] != ks[2] or qs[2 if q4 else 1] is None:
             why = (f"query length {qs and qs[2 if q4 else 1]} is not provably the key length {ks and ks[2]} "
                    "(GroupQueryAttention without a past: self-attention only)")
+        elif nd[1] % 8:  # onnxruntime 1.31's CPU kernel: "head_size must be a multiple of 8"
+            why = f"head size {nd[1]} is not a multiple of 8 (onnxruntime's CPU kernel needs one)"
+        elif cx.graph.opset < 15:
+            why = f"opset {cx.graph.opset} < 15 (Shape with start/end builds seqlens_k)"
         elif cx.dtype(q) not in (F32, np.dtype(np.float16)):
             why = f"dtype {cx.dtype(q)}"
         if why:

@@ -99,6 +99,14 @@ _OPT_IN = ("skip_layernorm", "swiglu", "geglu")
 #:   (0.91-1.06) / 1.02x (0.97-1.06) on t5_encoder.dynamo, 1.02x (0.88-1.18) / 1.04x (0.94-1.11) on
 #:   llama.ts-fold: no clear difference; written out (lower="runtime") it is the same graph as silu/fast_gelu.
 DEFAULT_RULES = tuple(r for r in RULES if r not in _OPT_IN)
+#: why each opt-in rule is off by default, in one line (the measurements above; benchmark tables quote it)
+OPT_IN_REASONS = {
+    "skip_layernorm": "onnxruntime 1.31's CPU SkipLayerNormalization measured slower than the Add(s) + "
+                      "LayerNormalization it replaces (bench_rules: 0.16-0.92x off; whole BERT/GPT-2/ViT 0.86-0.89x)",
+    "swiglu": "no CPU kernel for a gated MLP; as one group it measured no faster than the activation fused alone",
+    "geglu": "no CPU kernel for a gated MLP; as one group it measured no faster than the activation fused alone",
+}
+assert set(OPT_IN_REASONS) == set(_OPT_IN)
 #: the options this pass takes, with their defaults
 OPTIONS = {"rules": None, "lower": "runtime", "dims": None, "max_group_ops": None}
 

@@ -11,6 +11,7 @@ from onnx import helper as h
 from fusionlab import verify
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.passes import fuse
+from fusionlab.passes.vertical import DEFAULT_RULES
 from fusionlab.passes.rules.layout import base_layout, reshape
 
 RNG = np.random.default_rng(7)
@@ -94,9 +95,15 @@ def attention_model(form="sdpa", mask="neg_inf", mixed_heads=False, dtype=np.flo
     return make_model(nodes, inputs, outputs, inits, opset=17)
 
 
-def _fused(m):
-    res = fuse(m, ("vertical",))
-    return res, res.plan.rule_counts().get("attention", 0)
+def _fused(m, **options):
+    """Fused by the default rules (or `options`); the attention groups found, MultiHeadAttention or GQA."""
+    res = fuse(m, ("vertical",), **options)
+    counts = res.plan.rule_counts()
+    return res, counts.get("attention", 0) + counts.get("gqa", 0)
+
+
+#: the default rules without `gqa`: grouped-query attention as MultiHeadAttention after the kept repeat
+MHA_RULES = tuple(r for r in DEFAULT_RULES if r != "gqa")
 
 
 @pytest.mark.parametrize("form,mask", [("sdpa", "neg_inf"), ("sdpa", "finfo_min"), ("dynamo", "finfo_min"),
@@ -277,11 +284,12 @@ def _causal_padded(batch, seq, pad):
 @pytest.mark.parametrize("case", [{}, {"scale": "q"}, {"rope": False}, {"q_heads": 4, "kv_heads": 1},
                                   {"q_heads": 6, "kv_heads": 3}, {"dtype": np.float16}])
 def test_grouped_query_attention_after_an_explicit_repeat(case):
-    """LLaMA's GQA -> MultiHeadAttention on the repeated K/V (4-D key/value), the graph's own mask as bias."""
+    """LLaMA's GQA, rule gqa off -> MultiHeadAttention on the repeated K/V (4-D key/value), the graph's own mask as
+    bias."""
     from fusionlab.runtime import run
 
     m = gqa_model(**case)
-    res, n = _fused(m)
+    res, n = _fused(m, rules=MHA_RULES)
     assert n == 1, res.plan.refusals
     ops = res.after
     assert ops.get("com.microsoft:MultiHeadAttention") == 1 and "Softmax" not in ops and "IsNaN" not in ops
@@ -350,3 +358,76 @@ def test_the_generator_reaches_every_attention_form():
     for t in ("attention", "attention_gqa", "attention_rotary", "attention_key_shape", "mask_any", "mask_bias",
               "nm:mask_mul", "nm:kv_broadcast", "nm:softmax_axis"):
         assert tags[t] > 0, (t, tags)
+
+
+@pytest.mark.parametrize("case", [{}, {"scale": "q"}, {"rope": False}, {"q_heads": 4, "kv_heads": 1},
+                                  {"q_heads": 6, "kv_heads": 3}, {"dtype": np.float16}])
+def test_grouped_query_attention_becomes_groupqueryattention(case):
+    """Default rules (gqa on): LLaMA's repeat_kv goes, one GroupQueryAttention on the unrepeated K/V with causal=0
+    and the graph's own causal + padding mask as attention_bias; a padded batch row (queries that see no key)
+    computes what the unfused graph does."""
+    from fusionlab.runtime import run
+
+    m = gqa_model(**case)
+    res, n = _fused(m)
+    assert n == 1 and res.plan.rule_counts().get("gqa") == 1, res.plan.refusals
+    ops = res.after
+    assert ops.get("com.microsoft:GroupQueryAttention") == 1 and "com.microsoft:MultiHeadAttention" not in ops
+    assert "Softmax" not in ops and "Unsqueeze" not in ops  # the repeat is gone (the Expand left builds seqlens_k)
+    node = next(nd for nd in res.graph.to_proto().graph.node if nd.op_type == "GroupQueryAttention")
+    got = {a.name: h.get_attribute_value(a) for a in node.attribute}
+    q_heads, kv_heads = case.get("q_heads", 4), case.get("kv_heads", 2)
+    assert got["num_heads"] == q_heads and got["kv_num_heads"] == kv_heads and got["causal"] == 0
+    assert len(node.input) == 11 and node.input[10]  # the mask as attention_bias
+    for dims in ({"batch": 2, "seq": 5}, {"batch": 1, "seq": 9}):
+        assert verify(m, res.graph, dims=dims).ok
+    dt = case.get("dtype", np.float32)
+    x = RNG.standard_normal((2, 6, HID)).astype(dt)
+    for keep in (_causal_padded(2, 6, 2), _causal_padded(2, 6, 0), np.ones((2, 1, 6, 6), bool)):
+        a, b = run(m, {"x": x, "keep": keep})["y"], run(res.graph, {"x": x, "keep": keep})["y"]
+        tol = (1e-4, 1e-5) if dt == np.float32 else (1e-2, 1e-2)
+        assert np.allclose(a.astype(np.float32), b.astype(np.float32), rtol=tol[0], atol=tol[1])
+
+
+def test_gqa_off_names_the_choice():
+    """Without rule gqa the repeat is kept for MultiHeadAttention, and --why-not says why."""
+    from fusionlab.passes.rules.attention import GQA_OPT_IN
+
+    res, n = _fused(gqa_model(), rules=MHA_RULES)
+    assert n == 1 and res.plan.rule_counts().get("attention") == 1
+    assert any(r.rule == "gqa" and r.reason == GQA_OPT_IN for r in res.plan.refusals), res.plan.refusals
+    assert "gqa" in DEFAULT_RULES
+
+
+def test_gqa_with_more_query_rows_than_keys_is_not_written():
+    """GroupQueryAttention without a past is self-attention: equal query and key heads (no repeat) stay MHA."""
+    res, n = _fused(gqa_model(q_heads=2, kv_heads=2))
+    assert n == 1 and res.plan.rule_counts().get("attention") == 1  # no repeat: nothing to group
+
+
+@pytest.mark.parametrize("name", ["llama.ts-fold", "llama.ts-nofold", "llama.dynamo"])
+def test_corpus_llama_attention_is_groupqueryattention_and_exact_with_padding(name):
+    """The corpus LLaMA exports (4 Q / 2 K/V heads): both layers become GroupQueryAttention, the model matches the
+    unfused one (rtol 1e-4, atol 1e-5) with all-ones and with a left-padded attention_mask."""
+    from pathlib import Path
+
+    import fusionlab
+    from fusionlab.runtime import make_feeds
+
+    path = Path(__file__).parent / "corpus" / f"{name}.onnx"
+    g = fusionlab.load(path)
+    res, n = _fused(g)
+    assert res.plan.rule_counts().get("gqa") == 2 and n == 2, res.plan.rule_counts()
+    feeds = make_feeds(g, dims={"batch": 2, "sequence": 7})
+    padded = dict(feeds, attention_mask=np.array([[0, 0, 1, 1, 1, 1, 1], [1] * 7], np.int64))
+    for f in (feeds, padded):
+        assert verify(g, res.graph, feeds=f, rtol=1e-4, atol=1e-5).ok
+
+
+def test_gqa_head_size_not_a_multiple_of_8_stays_multiheadattention():
+    """onnxruntime's CPU GroupQueryAttention needs head_size % 8 == 0: a head of 4 keeps MHA after the repeat."""
+    m = gqa_model(d=4)
+    res, n = _fused(m)
+    assert n == 1 and res.plan.rule_counts().get("attention") == 1
+    assert any(r.rule == "gqa" and "multiple of 8" in r.reason for r in res.plan.refusals), res.plan.refusals
+    assert verify(m, res.graph, dims={"batch": 2, "seq": 5}).ok

@@ -22,7 +22,7 @@ import numpy as np
 
 __all__ = ["LOWERINGS", "Target", "FUSED_CONV_ACTIVATIONS", "FUSED_GEMM_ACTIVATIONS", "ELEMENTWISE_ACTIVATIONS",
            "conv_target", "gemm_target", "gelu_target", "fast_gelu_target", "contrib_target", "layernorm_target",
-           "attention_target", "rmsnorm_target", "FLOAT16_CPU_KERNELS", "float16_refusal"]
+           "attention_target", "gqa_target", "rmsnorm_target", "FLOAT16_CPU_KERNELS", "float16_refusal"]
 
 LOWERINGS = ("runtime", "functions", "onnx")
 _F32 = np.dtype(np.float32)
@@ -134,6 +134,12 @@ def contrib_target(op: str, lower: str) -> Target | None:
 def attention_target(lower: str) -> Target | None:
     """Scaled dot-product attention: onnxruntime's MultiHeadAttention (no standard op before opset 23)."""
     return None if lower == "onnx" else Target("com.microsoft:MultiHeadAttention")
+
+
+def gqa_target(lower: str) -> Target | None:
+    """Grouped-query attention on the unrepeated K/V: onnxruntime's GroupQueryAttention (causal=0, the graph's mask
+    as attention_bias)."""
+    return None if lower == "onnx" else Target("com.microsoft:GroupQueryAttention")
 
 
 def layernorm_target(opset: int) -> Target | None:

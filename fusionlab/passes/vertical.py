@@ -87,6 +87,11 @@ _OPT_IN = ("skip_layernorm", "swiglu", "geglu")
 #:   a small share) 0.98-1.06x, within noise. Where the rotated heads are only transposed back, onnxruntime EXTENDED
 #:   cancels the Transpose pair around the written-out form and the fused op, opaque to it, measured 0.63x
 #:   (0.54-0.72): that case is refused.
+#: - `gqa` (GroupQueryAttention on the unrepeated K/V, causal=0, the graph's mask as attention_bias) is on: against
+#:   MultiHeadAttention after LLaMA's repeat_kv (benchmarks/bench_gqa.py -> results/gqa.md, corpus LLaMA at 1x32
+#:   and 1x128, an 8 Q / 2 K/V-head block at 1x128 and 1x512) it measured faster in 4 of 16 cells (ts exports
+#:   at 1x32, 1.08-1.13x) and no clear difference in the rest, never slower, with fewer nodes; without it
+#:   (rules without 'gqa') attention is MultiHeadAttention after the kept repeat.
 #: - `swiglu`, `geglu` are opt-in: onnxruntime 1.31 has no CPU kernel for a gated MLP (SwiGLU only inside
 #:   MoE/QMoE, BiasSplitGelu CUDA-only), so the group is its ops or one model-local function, which onnxruntime
 #:   inlines: against the default rules on the corpus exports (batch 1, sequence 64, 1 thread, interleaved,
@@ -94,6 +99,14 @@ _OPT_IN = ("skip_layernorm", "swiglu", "geglu")
 #:   (0.91-1.06) / 1.02x (0.97-1.06) on t5_encoder.dynamo, 1.02x (0.88-1.18) / 1.04x (0.94-1.11) on
 #:   llama.ts-fold: no clear difference; written out (lower="runtime") it is the same graph as silu/fast_gelu.
 DEFAULT_RULES = tuple(r for r in RULES if r not in _OPT_IN)
+#: why each opt-in rule is off by default, in one line (the measurements above; benchmark tables quote it)
+OPT_IN_REASONS = {
+    "skip_layernorm": "onnxruntime 1.31's CPU SkipLayerNormalization measured slower than the Add(s) + "
+                      "LayerNormalization it replaces (bench_rules: 0.16-0.92x off; whole BERT/GPT-2/ViT 0.86-0.89x)",
+    "swiglu": "no CPU kernel for a gated MLP; as one group it measured no faster than the activation fused alone",
+    "geglu": "no CPU kernel for a gated MLP; as one group it measured no faster than the activation fused alone",
+}
+assert set(OPT_IN_REASONS) == set(_OPT_IN)
 #: the options this pass takes, with their defaults
 OPTIONS = {"rules": None, "lower": "runtime", "dims": None, "max_group_ops": None}
 

@@ -33,7 +33,7 @@ RULE_NAMES = (
     "pad_conv", "pad_pool", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
     "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act", "fused_matmul", "layer_scale", "transpose_cancel",
     "gelu", "bias_gelu", "fast_gelu", "layernorm", "skip_layernorm", "rmsnorm", "skip_rmsnorm", "silu",
-    "hard_sigmoid", "hard_swish", "slice_split", "attention", "rotary", "swiglu", "geglu",
+    "hard_sigmoid", "hard_swish", "slice_split", "attention", "gqa", "rotary", "swiglu", "geglu",
 )
 
 

@@ -19,10 +19,15 @@ Q, K or V may also come already split into heads, [B, N, S, D], from any produce
 out or com.microsoft RotaryEmbedding), or LLaMA's grouped-query repeat_kv (Unsqueeze -> Expand -> Reshape of
 fewer K/V heads). Such K and V go in MultiHeadAttention's 4-D key/value form ([B, N, L, D]) and the repeat is
 kept; such a Q goes back to [B, S, N*D] by Transpose + Reshape. A K/V head count the MatMul broadcasts instead
-(no explicit repeat) is refused. GroupQueryAttention is not written: on CPU it is causal-only (seqlens_k,
-total_sequence_length), so it would need a proof that the graph's mask is causal, which a user padding mask
-is not; measured at 1x256x512 (8 Q / 2 K/V heads) it ran no faster than MultiHeadAttention after the repeat
-(1.00x, 0.96-1.04, optimisations off). A head view read elsewhere only for its shape (T5's layer 0 reads
+(no explicit repeat) is refused. With rule `gqa` (on by default) a repeat_kv of Nkv < N heads, proved by shapes
+(Unsqueeze at axis 2, Expand to [B, Nkv, G, L, D], Reshape to [B, Nkv*G, L, D]: head h reads K/V head h // G),
+becomes com.microsoft GroupQueryAttention on the unrepeated K/V instead, the repeat removed: causal=0 with the
+graph's own mask as attention_bias (so a padding mask stays exact: GQA's built-in causal mask is not used and no
+proof of causality is needed), no past, seqlens_k = S - 1 per batch, total_sequence_length = S (from q's shape);
+self-attention only (query length provably the key length), head size a multiple of 8 (the CPU kernel's
+condition). onnxruntime 1.31's CPU kernel runs float32 and float16. It measured no slower than MultiHeadAttention after the repeat, faster on the TorchScript LLaMA exports
+(benchmarks/results/gqa.md); without `gqa` the MultiHeadAttention form is written.
+A head view read elsewhere only for its shape (T5's layer 0 reads
 key_states.shape) stays outside the group for that reader.
 """
 
@@ -34,12 +39,17 @@ import numpy as np
 import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, scalar, sole_consumer
-from ..lowering import attention_target
+from ..lowering import attention_target, gqa_target
 from ..shape_values import ShapeValues
 from .common import F32
 from .layout import Atom, base_layout, names, shape_branch, step, trace_back, trace_forward
 
-__all__ = ["Attention", "ATTENTION_DTYPES"]
+__all__ = ["Attention", "ATTENTION_DTYPES", "GQA_OPT_IN"]
+
+#: why a grouped-query attention became MultiHeadAttention after the repeat (rule `gqa` off): --why-not says it
+GQA_OPT_IN = ("K/V repeated from fewer heads: MultiHeadAttention after the repeat, since rule gqa is off (it is on "
+              "by default: GroupQueryAttention on the unrepeated K/V measured no slower, faster on LLaMA's "
+              "TorchScript exports; benchmarks/results/gqa.md)")
 
 #: dtypes onnxruntime 1.31's CPU MultiHeadAttention kernel runs (float16 checked on a built model: it loads, runs
 #: and is within float16 rounding of a float64 reference, max error 6e-4 at 2x5x16; float64 has no kernel)
@@ -112,6 +122,34 @@ def _side(cx, values, operand: ir.Value, want: str):
         if nd is not None:
             return start, views[i:], nd, True
     return operand, [], None, False
+
+
+def _repeat(cx, rep: ir.Value):
+    """(x, kv heads, nodes) when `rep` [B, N, L, D] is LLaMA's repeat_kv of x [B, Nkv, L, D]:
+    Reshape(Expand(Unsqueeze(x, [2]), [B, Nkv, G, L, D]), [B, N, L, D]) with N = Nkv * G, each intermediate read
+    once; None otherwise. Row-major order makes query head h read K/V head h // G, as GroupQueryAttention does
+    (the shapes prove it: B, L, D unchanged, axes 1 and 2 merged)."""
+    r = rep.producer()
+    if not is_op(r, "Reshape") or not cx.free(r):
+        return None
+    e = r.inputs[0].producer()
+    if not is_op(e, "Expand") or not cx.free(e) or sole_consumer(r.inputs[0]) is not r:
+        return None
+    u = e.inputs[0].producer()
+    if not is_op(u, "Unsqueeze") or not cx.free(u) or e.inputs[0].is_graph_output() or \
+            any(n is not e and not is_op(n, "Shape") for n in consumers(e.inputs[0])):
+        return None  # a Shape of the Unsqueeze may compute the Expand's target (it goes with the group)
+    axes = cx.constant(u.inputs[1]) if len(u.inputs) > 1 else attr(u, "axes")
+    if axes is None or [int(a) for a in np.asarray(axes).reshape(-1)] not in ([2], [-4]):
+        return None
+    xs, es, rs = cx.shape(u.inputs[0]), cx.shape(e.outputs[0]), cx.shape(rep)
+    if xs is None or es is None or rs is None or len(xs) != 4 or len(es) != 5 or len(rs) != 4 or None in xs + es + rs:
+        return None
+    nkv, g, n = es[1], es[2], rs[1]
+    if not all(isinstance(v, int) for v in (nkv, g, n)) or nkv != xs[1] or nkv * g != n or g < 2 or \
+            (es[0], es[3], es[4]) != (xs[0], xs[2], xs[3]) or (rs[0], rs[2], rs[3]) != (xs[0], xs[2], xs[3]):
+        return None
+    return u.inputs[0], nkv, [u, e, r]
 
 
 def _scores(cx, sm: ir.Node):
@@ -192,7 +230,7 @@ def _mask_ok(cx, mask: ir.Value, b, s, length, heads: int) -> str | None:
     return None
 
 
-_SHAPE_OPS = ("Shape", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Cast", "Identity")
+_SHAPE_OPS = ("Shape", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Cast", "Identity", "Mul")
 
 
 def _support(cx, members: list[ir.Node]) -> list[ir.Node]:
@@ -202,7 +240,7 @@ def _support(cx, members: list[ir.Node]) -> list[ir.Node]:
     those nodes go with the group, or the intermediate would escape it.
     """
     inside = {id(n) for n in members}
-    frontier = [n.inputs[1] for n in members if is_op(n, "Reshape") and len(n.inputs) > 1]
+    frontier = [n.inputs[1] for n in members if is_op(n, "Reshape", "Expand") and len(n.inputs) > 1]
     cand, seen = [], set()
     while frontier:
         v = frontier.pop()
@@ -243,7 +281,7 @@ def _kept_views(views: list[ir.Node], members: list[ir.Node]) -> list[ir.Node]:
 class Attention(Rule):
     """Q·K^T scaled, masked, Softmax, @V, with the head views -> com.microsoft MultiHeadAttention."""
 
-    names = ("attention",)
+    names = ("attention", "gqa")
     anchors = ("Softmax",)
     fixed = True
     same_shape = False
@@ -289,6 +327,10 @@ class Attention(Rule):
             raise Refused("the context does not return to [B, S, N*D] through views")
         self._legal(cx, q, k, v, mask, nd[0], q4, k4)
         pre = [n for n in (q_scale, k_scale) if n is not None]
+        gqa = self._grouped(cx, values, sm, q, q4, k, v, k4, nd) if k4 else None
+        if gqa is not None:  # GroupQueryAttention on the K/V heads before the repeat: the repeat goes too
+            k, v = gqa["k"], gqa["v"]
+            k_views, v_views = gqa["k_views"] + k_views, gqa["v_views"] + v_views
         members = q_views + k_views + v_views + pre + nodes + [sm] + guarded[1] + [ctx_mm] + out[1]
         members += _support(cx, members)
         kept = [n for views in (q_views, k_views, v_views) for n in _kept_views(views, members)]
@@ -296,15 +338,69 @@ class Attention(Rule):
         if not cx.free(*members):
             return None
         keep_guard = bool(guarded[1]) and mask is not None and not _mask_finite(cx, mask)
-        target = attention_target(cx.lower)
+        target = gqa_target(cx.lower) if gqa is not None else attention_target(cx.lower)
         if target is None:
             raise Refused(f"no attention op for lower={cx.lower!r}")
-        return Match("attention", sm, members, f"{nd[0]} heads of {nd[1]}, layouts proved; "
-                     f"mask {'none' if mask is None else 'as attention_bias'}; guard {'kept' if keep_guard else 'none'}",
-                     target.op, target.kernels + (2 if keep_guard else 0) + (1 if out[2] else 0),
+        if gqa is None and "attention" not in cx.rules:
+            return None
+        rule = "gqa" if gqa is not None else "attention"
+        heads = (f"{nd[0]} heads of {nd[1]}, K/V {gqa['kv_heads']} heads (GroupQueryAttention, causal=0)"
+                 if gqa is not None else f"{nd[0]} heads of {nd[1]}") + ", layouts proved"
+        extra = (1 if out[2] else 0) + (2 if keep_guard else 0) + (gqa["extra"] if gqa is not None else 0)
+        return Match(rule, sm, members, f"{heads}; mask {'none' if mask is None else 'as attention_bias'}; "
+                     f"guard {'kept' if keep_guard else 'none'}" + (f"; {gqa['note']}" if gqa and gqa["note"] else ""),
+                     target.op, target.kernels + extra,
                      outputs=[out[0]],
                      data={"q": q, "k": k, "v": v, "mask": mask, "heads": nd[0], "scale": s1 * s2 * s3,
-                           "guard": keep_guard, "flatten": out[2] and nd[0] * vd[1], "q4": q4 and nd[0] * nd[1]})
+                           "guard": keep_guard, "flatten": out[2] and nd[0] * vd[1], "q4": q4 and nd[0] * nd[1],
+                           "gqa": gqa and {x: gqa[x] for x in ("kv_heads", "k4", "head_size", "bs")}})
+
+    @staticmethod
+    def _grouped(cx, values, sm: ir.Node, q, q4: bool, k, v, k4: bool, nd) -> dict | None:
+        """GroupQueryAttention's K and V when both are repeat_kv results of the same Nkv < N heads and rule `gqa`
+        is on: V (and K without a rotary) as their [B, L, Nkv*D] projections, a rotated K [B, Nkv, L, D] as it
+        is (the rewrite transposes it back). None (MultiHeadAttention after the repeat) otherwise; near misses
+        are recorded under `gqa`."""
+        rk, rv = _repeat(cx, k), _repeat(cx, v)
+        if rk is None or rv is None:
+            return None
+        if "gqa" not in cx.rules:
+            cx.refuse("gqa", sm, GQA_OPT_IN)
+            return None
+        (xk, nkv, k_rep), (xv, nkv_v, v_rep) = rk, rv
+        why = None
+        qs, ks = cx.shape(q), cx.shape(xk)
+        if nkv != nkv_v:
+            why = f"K repeats {nkv} heads, V {nkv_v}"
+        elif nd[0] % nkv:
+            why = f"{nd[0]} query heads are no multiple of {nkv} K/V heads"
+        elif qs is None or ks is None or qs[2 if q4 else 1] != ks[2] or qs[2 if q4 else 1] is None:
+            why = (f"query length {qs and qs[2 if q4 else 1]} is not provably the key length {ks and ks[2]} "
+                   "(GroupQueryAttention without a past: self-attention only)")
+        elif nd[1] % 8:  # onnxruntime 1.31's CPU kernel: "head_size must be a multiple of 8"
+            why = f"head size {nd[1]} is not a multiple of 8 (onnxruntime's CPU kernel needs one)"
+        elif cx.graph.opset < 15:
+            why = f"opset {cx.graph.opset} < 15 (Shape with start/end builds seqlens_k)"
+        elif cx.dtype(q) not in (F32, np.dtype(np.float16)):
+            why = f"dtype {cx.dtype(q)}"
+        if why:
+            cx.refuse("gqa", sm, f"GroupQueryAttention not written: {why}; MultiHeadAttention after the repeat")
+            return None
+        out = {"kv_heads": nkv, "head_size": nd[1], "k_views": [], "v_views": list(v_rep), "extra": 0, "note": "",
+               "bs": (qs[0], qs[2 if q4 else 1])}
+        for name, x, rep in (("k", xk, k_rep), ("v", xv, v_rep)):
+            base, views, kvd, split = _side(cx, values, x, "bnsd")
+            if kvd == (nkv, nd[1]) and not split and cx.rank(base) == 3:
+                out[name], out[name + "4"] = base, False
+                out[name + "_views"] = views + list(rep)
+            else:  # a value already in heads (the rotary's output): Transpose + Reshape to [B, L, Nkv*D]
+                out[name], out[name + "4"] = x, True
+                out[name + "_views"] = list(rep)
+                out["extra"] += 2
+        out["k4"] = (out["k4"], out["v4"])
+        back = [n for n, four in zip("KV", out["k4"]) if four]
+        out["note"] = f"{' and '.join(back)} transposed back to [B, L, Nkv*D]" if back else ""
+        return out
 
     @staticmethod
     def _output(cx, values, ctx_mm: ir.Node, q: ir.Value, q4: bool, heads: int, dv: int):
@@ -346,9 +442,12 @@ class Attention(Rule):
             shape = cx.initializer(f"{m.anchor.name}_q_bsh", np.array([0, 0, d["q4"]], np.int64))
             out += [t, cx.node("Reshape", [t.outputs[0], shape], base=f"{m.anchor.name}_q_bsh")]
             q = out[-1].outputs[0]
-        ins = [q, d["k"], d["v"], None, None] + ([d["mask"]] if d["mask"] is not None else [])
-        out += [cx.node("MultiHeadAttention", ins, {"num_heads": int(d["heads"]), "scale": float(d["scale"])},
-                       domain="com.microsoft", base=f"{m.anchor.name}_mha")]
+        if d["gqa"]:
+            out += self._gqa(cx, m, q)
+        else:
+            ins = [q, d["k"], d["v"], None, None] + ([d["mask"]] if d["mask"] is not None else [])
+            out += [cx.node("MultiHeadAttention", ins, {"num_heads": int(d["heads"]), "scale": float(d["scale"])},
+                           domain="com.microsoft", base=f"{m.anchor.name}_mha")]
         mha = len(out) - 1
         if d["guard"]:
             isnan = cx.node("IsNaN", [out[-1].outputs[0]], base=f"{m.anchor.name}_isnan")
@@ -359,3 +458,42 @@ class Attention(Rule):
             shape = cx.initializer(f"{m.anchor.name}_flat", np.array([-1, d["flatten"]], np.int64))
             out.append(cx.node("Reshape", [out[-1].outputs[0], shape], base=f"{m.anchor.name}_flatten"))
         return out
+
+    @staticmethod
+    def _gqa(cx, m: Match, q: ir.Value) -> list[ir.Node]:
+        """GroupQueryAttention(q, k, v, seqlens_k=S-1 per batch, total_sequence_length=S, attention_bias=mask,
+        causal=0): no past, every key position valid, the graph's own mask added as it is (so the causal part
+        and any padding stay exactly what the graph computes)."""
+        d, g, name = m.data, m.data["gqa"], m.anchor.name
+        nodes, kv = [], []
+        for side, four in (("k", g["k4"][0]), ("v", g["k4"][1])):
+            x = d[side]
+            if four:  # [B, Nkv, L, D] -> [B, L, Nkv*D]
+                t = cx.node("Transpose", [x], {"perm": [0, 2, 1, 3]}, base=f"{name}_{side}_bsnd")
+                shape = cx.initializer(f"{name}_{side}_bsh", np.array([0, 0, g["kv_heads"] * g["head_size"]], np.int64))
+                nodes += [t, cx.node("Reshape", [t.outputs[0], shape], base=f"{name}_{side}_bsh")]
+                x = nodes[-1].outputs[0]
+            kv.append(x)
+        qs = g["bs"]  # (batch, sequence) of the query, as the match saw them
+        if isinstance(qs[0], int) and isinstance(qs[1], int):
+            seqlens = cx.initializer(f"{name}_seqlens_k", np.full(qs[0], qs[1] - 1, np.int32))
+            total = cx.initializer(f"{name}_total_seq", np.array(qs[1], np.int32))
+        else:  # from q's shape at run time: Shape -> Cast -> [S] -> scalar S, S - 1 expanded to [B]
+            s1 = cx.node("Shape", [q], {"start": 1, "end": 2}, base=f"{name}_seq")
+            c = cx.node("Cast", [s1.outputs[0]], {"to": int(ir.DataType.INT32)}, base=f"{name}_seq32")
+            scalar_shape = cx.initializer(f"{name}_scalar", np.array([], np.int64))
+            tot = cx.node("Reshape", [c.outputs[0], scalar_shape], base=f"{name}_total_seq")
+            one = cx.initializer(f"{name}_one", np.array(1, np.int32))
+            last = cx.node("Sub", [tot.outputs[0], one], base=f"{name}_last")
+            b = cx.node("Shape", [q], {"start": 0, "end": 1}, base=f"{name}_batch")
+            sk = cx.node("Expand", [last.outputs[0], b.outputs[0]], base=f"{name}_seqlens_k")
+            nodes += [s1, c, tot, last, b, sk]
+            seqlens, total = sk.outputs[0], tot.outputs[0]
+        ins = [q, kv[0], kv[1], None, None, seqlens, total, None, None, None,
+               d["mask"] if d["mask"] is not None else None]
+        while ins[-1] is None:
+            ins.pop()
+        attrs = {"num_heads": int(d["heads"]), "kv_num_heads": int(g["kv_heads"]), "scale": float(d["scale"]),
+                 "causal": 0}
+        nodes.append(cx.node("GroupQueryAttention", ins, attrs, domain="com.microsoft", base=f"{name}_gqa"))
+        return nodes

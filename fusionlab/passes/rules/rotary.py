@@ -314,7 +314,8 @@ class Rotary(Rule):
             nodes = more[:2] + nodes + more[2:]
             data.update(x=outer, rotary_dim=dims[3])
             out = more[2].outputs[0]
-        _not_transposed_back(data["x"], out)
+        if cx.only is None:  # a cost condition, judged on the graph as planned: re-checked after another group
+            _not_transposed_back(data["x"], out)  # (attention) wrote its own Transpose after it, it is no pair
         if not cx.free(*nodes):
             return None
         why = f"{form} rotary embedding of {data['x'].name}" + (f", first {dims[3]} channels" if partial else "")

@@ -9,8 +9,10 @@ K (Mul cos, Slice/Neg/Concat, Mul sin, Add). T5's layer 0: K's head view read by
 a Shape. Near misses: a mask multiplied in instead of added (nm:mask_mul), a single K/V head broadcast by the
 MatMul with no repeat (nm:kv_broadcast), Softmax over the queries (nm:softmax_axis). A per-head scale vector
 on Q (scale_per_head) is no scalar scale, but the Q it makes is legal as it is (a value already in heads). A
-random bool mask is not causal: GroupQueryAttention, which assumes a causal mask, would be wrong on it (the tag
-mask_any marks it; the rule writes MultiHeadAttention with the graph's own mask).
+random bool mask is not causal (tag mask_any): the gqa rule writes GroupQueryAttention with causal=0 and the
+graph's own mask as attention_bias, so it must stay exact on any mask; a head size of 8 (hidden 16, 2 heads)
+is the one the fuzzer draws that GroupQueryAttention's CPU kernel takes (a multiple of 8), others fall back
+to MultiHeadAttention after the repeat.
 """
 
 from __future__ import annotations

@@ -168,6 +168,12 @@ def test_a_typed_constant_presented_as_measured_is_caught(tmp_path):
     flags = prose_check.check_notebook(paths["02_vertical"])
     assert sorted(f.cell for f in flags) == [0, 1, 2], flags
     assert all("launch_us = 0.3" in f.why for f in flags)
+    keyword = _notebooks(tmp_path / "kw", {"05_cost": [
+        ("code", "c = cost.plan_cost(g, None, dev, launch_overhead_us=5.0)\nprint(c)", "5.0\n"),
+        ("markdown", "The launch cost, 5.0 µs as measured on the card, dominates.", None)]}) \
+        if (tmp_path / "kw").mkdir() is None else None
+    (flag,) = prose_check.check_notebook(keyword["05_cost"])
+    assert "launch_overhead_us = 5.0" in flag.why
     (tmp_path / "ok").mkdir()
     measured = _notebooks(tmp_path / "ok", {"02_vertical": [
         ("code", "from fusionlab.cost import calibrate\nlaunch_us = calibrate.launch_overhead_us()\nprint(launch_us)",

@@ -32,8 +32,8 @@ number (its own typed constant, say) does not make it the other notebook's measu
 figures go in a sentence of their own (or come from code). A verdict in such a
 sentence is read against the cited notebooks' intervals too.
 
-**Typed constants presented as measured.** A number assigned as a literal in a code cell (``launch_us = 0.3``) is
-a setting, not a measurement. It is flagged where prose presents it as one: a markdown sentence that says
+**Typed constants presented as measured.** A number assigned as a literal in a code cell (``launch_us = 0.3``, or a
+keyword argument ``launch_us=0.3``) is a setting, not a measurement. It is flagged where prose presents it as one: a markdown sentence that says
 measured/measures/measurement or cites another notebook, and names the variable (in a code span) or types its
 decimal value; or a comment of the cell that types the value beside such words. Read the value from fusionlab (a
 function that measures it, or a stored measurement) or call it an assumption.
@@ -273,7 +273,8 @@ class _Notebooks:
 
 
 def literal_assignments(nb: dict) -> list[tuple[int, str, str, int]]:
-    """(code cell index, variable, the literal as written, line) for every `name = <number>` in the code cells."""
+    """(code cell index, variable, the literal as written, line) for every `name = <number>` in the code cells, and
+    every keyword argument given a decimal literal (`price(launch_us=0.3)`)."""
     out = []
     for index, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code":
@@ -283,6 +284,13 @@ def literal_assignments(nb: dict) -> list[tuple[int, str, str, int]]:
         except SyntaxError:
             continue
         for node in ast.walk(tree):
+            if isinstance(node, ast.Call):  # a keyword argument with a decimal literal: `price(launch_us=0.3)`
+                for k in node.keywords:
+                    v = k.value.operand if isinstance(k.value, ast.UnaryOp) and isinstance(k.value.op, ast.USub) else k.value
+                    if k.arg and isinstance(v, ast.Constant) and type(v.value) is float:
+                        literal = ast.get_source_segment(_strip_magics(_source(cell)), v) or repr(v.value)
+                        out.append((index, k.arg, literal, node.lineno))
+                continue
             if not isinstance(node, (ast.Assign, ast.AnnAssign)):
                 continue
             value = node.value

@@ -16,10 +16,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 #: Notebooks whose prose is still being brought into agreement (issue 20, items 06-12 on another branch).
 #: strict: once a notebook passes, its entry must go.
-PENDING: dict[str, str] = {
-    "00_start_here": "issue 20 (d): [23] measures again the comparison of [21] (branch i20a fixes it)",
-    "02_vertical_fusion": "issue 20 (b): launch_us = 0.3 typed, presented as notebook 10's measurement (branch i20a)",
-}
+PENDING: dict[str, str] = {}
 
 
 def _notebook(tmp_path, markdown: list[str], printed: str) -> Path:

@@ -293,7 +293,23 @@ class FusionPlan:
         `fused`, `unfused`: the cost model's `PlanCost` of the model under this plan and without one, for the
         whole model's kernels."""
         running = self.running()
-        return PlanCounts(groups=len(running), formed=len(self.groups), nodes=len(self.kernel_of()),
+        live = {g.id for g in running}
+        # A group over an earlier group's product (a horizontal stack of FusedConvs, a mixed group over a fused
+        # Conv) covers the loaded model's nodes behind its members. Those are this plan's nodes when the earlier
+        # group is in this plan too (absorbed here). In a plan without it (the horizontal groups of a vertical +
+        # horizontal plan, shown on their own) the earlier group's saving is not this plan's: each member counts
+        # as one node, or its launches would be claimed twice.
+        absorbed = [set(g.covers) for g in self.groups if g.id not in live]
+        loaded: set[str] = set()
+        members = 0
+        for g in running:
+            products = set(g.nodes) - set(g.covers)
+            if products and not any(a & set(g.covers) for a in absorbed):
+                members += len(g.nodes)
+            else:
+                loaded |= set(g.covers)
+        nodes = len(loaded) + members
+        return PlanCounts(groups=len(running), formed=len(self.groups), nodes=nodes,
                           kernels=sum(g.kernels for g in running),
                           unfused_kernels=unfused.kernels if unfused is not None else None,
                           fused_kernels=fused.kernels if fused is not None else None)

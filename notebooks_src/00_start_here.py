@@ -202,12 +202,14 @@ print(f"intermediate tensors (conv_out, bn_out): 2 × {y.nbytes // 1024} KiB eac
 
 # %%
 intermediate = y.nbytes  # conv_out and bn_out have y's shape and dtype
+members = ["conv", "bn", "relu"]
 plan = fusionlab.FusionPlan(model="conv_bn_relu")
 _ = plan.add(fusionlab.FusionGroup(
-    id="g0", kind="vertical", rule="conv_bn_relu", nodes=["conv", "bn", "relu"],
+    id="g0", kind="vertical", rule="conv_bn_relu", nodes=members,
     op_types=["Conv", "BatchNormalization", "Relu"],
     saved_bytes=2 * 2 * intermediate,  # two tensors, each written once and read once
-    saved_launches=2, lowered_to="Conv (BN folded) + Relu",
+    kernels=1, saved_launches=len(members) - 1,  # three kernels become one: two launches fewer
+    lowered_to="FusedConv (BN folded, Relu fused)",
     reason="a chain: each intermediate has a single consumer and is not a graph output",
 ))
 print(plan)
@@ -231,14 +233,25 @@ print(unfused)
 
 # %% [markdown]
 # onnxruntime has fusions of its own. At its `"all"` optimisation level it folds the BatchNormalization into
-# the Conv and fuses the Relu too. `timing.compare_models` runs the two sessions **interleaved**, swapping
-# which goes first each round so that machine drift hits both alike. It reports the median of the
-# per-round ratios. A speedup above 1 means the second model is faster.
+# the Conv and fuses the Relu too. Below, `timing.interleaved` runs our model in three onnxruntime sessions (its
+# optimisations off, at `"extended"`, at `"all"`) **interleaved**: every round runs each once, the order rotated
+# from round to round, so that machine drift hits all three alike. `timing.Comparison.from_samples` pairs two of
+# them and reports the median of the per-round ratios with a 95% confidence interval; a speedup above 1 means the
+# second is faster. (`timing.compare_models` does the same for two models, from notebook 01 on.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-comparison = timing.compare_models(model, model, level_a="disable", level_b="all", feeds=feeds,
-                                   label_a="ours, unfused", label_b="onnxruntime 'all' (fused)")
+sessions = timing.session_at_each_level(model)  # one thread each
+rounds = timing.interleaved({level: (lambda s=sessions[level]: s.run(None, feeds)) for level in ("disable", "extended", "all")},
+                            min_time=3)
+
+
+def paired(a, b, label_a, label_b):
+    """B against A, from the same interleaved rounds."""
+    return timing.Comparison.from_samples(rounds[a], rounds[b], label_a=label_a, label_b=label_b)
+
+
+comparison = paired("disable", "all", "ours, unfused", "onnxruntime 'all' (fused)")
 comparison
 
 # %% [markdown]
@@ -246,17 +259,17 @@ comparison
 # `ConvBNFusion` is a basic-level rewrite); `"extended"` keeps that and adds its fusions, here Conv + Relu into one
 # `FusedConv`; `"all"` adds a layout transform on top, rewriting the Conv into its blocked NCHWc form (channels in
 # blocks of 8 or 16, which its vector kernels prefer). Separate the fusions (off → extended) from the layout
-# (extended → all):
+# (extended → all), from the same rounds as the comparison above:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-fusion_only = timing.compare_models(model, model, level_a="disable", level_b="extended", feeds=feeds)
-layout_only = timing.compare_models(model, model, level_a="extended", level_b="all", feeds=feeds)
-print(f"fusions  (extended vs off):   {fusion_only.speedup:.2f}x (95% CI {fusion_only.ci_low:.2f}-{fusion_only.ci_high:.2f})")
-print(f"layout   (all vs extended):   {layout_only.speedup:.2f}x (95% CI {layout_only.ci_low:.2f}-{layout_only.ci_high:.2f})")
-together = timing.compare_models(model, model, level_a="disable", level_b="all", feeds=feeds)
-print(f"together (all vs off):        {together.speedup:.2f}x; the first two multiplied: "
-      f"{fusion_only.speedup * layout_only.speedup:.2f}x")
+fusion_only = paired("disable", "extended", "off", "extended")
+layout_only = paired("extended", "all", "extended", "all")
+together = comparison  # all vs off, the same rounds: one measurement, one figure
+for name, c in (("fusions  (extended vs off)", fusion_only), ("layout   (all vs extended)", layout_only),
+                ("together (all vs off)     ", together)):
+    print(f"{name}: {c.speedup:.2f}x (95% CI {c.ci_low:.2f}-{c.ci_high:.2f})")
+print(f"the first two multiplied: {fusion_only.speedup * layout_only.speedup:.2f}x")
 
 # what this means in words, built from the values; which of the two gains more is decided by the two intervals
 from IPython.display import Markdown, display
@@ -267,8 +280,17 @@ elif layout_only.ci_high < fusion_only.ci_low:
     worth = "worth less than the fusions"
 else:
     worth = "worth about as much as the fusions (their intervals overlap)"
-display(Markdown(f"The two effects multiply, roughly: the last line sets their product, {fusion_only.speedup * layout_only.speedup:.2f}×, "
-         f"beside the two levels measured together, {together.speedup:.2f}×. On this layer the layout transform "
+product = fusion_only.speedup * layout_only.speedup
+if together.ci_low <= product <= together.ci_high:
+    multiply = (f"The two effects multiply: their product, {product:.2f}×, lies in the interval of all against off "
+                f"in the same rounds, {together.speedup:.2f}× (95% CI {together.ci_low:.2f}–{together.ci_high:.2f}).")
+else:
+    multiply = (f"The two effects multiply only roughly: their product, {product:.2f}×, beside "
+                f"{together.speedup:.2f}× (95% CI {together.ci_low:.2f}–{together.ci_high:.2f}) for all against off in "
+                f"the same rounds. Each round's ratio of all to off is exactly the product of that round's two factors, "
+                f"but the `extended` session's round-to-round noise enters the two factors in opposite directions, and "
+                f"the product of two medians is not the median of the products.")
+display(Markdown(f"{multiply} On this layer the layout transform "
          f"({layout_only.speedup:.2f}×) is {worth} ({fusion_only.speedup:.2f}×), so \"onnxruntime at `all` is "
          f"{together.speedup:.1f}× faster\" is not a measure of fusion: always say which level you compare with which."))
 

@@ -417,12 +417,14 @@ print(seed_claims.claim("s21-40pct-instructions").summary())
 # below; the launch overhead is an assumption, see `devices.get(...).uncertain`). Each kernel takes
 # max(FLOPs / peak, bytes / bandwidth) plus a launch. These are **predictions, not measurements**.
 #
-# One thing the model leaves out: Ascend stores feature maps as NC1HWC0, channels in blocks of C0 = 16 (fp16), and
-# the cube unit works on whole blocks. The stem's 3 input channels are padded to 16, so the device computes (and its
-# DMA moves) 16/3 ≈ 5.3× the input-channel work the ONNX graph describes. ATC has an option for exactly this layer:
-# `--enable_small_channel=1` (ATC's command-line reference) lets a first convolution with at most 4 input channels
-# use the C04 layout, its channels padded to 4 instead of 16. The cell after the prediction counts all three; the
-# cost model's conv time uses the unpadded count.
+# One thing the model leaves out: Ascend's kernels take feature maps in the NC1HWC0 format (a CANN format name,
+# `shared/reference/cann_facts.md` §1.4), channels in blocks of C0, and the cube unit works on whole blocks. With
+# C0 = 16 for fp16 (the usual value; our reference notes name the format, not C0) the stem's 3 input channels are
+# padded to 16, so the device computes 16/3 ≈ 5.3× the input-channel work the ONNX graph describes. ATC is said
+# to have an option for exactly this layer, a small-channel mode (`--enable_small_channel`, the C04 layout: a first
+# convolution with at most 4 input channels padded to 4 instead of 16). Our reference notes do not cover that
+# option, so it is **unverified here**: the C04 figures below are what such a layout would give, not a documented
+# ATC result. The cell after the prediction counts all three; the cost model's conv time uses the unpadded count.
 
 # %%
 for name in ("Atlas 300I Pro", "Atlas 800I A2 (Ascend 910B)"):
@@ -443,7 +445,10 @@ print(f"folded stem conv: {folded_work.flops / 1e9:.3f} GFLOP as in the graph (C
       f"  {padded.flops / 1e9:.3f} GFLOP with C_in padded to C0 = 16 ({padded.flops / folded_work.flops:.2f}x), "
       f"{c04.flops / 1e9:.3f} GFLOP in C04 ({c04.flops / folded_work.flops:.2f}x)")
 print(f"at the 300I Pro's fp16 peak: {folded_work.flops / pro_peak * 1e6:.1f} us unpadded, "
-      f"{padded.flops / pro_peak * 1e6:.1f} us padded to 16, {c04.flops / pro_peak * 1e6:.1f} us in C04")
+      f"{padded.flops / pro_peak * 1e6:.1f} us padded to 16, {c04.flops / pro_peak * 1e6:.1f} us in C04 (unverified)")
+pro_bw = devices.get("Atlas 300I Pro").mem_bandwidth_gbs * 1e9
+print(f"the folded conv's memory traffic at the 300I Pro's {pro_bw / 1e9:g} GB/s: "
+      f"{folded_work.bytes_moved / pro_bw * 1e6:.1f} us")
 
 # %% [markdown]
 # The prediction differs from the CPU measurement for a clear reason. On an accelerator with tens of
@@ -454,9 +459,10 @@ print(f"at the 300I Pro's fp16 peak: {folded_work.flops / pro_peak * 1e6:.1f} us
 # write-up's 40% holds on real hardware would need `msprof` on an Atlas 300I Pro. The model only shows
 # that a saving of that order is *plausible* for a memory-bound BN after a fast conv. The C0 padding weakens even
 # that: padded to 16, the conv's arithmetic alone takes 18 µs at the 300I Pro's peak instead of 3.4 µs, longer than
-# the conv's memory traffic, so on the device the conv is slower than the model has it and the BN pass that folding
-# removes is a smaller share of the layer than predicted. Compiled with `--enable_small_channel=1` (C04) the padded
-# arithmetic takes 4.5 µs, and the prediction stands closer to the model's.
+# the 9.4 µs of the conv's memory traffic, so on the device the conv is slower than the model has it and the BN pass
+# that folding removes is a smaller share of the layer than predicted. If the small-channel C04 layout exists as
+# described (unverified here, above), its padded arithmetic takes 4.5 µs, and the prediction stands closer to the
+# model's.
 #
 # ### The seed's other ResNet-50 claim: MatMul + activation and the batch size
 
@@ -484,11 +490,11 @@ print(f"the stem's output {stem_out:,} values: the classifier's output is {1000 
 # %%
 # NBVAL_IGNORE_OUTPUT
 ours = timing.compare_models(stem, stem_folded, level_a="disable", level_b="disable", dims={"batch": 1},
-                             label_a="unfused", label_b="folded (ours)")
+                             label_a="unfused", label_b="folded (ours)", min_time=2)
 print(ours.table())
 print()
 ort_fold = timing.compare_models(stem, stem_folded, level_a="basic", level_b="disable", dims={"batch": 1},
-                                 label_a="unfused, onnxruntime basic", label_b="folded (ours)")
+                                 label_a="unfused, onnxruntime basic", label_b="folded (ours)", min_time=2)
 print(ort_fold.table())
 
 # %% [markdown]

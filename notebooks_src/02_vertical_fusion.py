@@ -27,7 +27,7 @@ from onnx import helper
 import fusionlab
 from fusionlab import cost, seed_claims, timing, viz, zoo
 from fusionlab.build import make_model, value_info
-from fusionlab.cost import devices
+from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import codegen
 from fusionlab.passes import fuse, plan as plan_passes, vertical
 from fusionlab.runtime import make_feeds, session
@@ -309,15 +309,16 @@ m = list(measured.values())
 display(Markdown(
     f"The answer, in this run: our fused model against the unfused one, {said(m[0])}; onnxruntime's own EXTENDED "
     f"fusions against the unfused model, {said(m[1])}; ours against theirs, {said(m[2])} (they run the same 142 "
-    f"kernels). Nowhere near 2×. The one large effect is the layout transform of ALL over EXTENDED, {said(m[3])}. "
+    f"kernels{'' if timing.ratio_verdict(m[2].ci_low, m[2].ci_high) == 'no clear difference' else ', so a gap between them is not a fusion effect: rerun the cell to see whether it stays'}). "
+    f"Nowhere near 2×. The one large effect is the layout transform of ALL over EXTENDED, {said(m[3])}. "
     f"With both at ALL: {said(m[4])}."))
 
 # %% [markdown]
 # ALL is not only a layout: it also has fusions of its own (`ConvAddActivationFusion`, and the NCHWc transformer
 # folds a following activation or `Add` into its blocked Conv), but on this detector the op counts of §5 show the
 # same 57 `QuickGelu` and no other op gone, so what ALL adds here is the layout. On this CPU a 3×3 convolution
-# costs far more than its BN and SiLU (see §8), so removing the elementwise passes and 114 launches of about 0.3 µs
-# each (notebook 10 §3) is a small share of the run.
+# costs far more than its BN and SiLU (see §8), so removing the elementwise passes and 114 launches is a small share
+# of the run. (What one launch costs onnxruntime on this CPU is measured in §9, where it is needed.)
 #
 # ### One step further than onnxruntime: the residual Add
 #
@@ -365,7 +366,7 @@ side_by_side(bert, bert_result.graph, levels=("extended",))
 # onnxruntime also has `SkipLayerNormalization`, the residual `Add` and the LayerNorm in one kernel. The
 # pass knows that rule (`skip_layernorm`) but does **not** apply it by default: in the rule benchmark
 # (`benchmarks/results/rules.md`, long interleaved runs) the fused kernel was slower than `Add` followed by
-# onnxruntime's `LayerNormalization` with optimisations off, and at level `all` level or slower depending on the
+# onnxruntime's `LayerNormalization` with optimisations off, and at level `all` anywhere from slightly faster to much slower, depending on the
 # form. Fewer kernels is not automatically faster; a fused kernel earns its place by measurement. Opt in and
 # see what your machine says at `all`: the sentence under the table reads this run's interval (one short run
 # on one model; the default rests on the benchmark's forms and sizes).
@@ -538,20 +539,22 @@ for title, level_a, level_b in (("ours (off) vs ORT EXTENDED", "extended", "disa
                                              dims={"batch": 1, "sequence": 64}, min_time=2)
 print(timing.comparisons_table(bert_runs, header=("comparison: B vs A", "A", "B", "A/B", "95% CI", "verdict")))
 
-# where the time went: the launches the plan saved, priced at about 0.3 µs each (notebook 10 §3), against the gain
+# where the time went: the launches the plan saved, priced at this machine's launch overhead (a chain of tiny ops
+# minus one, per op, profiler off: the calibration notebook 10 §3 prints too), against the gain
 vs_ext = bert_runs["ours (off) vs ORT EXTENDED"]
-launch_us = 0.3
+launch_us = calibrate.launch_overhead_us()
+print(f"launch overhead on this machine: {launch_us:.2f} µs per kernel")
 saved = ours.plan.saved_launches
-gain_us = (vs_ext.a.median - vs_ext.b.median) * 1e6
+gain_us = vs_ext.b.median * (vs_ext.speedup - 1) * 1e6  # what the paired ratio says B saves per run
 if timing.ratio_verdict(vs_ext.ci_low, vs_ext.ci_high) != "faster":
     why = "This run cannot tell a gain from the noise, so there is nothing to attribute."
 elif saved * launch_us < gain_us / 2:
     why = (f"The run is {gain_us:.0f} µs shorter. The {saved} launches the plan saves account for about "
-           f"{saved * launch_us:.0f} µs of that at {launch_us} µs each: most of the gain is the fused attention kernel "
+           f"{saved * launch_us:.0f} µs of that at {launch_us:.2f} µs each: most of the gain is the fused attention kernel "
            f"itself, which computes the scores, softmax and weighted sum without materialising the head views and "
            f"their transposes between separate kernels.")
 else:
-    why = (f"The run is {gain_us:.0f} µs shorter, and the {saved} launches the plan saves, at about {launch_us} µs "
+    why = (f"The run is {gain_us:.0f} µs shorter, and the {saved} launches the plan saves, at {launch_us:.2f} µs "
            f"each, are a large share of that.")
 display(Markdown(
     f"Against onnxruntime's EXTENDED level the fused export is {said(vs_ext)}; with both at ALL, "

@@ -121,7 +121,7 @@ for dims in ({"batch": 1, "sequence": 8}, {"batch": 4, "sequence": 32}):
 # |---|---|
 # | weights (and biases) are constants, not graph inputs | the wide weight is computed once, at rewrite time |
 # | same attributes (kernel, strides, pads, dilations), `group = 1` | otherwise the wide op computes something else |
-# | no sibling depends on another | the fused node would need its own output: a cycle (AMDMIGraphX #5250) |
+# | no sibling depends on another | the fused node would need its own output: a cycle (AMDMIGraphX's horizontal fusion batched two dependent dot products this way and built one; its PR #5250 added this check, `docs/reliability_anchors.md` item 27) |
 # | followers join only if *every* branch has the same one, with one consumer, not a graph output | a graph output must stay a real tensor |
 #
 # Two examples: a sibling with stride 2 among stride-1 siblings, and a MatMul whose weight is an input.
@@ -226,7 +226,7 @@ cases = [("BERT-tiny", bert_vertical.graph, bert_fused.graph, {"batch": 1, "sequ
 rows = []
 for label, a, b, dims in cases:
     for level in ("disable", "all"):
-        c = compare_models(a, b, level_a=level, level_b=level, dims=dims, min_time=0.4)
+        c = compare_models(a, b, level_a=level, level_b=level, dims=dims, min_time=1.0)
         rows.append((label, dims, level, c))
 print(f"{'model':<15} {'sizes':<28} {'ORT level':<9} {'A/B':>6}  95% CI")
 for label, dims, level, c in rows:
@@ -310,11 +310,14 @@ print("Attention nodes after onnxruntime's extended level:", ops.get("Attention"
       "| MatMul:", ops.get("MatMul", 0), "| FusedMatMul:", ops.get("FusedMatMul", 0))
 
 # %% [markdown]
-# TVM's older Relay pipeline had horizontal passes, `CombineParallelConv2D` and `CombineParallelDense`, which ran
-# only at opt-level 4, off by default: the wide op they create is a new workload whose speed nobody has measured.
-# The TVM this workbook installs (notebook 08) has only the newer Relax pipeline, without Relay or these passes.
-# Horizontal fusion is a candidate to *measure*, never to assume; the seed's "15–25%" is a claim about Ascend
-# kernels.
+# TVM's older Relay pipeline had horizontal passes, `CombineParallelConv2D` and `CombineParallelDense`, moved to
+# opt-level 4, off by default, because the wide op they create is a new workload whose speed nobody had tuned and
+# they regressed performance (TVM PR #3248; the research notes `../shared/reference/reliability_anchors.md`, item 29).
+# Relay was phased out of TVM after v0.19 (apache/tvm PR #17656), so the TVM 0.27 the benchmarks install (notebook 08
+# reads their committed output) has neither pass. Its Relax pipeline has a horizontal pass for matmuls, `relax.transform.CombineParallelMatmul`:
+# matmuls that share their left operand become one matmul and slices, with a bias add or activation they all share;
+# we have not run it here. Horizontal fusion is a candidate to *measure*, never to assume; the seed's "15–25%" is a
+# claim about Ascend kernels.
 #
 # ## Summary
 #
@@ -330,6 +333,6 @@ print("Attention nodes after onnxruntime's extended level:", ops.get("Attention"
 # - onnxruntime's own horizontal Q/K/V fusion is part of its `AttentionFusion`, which needs a whole recognised
 #   attention block.
 #
-# **Try next:** raise `min_branches` to 3 (the default of Relay's `CombineParallelConv2D`) and see which groups remain; compare at
+# **Try next:** raise `min_branches` to 3 (the default `min_num_branches` of Relay's `CombineParallelConv2D`) and see which groups remain; compare at
 # longer sequences (`dims={"sequence": 128}`, then `256`); run the horizontal pass alone on Inception and compare its groups with the ones above;
 # notebook 04 groups ops in arbitrary topologies (mixed fusion).

@@ -64,6 +64,29 @@ def test_group_validation():
         FusionGroup("g", "vertical", "r", ["a", "b"], ["Conv"])
 
 
+def test_a_plan_without_the_groups_it_builds_on_counts_only_its_own_saving():
+    """The horizontal groups of a vertical + horizontal plan, shown on their own (notebook 03): each stacks three
+    FusedConvs (each Conv+BN+Relu) into FusedConv + Split. Their footer must count 3 nodes as 2 kernels, 1 launch
+    saved per group, what the table's column sums to; counting the covered Conv, BN and Relu behind each FusedConv
+    claimed the vertical groups' launches again (28 for 4 groups, where the column says 4; issue 20)."""
+    from fusionlab.plan import FusionGroup, FusionPlan
+
+    vertical = [FusionGroup(f"v{i}", "vertical", "conv_bn_act", [f"conv{i}", f"bn{i}", f"relu{i}"],
+                            ["Conv", "BatchNormalization", "Relu"], saved_launches=2) for i in range(3)]
+    stack = FusionGroup("h0", "horizontal", "concat_conv", ["fc0", "fc1", "fc2"], ["FusedConv"] * 3, kernels=2,
+                        saved_launches=1, covers=[n for v in vertical for n in v.nodes])
+    other = FusionGroup("v3", "vertical", "conv_bn_act", ["conv3", "bn3", "relu3"],
+                        ["Conv", "BatchNormalization", "Relu"], saved_launches=2)
+    whole = FusionPlan(vertical + [other, stack])
+    c = whole.counts()
+    assert (c.nodes, c.kernels, c.groups, c.formed) == (12, 3, 2, 5)  # 12 loaded nodes as FusedConv+Split + 1
+    assert c.launches_saved == whole.saved_launches == 9
+    horizontal = whole.by_kind("horizontal")
+    h = horizontal.counts()
+    assert (h.nodes, h.kernels, h.launches_saved) == (3, 2, 1) == (3, 2, horizontal.saved_launches)
+    assert "1 groups: 3 nodes run as 2 kernels, 1 launches" in horizontal.footer()
+
+
 def test_a_group_over_an_earlier_groups_product_is_not_counted_twice():
     """A mixed group that takes in a vertically fused Conv covers the vertical group's nodes: the summary counts
     each loaded-model node and each kernel once (69 nodes, not 73; issue 20)."""

@@ -227,8 +227,9 @@ print("kernel events:", sum(e.get("cat") == "Node" for e in events),
 # NBVAL_IGNORE_OUTPUT
 print(profile.side_by_side(before, after))
 predicted_gap = before.gap_us * after.ops_per_run / before.ops_per_run
-print(f"\nsame gap per kernel: {before.gap_us:.0f} x 142 / 256 = {predicted_gap:.0f} us predicted, "
-      f"{after.gap_us:.0f} us measured")
+print(f"\nsame gap per kernel: {before.gap_us:.0f} x {after.ops_per_run} / {before.ops_per_run} = {predicted_gap:.0f} us "
+      f"predicted,"
+      f" {after.gap_us:.0f} us measured")
 
 # %%
 fig = profile.draw_op_types(before, after)
@@ -378,9 +379,12 @@ print(f"\nroof (onnxruntime MatMul): {cpu_1.peak_flops('float32') / 1e9:.1f} GFL
       f"{cpu_2.peak_flops('float32') / 1e9:.1f} GFLOP/s with 2")
 print(f"DRAM streaming bandwidth {calibrated.mem_bandwidth_gbs:.1f} GB/s "
       f"(fusionlab.cost.calibrate, the figure every notebook uses)")
+roof_ratio = cpu_2.peak_flops("float32") / cpu_1.peak_flops("float32")
 display(Markdown(f"This run: numpy matmul {cal.matmul_gflops:.1f} GFLOP/s (§3), onnxruntime MatMul "
-                 f"{cpu_1.peak_flops('float32') / 1e9:.1f} GFLOP/s, both one thread. One thread against two: "
-                 f"{threads.speedup:.2f}× ({threads.ci_low:.2f}–{threads.ci_high:.2f}), {threads.verdict()}."))
+                 f"{cpu_1.peak_flops('float32') / 1e9:.1f} GFLOP/s, both one thread. With two threads the MatMul "
+                 f"roof is {roof_ratio:.2f}× the one-thread roof (two idle cores would make it close to 2×). One "
+                 f"thread against two on the model: {threads.speedup:.2f}× ({threads.ci_low:.2f}–{threads.ci_high:.2f}), "
+                 f"{threads.verdict()}."))
 
 
 # %% [markdown]
@@ -389,9 +393,10 @@ display(Markdown(f"This run: numpy matmul {cal.matmul_gflops:.1f} GFLOP/s (§3),
 # is onnxruntime's own MatMul kernel (MLAS), the roof a model run in onnxruntime can reach. Utilisation uses the
 # second.
 #
-# When the cores are shared with other work, a second thread can only help as much as another core is idle.
-# The two-thread roof is measured under the same conditions, so the utilisation column says how much of that
-# roof the model really used. A small model gives each kernel little work to split, so do not expect the
+# When the cores are shared with other work, a second thread can only help as much as another core is idle,
+# and that holds for the roof too: the line above says how far the two-thread MatMul roof rose over the
+# one-thread one in this run. Each roof is measured under the same conditions as its model run, so the
+# utilisation column says how much of the roof at hand the model really used. A small model gives each kernel little work to split, so do not expect the
 # second thread to double the speed: read the verdict line.
 #
 # ## 9. The seed's evaluation model, modelled for the Atlas presets
@@ -400,10 +405,16 @@ display(Markdown(f"This run: numpy matmul {cal.matmul_gflops:.1f} GFLOP/s (§3),
 # max(FLOPs / peak, bytes / bandwidth) plus a launch overhead, at fp16 (ATC converts float models to fp16 for
 # inference). These are *predictions from published specs*, not measurements. The seed's targets for a good
 # fused op on Atlas 300I Duo: compute utilisation above 65%, bandwidth below 80%, more than 4 TOPS/W.
+#
+# The 300I Duo is a card of two 310P3 chips, each with its own memory: 408 GB/s is the whole card's, about 204 per
+# chip (`shared/reference/cann_facts.md` §4). One model instance runs on one chip, so the table models one
+# chip of the Duo (`Device.one_chip()`: every card figure halved) beside the other presets, which are one chip
+# each already.
 
 # %%
 presets = devices.load_devices()
-modelled = [metrics.modelled(model, dev, fused.plan) for dev in presets.values()]
+targets = [dev.one_chip() for dev in presets.values()]
+modelled = [metrics.modelled(model, dev, fused.plan) for dev in targets]
 print(metrics.table(modelled))
 
 # %% [markdown]
@@ -415,7 +426,7 @@ print(metrics.table(modelled))
 from dataclasses import replace as with_field
 
 rows = []
-for dev, m in zip(presets.values(), modelled):
+for dev, m in zip(targets, modelled):
     at = {us: metrics.modelled(model, with_field(dev, launch_overhead_us=us), fused.plan).time_s for us in (1.0, 10.0)}
     launches = round((at[10.0] - at[1.0]) / 9e-6)  # the model is linear in the launch overhead: its slope counts them
     launch_share = launches * dev.launch_overhead_us * 1e-6 / m.time_s
@@ -432,7 +443,8 @@ print("\n".join(rows))
 #   launch overhead (assumed, as the last cell shows, and most of each modelled time) and memory traffic
 #   dominate; the utilisation figures scale with that assumption. Utilisation is a property of the *workload*
 #   on the device, not of a fused op alone;
-# - the TOPS/W target cannot be met by the 300I Duo at its rated power even in theory, as the next cell computes.
+# - the TOPS/W target cannot be met by the 300I Duo at its rated power even in theory, as the next cell computes
+#   (for the card, as the seed states it; one chip has half the peak and, derived, half the power: the same ratio).
 
 # %%
 print(seed_claims.claim("s62-targets-300i-duo").summary())
@@ -442,22 +454,22 @@ duo = presets["Atlas 300I Duo"]
 best = metrics.peak_efficiency(duo, "int8")
 print(f"{duo.name}: peak INT8 {duo.peak_int8_tops:g} TOPS / {duo.power_w:g} W rated = {best:.2f} TOPS/W at best; "
       f"the seed's target is > {metrics.TARGETS['tops_per_watt']:g} TOPS/W")
-for dev in presets.values():
+for dev in list(presets.values()) + [duo.one_chip()]:
     print(f"  {dev.name:<30} best {metrics.peak_efficiency(dev, 'int8'):.2f} TOPS/W (INT8 peak / rated power)")
 
 # %% [markdown]
 # The roofline puts it together: the black line is what a device can do at a given arithmetic intensity (FLOPs
 # per byte moved); the dashed green line is the seed's 65%-of-peak target, the dotted red line 80% of the memory
 # bandwidth, and the purple line the throughput that 4 TOPS/W at rated power would need (above the roof: out of
-# reach). Small dots are kernels, big markers the whole model. Left: this CPU, measured, one thread. Right: the
-# Atlas 300I Duo, modelled.
+# reach). Small dots are kernels, big markers the whole model. Left: this CPU, measured, one thread. Right: one
+# chip of the Atlas 300I Duo, modelled (its roof, and the power line at its half of the card's rated power).
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
 metrics.draw_roofline(cpu_1, [metrics.utilisation(before, costs, cpu_1)], ax=axes[0],
                       title="this CPU (measured, 1 thread)")
-metrics.draw_roofline(duo, [modelled[list(presets).index("Atlas 300I Duo")]], ax=axes[1],
-                      title="Atlas 300I Duo (modelled)")
+metrics.draw_roofline(duo.one_chip(), [modelled[list(presets).index("Atlas 300I Duo")]], ax=axes[1],
+                      title="Atlas 300I Duo, one chip (modelled)")
 fig.tight_layout()
 plt.close(fig)
 fig
@@ -495,8 +507,9 @@ for line in ort_lines(replace(found, cost=None), "offset_layernorm"):
 # it subtracts the mean before it squares. onnxruntime's CPU `LayerNormalization` kernel accumulates the sum and
 # the sum of squares in one pass and takes the variance as E[x²] − E[x]² (in float32): with a mean of 100 and a
 # spread of 0.1 the two terms are `100² + 0.1² = 10000.01` and `100² = 10000.00`, equal to six significant digits of float32's seven, so
-# the subtraction keeps mostly rounding. (The table shows the other transformers too: without LayerNormFusion,
-# SimplifiedLayerNormFusion takes over part of the pattern, and that result stays within tolerance.)
+# the subtraction keeps mostly rounding. (The "with it ... without it" line shows what runs instead: without
+# LayerNormFusionL1 the graph keeps ReduceMean and Sub and a `SimplifiedLayerNormalization` takes over the rest of
+# the pattern, and the error line shows that result within tolerance.)
 # That is a property of the kernel, not of fusion as such; fusion is what routed the model onto that kernel.
 #
 # The fix blame prints is one line of session options. What it costs, measured (interleaved runs, the ratio
@@ -504,7 +517,9 @@ for line in ort_lines(replace(found, cost=None), "offset_layernorm"):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-found.cost
+print(found.cost.table())
+display(Markdown("Deploying without the culprit: " + found.cost.markdown(
+    what=f"without {', '.join(found.culprits)}", than="ALL with it")))
 
 # %% [markdown]
 # On the command line the same is `fusionlab blame model.onnx --level all`; it also shrinks the model to the

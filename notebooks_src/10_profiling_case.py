@@ -36,7 +36,7 @@ from fusionlab.cost import calibrate, devices, metrics
 from fusionlab.passes import fuse
 from fusionlab.runtime import verify
 from fusionlab.text import wrap
-from fusionlab.timing import bench, compare, compare_models
+from fusionlab.timing import bench, compare, compare_models, ratio_verdict
 
 plt.rcParams["figure.dpi"] = 80
 
@@ -270,11 +270,14 @@ display(Markdown(
     f"{before.ops_per_run - after.ops_per_run} more kernels, so a profile "
     + ("overstates" if profiled_ratio > fusion.ci_high else "understates" if profiled_ratio < fusion.ci_low
        else "agrees with")
-    + f" what fusion saves. The saving per removed kernel, {per_removed:.1f} µs with the profiler off, is "
-    + (f"{per_removed / cal.launch_overhead_us:.0f}× the calibrated launch overhead ({cal.launch_overhead_us:.2f} µs): "
-       f"each removed BatchNormalization, Sigmoid and Mul also read and wrote a whole feature map."
-       if per_removed > cal.launch_overhead_us else
-       f"no more than the calibrated launch overhead ({cal.launch_overhead_us:.2f} µs)")))
+    + " what fusion saves. "
+    + ("Without the profiler the interval includes 1, so this run cannot tell the saving per removed kernel "
+       "from zero." if ratio_verdict(fusion.ci_low, fusion.ci_high) != "faster" else
+       f"The saving per removed kernel, {per_removed:.1f} µs with the profiler off, is "
+       + (f"{per_removed / cal.launch_overhead_us:.0f}× the calibrated launch overhead ({cal.launch_overhead_us:.2f} µs): "
+          f"each removed BatchNormalization, Sigmoid and Mul also read and wrote a whole feature map."
+          if per_removed > cal.launch_overhead_us else
+          f"no more than the calibrated launch overhead ({cal.launch_overhead_us:.2f} µs)."))))
 
 # %% [markdown]
 #
@@ -518,8 +521,9 @@ for line in ort_lines(replace(found, cost=None), "offset_layernorm"):
 # %%
 # NBVAL_IGNORE_OUTPUT
 print(found.cost.table())
-display(Markdown("Deploying without the culprit: " + found.cost.markdown(
-    what=f"without {', '.join(found.culprits)}", than="ALL with it")))
+display(Markdown(f"Deploying without {', '.join(found.culprits)}: time at ALL with it over time without it "
+                 f"{found.cost.speedup:.2f}× (95% CI {found.cost.ci_low:.2f}–{found.cost.ci_high:.2f}×), "
+                 f"{found.cost.verdict()}."))
 
 # %% [markdown]
 # On the command line the same is `fusionlab blame model.onnx --level all`; it also shrinks the model to the
@@ -544,7 +548,7 @@ print(f"repro: {shrunk.repro.name}, {shrunk.repro_nodes[0]} -> {shrunk.repro_nod
 # | symptom | the seed's cause → fix | what is true, and where it is shown |
 # |---|---|---|
 # | accuracy anomaly after fusion | "value range changed by fusion" → "add a normalisation layer" | Vague cause, wrong fix. The real causes are folding in fp16 (rounding, and overflow when $\gamma/\sqrt{\sigma^2+\epsilon}$ is large), a rewrite whose legality was not checked (BN in training mode, a second consumer), or a tolerance that is too strict for the depth of the network. Notebook `01` shows the fp16 cases; §10 here finds the responsible optimisation with `fusionlab blame`; every fusion in this workbook is compared with the unfused model (`fusionlab.verify`). |
-# | memory leak | "workspace not freed" → "use the `ACL_MEM_MALLOC_HUGE` flag" | The cause is right, the fix is not. `ACL_MEM_MALLOC_HUGE_FIRST` is an `aclrtMalloc` page policy: blocks over 1 MiB come from 2 MiB huge pages when there are any. It frees nothing. The fix for a leak is to pair every `aclrtMalloc` with `aclrtFree` and destroy datasets and buffers after use. Better still, allocate the workspace once and reuse it, as onnxruntime's arena does (§7). |
+# | memory leak | "workspace not freed" → "use the `ACL_MEM_MALLOC_HUGE` flag" | The cause is right, the fix is not. `ACL_MEM_MALLOC_HUGE_FIRST` is an `aclrtMalloc` page policy: a block over 1 MB comes from huge pages while there are any ([AscendCL `aclrtMemMallocPolicy`](https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_1349.html)). It frees nothing. The fix for a leak is to pair every `aclrtMalloc` with `aclrtFree` and destroy datasets and buffers after use. Better still, allocate the workspace once and reuse it, as onnxruntime's arena does (§7). |
 # | build failure | TBE / driver version mismatch | Plausible, not checked: no build fails here. The CANN toolkit, driver and firmware versions must match (compatibility tables in the CANN release notes), and `--soc_version` must name the chip exactly (`Ascend310P3`, `Ascend910B4`, ...), but we found no documented case of a TBE version mismatch breaking an operator build. Notebook `09` generates the package and the `atc` command with that parameter. |
 # | slower after fusion | bad fusion strategy → analyse with msprof | Right: fusion can make a model slower. Notebook `03` §6 measures it (horizontally fused Inception is slower than the original once onnxruntime optimises both), and notebook `05` §5 shows, with the over-fusion curve, that in the cost model bigger groups are not the cause on YOLOv5 or BERT (latency falls with group size, then flattens: no group outgrows a core's UB). Profile before and after (§5 here, with the profiler's own cost in mind, §3); switch off a single CANN fusion pass with a `fusion_switch.cfg` (notebook `09`). |
 # | custom op with more than 5 basic ops on Atlas 800I A2 | split it | A rule of thumb for one device. Notebooks `04` and `05` make it a parameter (`max_group_ops`) beside the UB budget. The cost model does not support it on YOLOv5 or BERT: its minimum is at the largest group TVM's rules form, and a limit of 5 makes BERT slower in the cost model (notebook `05` §5 prints by how much). |

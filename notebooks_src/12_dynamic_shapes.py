@@ -76,13 +76,15 @@ except ValueError as exc:
 
 # %% [markdown]
 # Gears are not ATC's only answer. It also compiles a real **dynamic-shape** model: give a dimension a *range*
-# instead of a value, and one `.om` serves every length in it, with no padding and no gear to choose.
+# instead of a value, and one `.om` serves every length in it, with no padding and no gear to choose (the
+# [`--input_shape` documentation](https://www.hiascend.com/document/detail/zh/canncommercial/700/inferapplicationdev/atctool/atlasatc_16_0050.html),
+# which also says the Atlas 200/300/500 inference products, the Ascend 310, cannot take a range).
 #
 # ```bash
 # atc --model=bert.onnx --framework=5 --output=bert_dyn --soc_version=Ascend310P3 \
 #     --input_shape="input_ids:1,1~512;attention_mask:1,1~512"    # or -1: any length >= 0
 # # older releases: --input_shape_range="input_ids:[1,1~512];attention_mask:[1,1~512]" (now deprecated;
-# # in CANN 6.0.1, the seed's release, the documentation lists it as reserved and not yet supported)
+# # its status in CANN 6.0.1, the seed's release, is not checked here)
 # ```
 #
 # At run time the application sets the real input shape with `aclmdlSetDatasetTensorDesc` before
@@ -94,8 +96,6 @@ except ValueError as exc:
 # call, and kernels that cannot be specialised for one shape; the gain is one model, no padding and no
 # compile-per-shape. Which is faster for a given model and traffic is a measurement on the device; on this CPU,
 # section 4 measures the same question with onnxruntime (one dynamic session against one static session per shape).
-# (The documentation also says a shape range cannot be set for the older Atlas 200/300/500 inference products,
-# the Ascend 310.)
 
 # %% [markdown]
 # ## 2. The seed's cache, and its two flaws

@@ -453,7 +453,8 @@ for name, r in (("page-cache loader", memcpy_result), ("emulated device", dma_re
         f"in-run stage times the simulator gives {r['refit'][True] * 1e3:.1f} ms for the overlapped run against "
         f"{c.b.median * 1e3:.1f} ms measured, and {r['refit'][False] * 1e3:.1f} ms for the sequential one against "
         f"{c.a.median * 1e3:.1f} ms: the stage times leave {left[True] * 1e3:.1f} ms of the overlapped run and "
-        f"{left[False] * 1e3:.1f} ms of the sequential one unexplained (a negative figure: the stages over-explain it).")
+        f"{left[False] * 1e3:.1f} ms of the sequential one unexplained"
+        + (" (a negative figure: the stages over-explain it)." if min(left.values()) < 0 else "."))
 display(Markdown("\n\n".join(notes)))
 
 # %% [markdown]

@@ -416,8 +416,9 @@ display(Markdown(
     f"A 65-token request padded to gear 128 runs {run_at(128) / run_at(65):.2f}× as long as at its own length "
     f"(interpolated), for {128 / 65:.2f}× the tokens.\n\n"
     f"A build took {min(build_s.values()) * 1e3:.0f}–{max(build_s.values()) * 1e3:.0f} ms, the time of "
-    f"{min(runs_per_build.values()):.0f}–{max(runs_per_build.values()):.0f} runs of the static session (most at the "
-    f"short lengths, where a run is cheapest). Static against dynamic, per length: "
+    f"{min(runs_per_build.values()):.0f}–{max(runs_per_build.values()):.0f} runs of the static session (the most at "
+    f"{max(runs_per_build, key=runs_per_build.get)} tokens, the fewest at {min(runs_per_build, key=runs_per_build.get)}). "
+    f"Static against dynamic, per length: "
     + "; ".join(f"{v} at {', '.join(ns)} tokens" for v, ns in verdicts.items()) + "."))
 
 # %%

@@ -106,7 +106,7 @@ print("graph nodes that launch no kernel:",
 #
 # msprof writes `./prof/PROF_*/mindstudio_profiler_output/`: `msprof_*.json` is the timeline (Chrome-trace format,
 # like onnxruntime's), and `op_summary_*.csv` has one row per task. The columns our table mirrors, and the ones a
-# CPU cannot give (names as msprof writes them; CANN 8 renames `Block Dim` to `Block Num`):
+# CPU cannot give (names as msprof writes them; newer versions write `Block Num` for `Block Dim`: `shared/reference/cann_facts.md` §5, which the columns and the tool's options below follow):
 #
 # | msprof `op_summary` | here | meaning |
 # |---|---|---|
@@ -405,8 +405,8 @@ display(Markdown(f"This run: numpy matmul {cal.matmul_gflops:.1f} GFLOP/s (§3),
 # ## 9. The seed's evaluation model, modelled for the Atlas presets
 #
 # For the Ascend devices there is no profile to read, so the time comes from the cost model: each kernel takes
-# max(FLOPs / peak, bytes / bandwidth) plus a launch overhead, at fp16 (ATC converts float models to fp16 for
-# inference). These are *predictions from published specs*, not measurements. The seed's targets for a good
+# max(FLOPs / peak, bytes / bandwidth) plus a launch overhead, at fp16 (ATC's default precision mode runs an
+# operator in float16 wherever it supports both: [`--precision_mode_v2`](https://www.hiascend.com/doc_center/source/zh/canncommercial/80RC2/devaids/auxiliarydevtool/atlasatc_16_0099.html)). These are *predictions from published specs*, not measurements. The seed's targets for a good
 # fused op on Atlas 300I Duo: compute utilisation above 65%, bandwidth below 80%, more than 4 TOPS/W.
 #
 # The 300I Duo is a card of two 310P3 chips, each with its own memory: 408 GB/s is the whole card's, about 204 per

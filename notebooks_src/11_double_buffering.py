@@ -406,7 +406,7 @@ def measure(loader, label):
           f"simulator predicts {predicted:.2f}x from overlapping")
     print(c.table())
     print(f"inside the runs, per tile (median): sequential load {stage[False][0] * 1e6:.0f} us, compute "
-          f"{stage[False][1] * 1e6:.0f} us; overlapped load {stage[True][0] * 1e6:.0f} us, compute "
+          f"{stage[False][1] * 1e6:.0f} us;\n{'':36}overlapped load {stage[True][0] * 1e6:.0f} us, compute "
           f"{stage[True][1] * 1e6:.0f} us")
     return {"predicted": predicted, "c": c, "alone": (load_t, comp_t), "inside": stage, "refit": refit}
 

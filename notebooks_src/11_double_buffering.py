@@ -427,7 +427,7 @@ workdir.cleanup()
 # (the emulated device here, MTE2 on an AI Core). When the copy itself needs a CPU core, as a memcpy does, the
 # loader and the computation compete for the cores, and so does every other process on the machine.
 #
-# The simulator's prediction rests on the stage times measured *alone*. The last line of each block gives them as
+# The simulator's prediction rests on the stage times measured *alone*. The last two lines of each block give them as
 # they were *inside* the interleaved runs. Feed each mode's own stage times back into the simulator, and what is
 # left between its answer and the measured median is what the stage times do not explain: time between the
 # stages, spent waiting for a core or handing tiles between the threads. If the sequential runs leave as much

@@ -397,7 +397,7 @@ display(Markdown(f"This run: numpy matmul {cal.matmul_gflops:.1f} GFLOP/s (§3),
 # second.
 #
 # When the cores are shared with other work, a second thread can only help as much as another core is idle,
-# and that holds for the roof too: the line above says how far the two-thread MatMul roof rose over the
+# and that holds for the roof too: the line above says how the two-thread MatMul roof compares with the
 # one-thread one in this run. Each roof is measured under the same conditions as its model run, so the
 # utilisation column says how much of the roof at hand the model really used. A small model gives each kernel little work to split, so do not expect the
 # second thread to double the speed: read the verdict line.
@@ -410,8 +410,10 @@ display(Markdown(f"This run: numpy matmul {cal.matmul_gflops:.1f} GFLOP/s (§3),
 # fused op on Atlas 300I Duo: compute utilisation above 65%, bandwidth below 80%, more than 4 TOPS/W.
 #
 # The 300I Duo is a card of two 310P3 chips, each with its own memory: 408 GB/s is the whole card's, about 204 per
-# chip (`shared/reference/cann_facts.md` §4). One model instance runs on one chip, so the table models one
-# chip of the Duo (`Device.one_chip()`: every card figure halved) beside the other presets, which are one chip
+# chip (`shared/reference/cann_facts.md` §4). One model instance runs on one chip (Huawei's cluster scheduler
+# hands out a Duo's two "Ascend AI processors" one by one:
+# [MindCluster](https://www.hiascend.com/document/detail/en/mindcluster/730/clustersched/schedulingug/dl_affinity_0009.html)),
+# so the table models one chip of the Duo (`Device.one_chip()`: every card figure halved) beside the other presets, which are one chip
 # each already.
 
 # %%

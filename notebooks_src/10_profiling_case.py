@@ -267,7 +267,7 @@ display(Markdown(
     f"Side by side, original over fused: under the profiler (§5) {profiled_ratio:.2f}× (the ratio of the median "
     f"runs); without it, interleaved, {fusion.speedup:.2f}× ({fusion.ci_low:.2f}–{fusion.ci_high:.2f}): "
     f"{fusion.verdict()}. The profiler charges its bookkeeping per kernel, and the original has "
-    f"{before.ops_per_run - after.ops_per_run} more kernels, which makes a profile show more saved than there is; "
+    f"{before.ops_per_run - after.ops_per_run} more kernels, which would make a profile show more saved than there is; "
     f"here the profiled ratio lies "
     + ("above" if profiled_ratio > fusion.ci_high else "below" if profiled_ratio < fusion.ci_low else "within")
     + " the interleaved interval. "

@@ -43,9 +43,6 @@ from fusionlab.text import wrap
 # `ConvRelu`, with the attribute names of CANN's built-in `Conv2D` (`strides`, `pads`, `dilations`, `groups`):
 
 # %%
-print(seed_claims.claim("s32-reg-op").summary())
-
-# %%
 F = ["DT_FLOAT16", "DT_FLOAT"]
 conv_relu = (reg_op("ConvRelu")
              .INPUT("x", F)
@@ -96,6 +93,13 @@ try_declare(lambda: reg_op("ConvRelu").INPUT("x").INPUT("filter", F).OUTPUT("y",
 try_declare(lambda: reg_op("ConvRelu").INPUT("x", F).INPUT("filter", F).OUTPUT("y", F)
             .ATTR("stride", "ListInt", [1, 1]).ATTR("padding", "ListInt", [0, 0])
             .fuses("Conv", "Relu").OP_END_FACTORY_REG("ConvRelu"))
+
+# %% [markdown]
+# Rule 2: the seed's example uses names of its own where CANN's built-in `Conv2D` has `strides` and `pads`.
+# The ledger's verdict on the seed's prototype:
+
+# %%
+print(seed_claims.claim("s32-reg-op").summary())
 
 # %%
 # rule 3: a name that says nothing, and one that forgets an op
@@ -162,8 +166,9 @@ print(wrap(f"attributes of this node: {json.dumps(op.attrs)}"))
 
 # %% [markdown]
 # Not every group can become a custom op, and a group that cannot is left alone with a one-line reason. A
-# lone Conv + BN is a single Conv after folding, so there is nothing to fuse. A training-mode BN must never be folded.
-# A group whose intermediate value is also used outside it would need two outputs.
+# lone Conv + BN is a single Conv after folding, so there is nothing to fuse. A training-mode BN must never be folded,
+# and a group whose intermediate value is also used outside it would need two outputs (`declare_group` refuses
+# both). This network has neither, so the cell below, on the first group of each pattern, shows the first reason.
 
 # %%
 from fusionlab.customop import UnsupportedGroup
@@ -333,9 +338,12 @@ print(json.dumps(doc["input_desc"][0]), json.dumps(doc["attr"][0]), sep="\n")
 # same AI core applies it, then MTE3 to GM. An Atlas A2 (Ascend 910B) splits the two units into separate
 # cores: the cube core (AIC) has no UB, the UB belongs to the vector cores (AIV). There the FixPipe moves
 # L0C to GM (or to L1) and can apply the ReLU on the way (`FixpipeParamsV220.reluEn`); any other epilogue
-# goes through GM to a vector core's UB. An op with no matmul or conv (elementwise, but also a reduction
-# or a norm) takes the vector path CopyIn (MTE2) → Compute (Vector) → CopyOut (MTE3) of notebook 11. `framework/onnx_plugin/conv_relu_plugin.cc` registers the op
-# for ATC's ONNX parser: `OriginOpType("ai.onnx.contrib::1::ConvRelu")`.
+# goes through GM to a vector core's UB. (Sources: the pipes and `TPosition`s, with FIX = L0C → GM/L1 on A2 and
+# later only, are `shared/reference/cann_facts.md` §3.1; the 20 AIC / 40 AIV cores of the 910B3/B4 are §3.3;
+# `reluEn` is a field of `FixpipeParamsV220` in Ascend C's `Fixpipe` API, read in public kernel code, not run.)
+# An op with no matmul or conv (elementwise, but also a reduction or a norm) takes the vector path
+# CopyIn (MTE2) → Compute (Vector) → CopyOut (MTE3) of notebook 11. `framework/onnx_plugin/conv_relu_plugin.cc`
+# registers the op for ATC's ONNX parser: `OriginOpType("ai.onnx.contrib::1::ConvRelu")`.
 
 # %%
 print(files["ascendc/op_kernel/conv_relu.cpp"])

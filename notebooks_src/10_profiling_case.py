@@ -36,7 +36,7 @@ from fusionlab.cost import calibrate, devices, metrics
 from fusionlab.passes import fuse
 from fusionlab.runtime import verify
 from fusionlab.text import wrap
-from fusionlab.timing import bench, compare, compare_models
+from fusionlab.timing import bench, compare, compare_models, ratio_verdict
 
 plt.rcParams["figure.dpi"] = 80
 
@@ -106,7 +106,7 @@ print("graph nodes that launch no kernel:",
 #
 # msprof writes `./prof/PROF_*/mindstudio_profiler_output/`: `msprof_*.json` is the timeline (Chrome-trace format,
 # like onnxruntime's), and `op_summary_*.csv` has one row per task. The columns our table mirrors, and the ones a
-# CPU cannot give (names as msprof writes them; CANN 8 renames `Block Dim` to `Block Num`):
+# CPU cannot give (names as msprof writes them; newer versions write `Block Num` for `Block Dim`: `shared/reference/cann_facts.md` §5, which the columns and the tool's options below follow):
 #
 # | msprof `op_summary` | here | meaning |
 # |---|---|---|
@@ -227,8 +227,9 @@ print("kernel events:", sum(e.get("cat") == "Node" for e in events),
 # NBVAL_IGNORE_OUTPUT
 print(profile.side_by_side(before, after))
 predicted_gap = before.gap_us * after.ops_per_run / before.ops_per_run
-print(f"\nsame gap per kernel: {before.gap_us:.0f} x 142 / 256 = {predicted_gap:.0f} us predicted, "
-      f"{after.gap_us:.0f} us measured")
+print(f"\nsame gap per kernel: {before.gap_us:.0f} x {after.ops_per_run} / {before.ops_per_run} = {predicted_gap:.0f} us "
+      f"predicted,"
+      f" {after.gap_us:.0f} us measured")
 
 # %%
 fig = profile.draw_op_types(before, after)
@@ -263,17 +264,20 @@ from IPython.display import Markdown, display
 per_removed = saved / (before.ops_per_run - after.ops_per_run)
 profiled_ratio = before.run_us / after.run_us
 display(Markdown(
-    f"Side by side: under the profiler (§5) the fused model's run is {profiled_ratio:.2f}× shorter (ratio of the "
-    f"median runs); without it, interleaved, {fusion.speedup:.2f}× ({fusion.ci_low:.2f}–{fusion.ci_high:.2f}): "
+    f"Side by side, original over fused: under the profiler (§5) {profiled_ratio:.2f}× (the ratio of the median "
+    f"runs); without it, interleaved, {fusion.speedup:.2f}× ({fusion.ci_low:.2f}–{fusion.ci_high:.2f}): "
     f"{fusion.verdict()}. The profiler charges its bookkeeping per kernel, and the original has "
-    f"{before.ops_per_run - after.ops_per_run} more kernels, so a profile "
-    + ("overstates" if profiled_ratio > fusion.ci_high else "understates" if profiled_ratio < fusion.ci_low
-       else "agrees with")
-    + f" what fusion saves. The saving per removed kernel, {per_removed:.1f} µs with the profiler off, is "
-    + (f"{per_removed / cal.launch_overhead_us:.0f}× the calibrated launch overhead ({cal.launch_overhead_us:.2f} µs): "
-       f"each removed BatchNormalization, Sigmoid and Mul also read and wrote a whole feature map."
-       if per_removed > cal.launch_overhead_us else
-       f"no more than the calibrated launch overhead ({cal.launch_overhead_us:.2f} µs)")))
+    f"{before.ops_per_run - after.ops_per_run} more kernels, which would make a profile show more saved than there is; "
+    f"here the profiled ratio lies "
+    + ("above" if profiled_ratio > fusion.ci_high else "below" if profiled_ratio < fusion.ci_low else "within")
+    + " the interleaved interval. "
+    + ("Without the profiler the interval includes 1, so this run cannot tell the saving per removed kernel "
+       "from zero." if ratio_verdict(fusion.ci_low, fusion.ci_high) != "faster" else
+       f"The saving per removed kernel, {per_removed:.1f} µs with the profiler off, is "
+       + (f"{per_removed / cal.launch_overhead_us:.0f}× the calibrated launch overhead ({cal.launch_overhead_us:.2f} µs): "
+          f"each removed BatchNormalization, Sigmoid and Mul also read and wrote a whole feature map."
+          if per_removed > cal.launch_overhead_us else
+          f"no more than the calibrated launch overhead ({cal.launch_overhead_us:.2f} µs)."))))
 
 # %% [markdown]
 #
@@ -378,9 +382,12 @@ print(f"\nroof (onnxruntime MatMul): {cpu_1.peak_flops('float32') / 1e9:.1f} GFL
       f"{cpu_2.peak_flops('float32') / 1e9:.1f} GFLOP/s with 2")
 print(f"DRAM streaming bandwidth {calibrated.mem_bandwidth_gbs:.1f} GB/s "
       f"(fusionlab.cost.calibrate, the figure every notebook uses)")
+roof_ratio = cpu_2.peak_flops("float32") / cpu_1.peak_flops("float32")
 display(Markdown(f"This run: numpy matmul {cal.matmul_gflops:.1f} GFLOP/s (§3), onnxruntime MatMul "
-                 f"{cpu_1.peak_flops('float32') / 1e9:.1f} GFLOP/s, both one thread. One thread against two: "
-                 f"{threads.speedup:.2f}× ({threads.ci_low:.2f}–{threads.ci_high:.2f}), {threads.verdict()}."))
+                 f"{cpu_1.peak_flops('float32') / 1e9:.1f} GFLOP/s, both one thread. With two threads the MatMul "
+                 f"roof is {roof_ratio:.2f}× the one-thread roof (two idle cores would make it close to 2×). One "
+                 f"thread against two on the model: {threads.speedup:.2f}× ({threads.ci_low:.2f}–{threads.ci_high:.2f}), "
+                 f"{threads.verdict()}."))
 
 
 # %% [markdown]
@@ -389,21 +396,30 @@ display(Markdown(f"This run: numpy matmul {cal.matmul_gflops:.1f} GFLOP/s (§3),
 # is onnxruntime's own MatMul kernel (MLAS), the roof a model run in onnxruntime can reach. Utilisation uses the
 # second.
 #
-# When the cores are shared with other work, a second thread can only help as much as another core is idle.
-# The two-thread roof is measured under the same conditions, so the utilisation column says how much of that
-# roof the model really used. A small model gives each kernel little work to split, so do not expect the
+# When the cores are shared with other work, a second thread can only help as much as another core is idle,
+# and that holds for the roof too: the line above says how the two-thread MatMul roof compares with the
+# one-thread one in this run. Each roof is measured under the same conditions as its model run, so the
+# utilisation column says how much of the roof at hand the model really used. A small model gives each kernel little work to split, so do not expect the
 # second thread to double the speed: read the verdict line.
 #
 # ## 9. The seed's evaluation model, modelled for the Atlas presets
 #
 # For the Ascend devices there is no profile to read, so the time comes from the cost model: each kernel takes
-# max(FLOPs / peak, bytes / bandwidth) plus a launch overhead, at fp16 (ATC converts float models to fp16 for
-# inference). These are *predictions from published specs*, not measurements. The seed's targets for a good
+# max(FLOPs / peak, bytes / bandwidth) plus a launch overhead, at fp16 (ATC's default precision mode runs an
+# operator in float16 wherever it supports both: [`--precision_mode_v2`](https://www.hiascend.com/doc_center/source/zh/canncommercial/80RC2/devaids/auxiliarydevtool/atlasatc_16_0099.html)). These are *predictions from published specs*, not measurements. The seed's targets for a good
 # fused op on Atlas 300I Duo: compute utilisation above 65%, bandwidth below 80%, more than 4 TOPS/W.
+#
+# The 300I Duo is a card of two 310P3 chips, each with its own memory: 408 GB/s is the whole card's, about 204 per
+# chip (`shared/reference/cann_facts.md` §4). One model instance runs on one chip (Huawei's cluster scheduler
+# hands out a Duo's two "Ascend AI processors" one by one:
+# [MindCluster](https://www.hiascend.com/document/detail/en/mindcluster/730/clustersched/schedulingug/dl_affinity_0009.html)),
+# so the table models one chip of the Duo (`Device.one_chip()`: every card figure halved) beside the other presets, which are one chip
+# each already.
 
 # %%
 presets = devices.load_devices()
-modelled = [metrics.modelled(model, dev, fused.plan) for dev in presets.values()]
+targets = [dev.one_chip() for dev in presets.values()]
+modelled = [metrics.modelled(model, dev, fused.plan) for dev in targets]
 print(metrics.table(modelled))
 
 # %% [markdown]
@@ -415,7 +431,7 @@ print(metrics.table(modelled))
 from dataclasses import replace as with_field
 
 rows = []
-for dev, m in zip(presets.values(), modelled):
+for dev, m in zip(targets, modelled):
     at = {us: metrics.modelled(model, with_field(dev, launch_overhead_us=us), fused.plan).time_s for us in (1.0, 10.0)}
     launches = round((at[10.0] - at[1.0]) / 9e-6)  # the model is linear in the launch overhead: its slope counts them
     launch_share = launches * dev.launch_overhead_us * 1e-6 / m.time_s
@@ -432,7 +448,8 @@ print("\n".join(rows))
 #   launch overhead (assumed, as the last cell shows, and most of each modelled time) and memory traffic
 #   dominate; the utilisation figures scale with that assumption. Utilisation is a property of the *workload*
 #   on the device, not of a fused op alone;
-# - the TOPS/W target cannot be met by the 300I Duo at its rated power even in theory, as the next cell computes.
+# - the TOPS/W target cannot be met by the 300I Duo at its rated power even in theory, as the next cell computes
+#   (for the card, as the seed states it; one chip has half the peak and, derived, half the power: the same ratio).
 
 # %%
 print(seed_claims.claim("s62-targets-300i-duo").summary())
@@ -442,22 +459,22 @@ duo = presets["Atlas 300I Duo"]
 best = metrics.peak_efficiency(duo, "int8")
 print(f"{duo.name}: peak INT8 {duo.peak_int8_tops:g} TOPS / {duo.power_w:g} W rated = {best:.2f} TOPS/W at best; "
       f"the seed's target is > {metrics.TARGETS['tops_per_watt']:g} TOPS/W")
-for dev in presets.values():
+for dev in list(presets.values()) + [duo.one_chip()]:
     print(f"  {dev.name:<30} best {metrics.peak_efficiency(dev, 'int8'):.2f} TOPS/W (INT8 peak / rated power)")
 
 # %% [markdown]
 # The roofline puts it together: the black line is what a device can do at a given arithmetic intensity (FLOPs
 # per byte moved); the dashed green line is the seed's 65%-of-peak target, the dotted red line 80% of the memory
 # bandwidth, and the purple line the throughput that 4 TOPS/W at rated power would need (above the roof: out of
-# reach). Small dots are kernels, big markers the whole model. Left: this CPU, measured, one thread. Right: the
-# Atlas 300I Duo, modelled.
+# reach). Small dots are kernels, big markers the whole model. Left: this CPU, measured, one thread. Right: one
+# chip of the Atlas 300I Duo, modelled (its roof, and the power line at its half of the card's rated power).
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
 metrics.draw_roofline(cpu_1, [metrics.utilisation(before, costs, cpu_1)], ax=axes[0],
                       title="this CPU (measured, 1 thread)")
-metrics.draw_roofline(duo, [modelled[list(presets).index("Atlas 300I Duo")]], ax=axes[1],
-                      title="Atlas 300I Duo (modelled)")
+metrics.draw_roofline(duo.one_chip(), [modelled[list(presets).index("Atlas 300I Duo")]], ax=axes[1],
+                      title="Atlas 300I Duo, one chip (modelled)")
 fig.tight_layout()
 plt.close(fig)
 fig
@@ -495,8 +512,9 @@ for line in ort_lines(replace(found, cost=None), "offset_layernorm"):
 # it subtracts the mean before it squares. onnxruntime's CPU `LayerNormalization` kernel accumulates the sum and
 # the sum of squares in one pass and takes the variance as E[x²] − E[x]² (in float32): with a mean of 100 and a
 # spread of 0.1 the two terms are `100² + 0.1² = 10000.01` and `100² = 10000.00`, equal to six significant digits of float32's seven, so
-# the subtraction keeps mostly rounding. (The table shows the other transformers too: without LayerNormFusion,
-# SimplifiedLayerNormFusion takes over part of the pattern, and that result stays within tolerance.)
+# the subtraction keeps mostly rounding. (The "with it ... without it" line shows what runs instead: without
+# LayerNormFusionL1 the graph keeps ReduceMean and Sub and a `SimplifiedLayerNormalization` takes over the rest of
+# the pattern, and the error line shows that result within tolerance.)
 # That is a property of the kernel, not of fusion as such; fusion is what routed the model onto that kernel.
 #
 # The fix blame prints is one line of session options. What it costs, measured (interleaved runs, the ratio
@@ -504,7 +522,10 @@ for line in ort_lines(replace(found, cost=None), "offset_layernorm"):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-found.cost
+print(found.cost.table())
+display(Markdown(f"Deploying without {', '.join(found.culprits)}: time at ALL with it over time without it "
+                 f"{found.cost.speedup:.2f}× (95% CI {found.cost.ci_low:.2f}–{found.cost.ci_high:.2f}×), "
+                 f"{found.cost.verdict()}."))
 
 # %% [markdown]
 # On the command line the same is `fusionlab blame model.onnx --level all`; it also shrinks the model to the
@@ -529,7 +550,7 @@ print(f"repro: {shrunk.repro.name}, {shrunk.repro_nodes[0]} -> {shrunk.repro_nod
 # | symptom | the seed's cause → fix | what is true, and where it is shown |
 # |---|---|---|
 # | accuracy anomaly after fusion | "value range changed by fusion" → "add a normalisation layer" | Vague cause, wrong fix. The real causes are folding in fp16 (rounding, and overflow when $\gamma/\sqrt{\sigma^2+\epsilon}$ is large), a rewrite whose legality was not checked (BN in training mode, a second consumer), or a tolerance that is too strict for the depth of the network. Notebook `01` shows the fp16 cases; §10 here finds the responsible optimisation with `fusionlab blame`; every fusion in this workbook is compared with the unfused model (`fusionlab.verify`). |
-# | memory leak | "workspace not freed" → "use the `ACL_MEM_MALLOC_HUGE` flag" | The cause is right, the fix is not. `ACL_MEM_MALLOC_HUGE_FIRST` is an `aclrtMalloc` page policy: blocks over 1 MiB come from 2 MiB huge pages when there are any. It frees nothing. The fix for a leak is to pair every `aclrtMalloc` with `aclrtFree` and destroy datasets and buffers after use. Better still, allocate the workspace once and reuse it, as onnxruntime's arena does (§7). |
+# | memory leak | "workspace not freed" → "use the `ACL_MEM_MALLOC_HUGE` flag" | The cause is right, the fix is not. `ACL_MEM_MALLOC_HUGE_FIRST` is an `aclrtMalloc` page policy: a block over 1 MB comes from huge pages while there are any ([AscendCL `aclrtMemMallocPolicy`](https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_1349.html)). It frees nothing. The fix for a leak is to pair every `aclrtMalloc` with `aclrtFree` and destroy datasets and buffers after use. Better still, allocate the workspace once and reuse it, as onnxruntime's arena does (§7). |
 # | build failure | TBE / driver version mismatch | Plausible, not checked: no build fails here. The CANN toolkit, driver and firmware versions must match (compatibility tables in the CANN release notes), and `--soc_version` must name the chip exactly (`Ascend310P3`, `Ascend910B4`, ...), but we found no documented case of a TBE version mismatch breaking an operator build. Notebook `09` generates the package and the `atc` command with that parameter. |
 # | slower after fusion | bad fusion strategy → analyse with msprof | Right: fusion can make a model slower. Notebook `03` §6 measures it (horizontally fused Inception is slower than the original once onnxruntime optimises both), and notebook `05` §5 shows, with the over-fusion curve, that in the cost model bigger groups are not the cause on YOLOv5 or BERT (latency falls with group size, then flattens: no group outgrows a core's UB). Profile before and after (§5 here, with the profiler's own cost in mind, §3); switch off a single CANN fusion pass with a `fusion_switch.cfg` (notebook `09`). |
 # | custom op with more than 5 basic ops on Atlas 800I A2 | split it | A rule of thumb for one device. Notebooks `04` and `05` make it a parameter (`max_group_ops`) beside the UB budget. The cost model does not support it on YOLOv5 or BERT: its minimum is at the largest group TVM's rules form, and a limit of 5 makes BERT slower in the cost model (notebook `05` §5 prints by how much). |

@@ -31,6 +31,7 @@
 # %%
 import os
 import tempfile
+import time
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -38,8 +39,9 @@ import numpy as np
 from fusionlab import seed_claims
 from fusionlab.cost import devices
 from fusionlab.lessons import double_buffer
-from fusionlab.timing import bench, compare
+from fusionlab.timing import bench, compare, ratio_verdict
 from fusionlab.text import text_table, wrap
+from IPython.display import Markdown, display
 
 plt.rcParams["figure.dpi"] = 80
 
@@ -206,11 +208,14 @@ fig
 # - copy time = bytes / the core's share of memory bandwidth (published bandwidth ÷ the cores that run vector
 #   kernels, all of them busy), shared by copy-in and copy-out. On the 310P3 and the 910 those are the AI
 #   cores; the 910B4 splits them into 20 cube cores (AIC) and 40 vector cores (AIV, `cann_facts.md` §3.3),
-#   and a vector kernel runs on the 40, so each gets a fortieth of the bandwidth;
-# - compute time = element operations / vector throughput. The vector unit processes 256 bytes per cycle (128
-#   fp16 lanes) at 1.8 GHz; this is modelled from the 910B platform file (`vec_calc_size`, `cube_freq`), not
-#   published per product, so treat it as an assumption, and one the model applies to every preset: no clock
-#   for the 310P3 or the 910 is in our sources, so their vector rows carry the 910B's clock;
+#   and a vector kernel runs on the 40, so each gets a fortieth of the bandwidth. The 310P3 also has 7
+#   standalone vector cores beside its 8 AI cores (§3.3 too); whether a vector kernel spreads over them is not in
+#   our sources, so the model uses the 8 AI cores only;
+# - compute time = element operations / vector throughput, taken as 128 fp16 lanes (256 bytes) per cycle at
+#   1.8 GHz for every preset. Both numbers are read from the 910B platform file as `cann_facts.md` §3.3 quotes it
+#   (`vec_calc_size=128`, `cube_freq=1800`, SECONDARY); reading `vec_calc_size` as fp16 lanes per cycle and
+#   the cube clock as the vector clock are our assumptions, and no vector figure for the 310P3 or the 910 is in
+#   our sources, so their rows carry the 910B's. Treat the compute column as modelled, not published;
 # - the tile is as large as the Unified Buffer allows: `BUFFER_NUM` × (inputs + outputs) × tile ≤ UB.
 #   **Double buffering halves the tile.**
 
@@ -377,14 +382,33 @@ def measure(loader, label):
     comp_t = bench(lambda: compute(buffers[0]), min_time=0.3).median
     sim = double_buffer.simulate(N_TILES, (load_t, comp_t, 0.0), 2)
     predicted = double_buffer.serial_time(N_TILES, (load_t, comp_t, 0.0)) / sim.total
-    c = compare(lambda: double_buffer.run_tiles(loader.load, compute, N_TILES, buffers, overlap=False),
-                lambda: double_buffer.run_tiles(loader.load, compute, N_TILES, buffers, overlap=True),
-                min_time=2.0, label_a="sequential", label_b="overlapped")
+    # every load and compute inside the interleaved runs is timed too, per mode: do the stages keep their times?
+    inside = {mode: {"load": [], "compute": []} for mode in (False, True)}
+
+    def timed(fn, into):
+        def run(*args):
+            t0 = time.perf_counter()
+            out = fn(*args)
+            into.append(time.perf_counter() - t0)
+            return out
+        return run
+
+    def run(mode):
+        return lambda: double_buffer.run_tiles(timed(loader.load, inside[mode]["load"]),
+                                               timed(compute, inside[mode]["compute"]), N_TILES, buffers, overlap=mode)
+
+    c = compare(run(False), run(True), min_time=2.0, label_a="sequential", label_b="overlapped")
+    stage = {mode: (float(np.median(t["load"])), float(np.median(t["compute"]))) for mode, t in inside.items()}
+    refit = {False: double_buffer.serial_time(N_TILES, (*stage[False], 0.0)),  # each mode's run, from its own stages
+             True: double_buffer.simulate(N_TILES, (*stage[True], 0.0), 2).total}
     print(f"== {label}")
     print(f"per tile: load {load_t * 1e6:.0f} us, compute {comp_t * 1e6:.0f} us (load/compute {load_t / comp_t:.2f}); "
           f"simulator predicts {predicted:.2f}x from overlapping")
     print(c.table())
-    return predicted, c
+    print(f"inside the runs, per tile (median): sequential load {stage[False][0] * 1e6:.0f} us, compute "
+          f"{stage[False][1] * 1e6:.0f} us;\n{'':36}overlapped load {stage[True][0] * 1e6:.0f} us, compute "
+          f"{stage[True][1] * 1e6:.0f} us")
+    return {"predicted": predicted, "c": c, "alone": (load_t, comp_t), "inside": stage, "refit": refit}
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -401,29 +425,45 @@ workdir.cleanup()
 # Read the verdict lines, not just the medians: each says whether the 95% interval of the paired ratio excludes 1.
 # What theory expects: overlap pays when the loader waits on something that is *not* the CPU doing the compute
 # (the emulated device here, MTE2 on an AI Core). When the copy itself needs a CPU core, as a memcpy does, the
-# loader and the computation compete for the cores, and so does every other process on the machine. The next
-# cell states, from the measurements and the machine's load at the time, what happened on yours.
+# loader and the computation compete for the cores, and so does every other process on the machine.
+#
+# The simulator's prediction rests on the stage times measured *alone*. The last two lines of each block give them as
+# they were *inside* the interleaved runs. Feed each mode's own stage times back into the simulator, and what is
+# left between its answer and the measured median is what the stage times do not explain: time between the
+# stages, spent waiting for a core or handing tiles between the threads. If the sequential runs leave as much
+# unexplained as the overlapped ones, it is the machine (a busy core taken away), not the overlap. The next cell
+# does that arithmetic for this run, beside the machine's load at the time.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 load_1min = os.getloadavg()[0]
 print(f"machine load (1-minute average): {load_1min:.1f} on {os.cpu_count()} cores")
-for name, (predicted, c) in (("page-cache loader", memcpy_result), ("emulated device", dma_result)):
-    if c.ci_low > 1:
-        outcome = "overlap paid off"
-    elif c.ci_high < 1:
-        outcome = ("overlap cost time: thread hand-offs and competition for the CPU cost more than "
-                   "the loading it hid")
-    else:
-        outcome = "no clear difference"
-    print(wrap(f"{name}: simulator predicted {predicted:.2f}x, measured {c.speedup:.2f}x "
-               f"(95% CI {c.ci_low:.2f}-{c.ci_high:.2f}x): {outcome}"))
+outcomes = {"faster": "overlap paid off", "slower": "overlap cost time", "no clear difference": "no clear difference"}
+notes = []
+for name, r in (("page-cache loader", memcpy_result), ("emulated device", dma_result)):
+    c = r["c"]
+    print(wrap(f"{name}: simulator predicted {r['predicted']:.2f}x, measured {c.speedup:.2f}x "
+               f"(95% CI {c.ci_low:.2f}-{c.ci_high:.2f}x): {outcomes[ratio_verdict(c.ci_low, c.ci_high)]}"))
+    slow = r["inside"][True][1] / r["alone"][1]
+    left = {mode: median - r["refit"][mode] for mode, median in ((False, c.a.median), (True, c.b.median))}
+    notes.append(
+        f"**{name}**: inside the overlapped runs a tile's compute took {slow:.2f}× its time alone (in the sequential "
+        f"runs {r['inside'][False][1] / r['alone'][1]:.2f}×) and a load {r['inside'][True][0] * 1e6:.0f} µs against "
+        f"{r['alone'][0] * 1e6:.0f} µs alone (sequential: {r['inside'][False][0] * 1e6:.0f} µs). With each mode's "
+        f"in-run stage times the simulator gives {r['refit'][True] * 1e3:.1f} ms for the overlapped run against "
+        f"{c.b.median * 1e3:.1f} ms measured, and {r['refit'][False] * 1e3:.1f} ms for the sequential one against "
+        f"{c.a.median * 1e3:.1f} ms: the stage times leave {left[True] * 1e3:.1f} ms of the overlapped run and "
+        f"{left[False] * 1e3:.1f} ms of the sequential one unexplained"
+        + (" (a negative figure: the stages over-explain it)." if min(left.values()) < 0 else "."))
+display(Markdown("\n\n".join(notes)))
 
 # %% [markdown]
-# When the measured ratio falls short of the prediction, the simulator's assumption is what broke: it gives the
-# loader and the compute an engine each. An AI Core really has separate MTE2 and Vector queues; a CPU with few,
-# busy cores does not give a Python loader thread a free core. It is the same lesson as the shared memory path of
-# §1: two engines that share one resource do not add up.
+# Where the measured ratio falls short of the prediction, the lines above say where the time went: stages that
+# ran slower side by side than alone, and time between the stages, in one mode or in both. Either way it is the simulator's
+# assumption that broke: it gives the loader and the compute an engine each, at their solo speed. An AI Core
+# really has separate MTE2 and Vector queues; a CPU with few, busy cores shares its cores, caches and memory
+# between the two threads and every other process. It is the same lesson as the shared memory path of §1: two
+# engines that share one resource do not add up.
 #
 # ## Summary
 #

@@ -76,13 +76,15 @@ except ValueError as exc:
 
 # %% [markdown]
 # Gears are not ATC's only answer. It also compiles a real **dynamic-shape** model: give a dimension a *range*
-# instead of a value, and one `.om` serves every length in it, with no padding and no gear to choose.
+# instead of a value, and one `.om` serves every length in it, with no padding and no gear to choose (the
+# [`--input_shape` documentation](https://www.hiascend.com/document/detail/zh/canncommercial/700/inferapplicationdev/atctool/atlasatc_16_0050.html),
+# which also says the Atlas 200/300/500 inference products, the Ascend 310, cannot take a range).
 #
 # ```bash
 # atc --model=bert.onnx --framework=5 --output=bert_dyn --soc_version=Ascend310P3 \
 #     --input_shape="input_ids:1,1~512;attention_mask:1,1~512"    # or -1: any length >= 0
 # # older releases: --input_shape_range="input_ids:[1,1~512];attention_mask:[1,1~512]" (now deprecated;
-# # in CANN 6.0.1, the seed's release, the documentation lists it as reserved and not yet supported)
+# # its status in CANN 6.0.1, the seed's release, is not checked here)
 # ```
 #
 # At run time the application sets the real input shape with `aclmdlSetDatasetTensorDesc` before
@@ -94,8 +96,6 @@ except ValueError as exc:
 # call, and kernels that cannot be specialised for one shape; the gain is one model, no padding and no
 # compile-per-shape. Which is faster for a given model and traffic is a measurement on the device; on this CPU,
 # section 4 measures the same question with onnxruntime (one dynamic session against one static session per shape).
-# (The documentation also says a shape range cannot be set for the older Atlas 200/300/500 inference products,
-# the Ascend 310.)
 
 # %% [markdown]
 # ## 2. The seed's cache, and its two flaws
@@ -405,10 +405,20 @@ runs_per_build = {n: build_s[n] / run_static[n] for n in GRID}
 verdicts = {}
 for n, c in cmp.items():
     verdicts.setdefault(c.verdict(brief=True), []).append(str(n))
+per_token = {n: run_dynamic[n] / n for n in GRID}
+run_at = dynamic_shapes.interpolate(run_dynamic)
+half = GRID[-1] // 2  # on the grid too
 display(Markdown(
+    f"Run time per token, dynamic session: {per_token[GRID[0]] * 1e6:.0f} µs at {GRID[0]} tokens, "
+    f"{min(per_token.values()) * 1e6:.0f} µs at its lowest ({min(per_token, key=per_token.get)} tokens), "
+    f"{per_token[GRID[-1]] * 1e6:.0f} µs at {GRID[-1]}; doubling the length from {half} to {GRID[-1]} "
+    f"tokens multiplied the run time by {run_dynamic[GRID[-1]] / run_dynamic[half]:.2f}. "
+    f"A 65-token request padded to gear 128 runs {run_at(128) / run_at(65):.2f}× as long as at its own length "
+    f"(interpolated), for {128 / 65:.2f}× the tokens.\n\n"
     f"A build took {min(build_s.values()) * 1e3:.0f}–{max(build_s.values()) * 1e3:.0f} ms, the time of "
-    f"{min(runs_per_build.values()):.0f}–{max(runs_per_build.values()):.0f} runs of the static session (most at the "
-    f"short lengths, where a run is cheapest). Static against dynamic, per length: "
+    f"{min(runs_per_build.values()):.0f}–{max(runs_per_build.values()):.0f} runs of the static session (the most at "
+    f"{max(runs_per_build, key=runs_per_build.get)} tokens, the fewest at {min(runs_per_build, key=runs_per_build.get)}). "
+    f"Static against dynamic, per length: "
     + "; ".join(f"{v} at {', '.join(ns)} tokens" for v, ns in verdicts.items()) + "."))
 
 # %%
@@ -439,9 +449,12 @@ fig
 # 1. **A compilation costs many runs** (the paragraph under the table gives the range). We have not measured
 #    ATC; an offline compiler that generates kernels for every operator of the model does far more work than an
 #    onnxruntime session build, so expect the ratio to be larger there, not smaller. Compiling while requests wait, as the seed's cache does on every new length, is expensive.
-# 2. **Padding costs real time.** Run time grows with the length (the table above shows how: at short lengths
-#    fixed costs dominate, at long ones attention's quadratic term), so a 65-token request run on gear 128 pays
-#    for 128 tokens.
+# 2. **Padding costs real time, though not in proportion to the tokens.** Run time grows with the length, but
+#    not linearly: at short lengths a fixed cost per run weighs more (the time per token falls), at long ones
+#    attention's work grows with the square of the length. The first paragraph under the table gives the time per
+#    token at both ends, and what padding a 65-token request to gear 128 costs in time against in tokens. That is
+#    also why section 3's waste (computed / useful *tokens*) is only a proxy for the time padding wastes; section 6
+#    measures that time.
 # 3. **Does knowing the shape make the static session faster?** The verdicts under the table answer per
 #    length, but they do not isolate the shape: the static graph differs in more than shapes. It fuses one more
 #    `Add` + LayerNorm pair into a `SkipLayerNormalization`, and onnxruntime's CPU `SkipLayerNormalization` kernel is
@@ -476,10 +489,12 @@ display(Markdown("What the split shows on this run: " + "; ".join(
     + " (ratios are the first session's time over the second's)."))
 
 # %% [markdown]
-# That is no contradiction of fusion in general. onnxruntime's CPU kernels choose their blocking at run time from
-# the actual shapes, so there is little left for a compile-time shape to decide; an NPU compiler that plans
-# tiling and on-chip buffers per shape is a different machine, which we cannot measure here. What carries over is
-# the method: a specialised build must be measured against the general one, per length, and one change at a time.
+# Whichever way the fusion lines fall, they are no verdict on fusion in general: they measure one kernel of
+# onnxruntime's CPU provider against the two it replaces. Nor does the shape line carry over to an NPU: onnxruntime's
+# CPU kernels choose their blocking at run time from the actual shapes, so a compile-time shape has less to decide
+# there than in a compiler that plans tiling and on-chip buffers per shape, which we cannot measure here. What
+# carries over is the method: a specialised build must be measured against the general one, per length, and one
+# change at a time.
 #
 # ## 5. Replaying the stream through three policies
 #
@@ -557,6 +572,10 @@ predicted = dynamic_shapes.replay(prefix, "gears", gears=GEARS, capacity=2, run_
 print(f"first 150 requests, gears with LRU 2: {real.misses} compilations; "
       f"measured {measured:.2f} s, replay predicts {predicted.total_seconds:.2f} s "
       f"({measured / predicted.total_seconds:.2f}x)")
+loop_runs = measured - real.build_seconds
+print(f"  compiling: measured {real.build_seconds:.2f} s ({real.build_seconds / real.misses * 1e3:.0f} ms per build), "
+      f"replay {predicted.build_seconds:.2f} s ({build_median * 1e3:.0f} ms per build)")
+print(f"  running (and padding): measured {loop_runs:.2f} s, replay {predicted.run_seconds:.2f} s")
 ratio = measured / predicted.total_seconds
 spread = (min(build_s.values()) / build_median, max(build_s.values()) / build_median)
 display(Markdown(
@@ -565,9 +584,10 @@ display(Markdown(
     f"there ranged from {spread[0]:.2f}× to {spread[1]:.2f}× that median; " + (
         "the miss lies within that range, so the build times fed in can account for it."
         if spread[0] <= ratio <= spread[1] else
-        "the miss lies outside even that range, so it is a miss of the model, not noise in its inputs: what "
-        "this loop actually paid (its builds, its padded runs) is not what section 4 measured.")
-    + " The replay's seconds are as good as the measured costs fed into it, and no better."))
+        "the miss lies outside even that range, so it is a miss of the model, not noise in its inputs.")
+    + f" The two lines under the total split it: this loop's builds took {real.build_seconds / predicted.build_seconds:.2f}× "
+    f"what the replay charged for them, its runs {loop_runs / predicted.run_seconds:.2f}×. "
+    "The replay's seconds are as good as the measured costs fed into it, and no better."))
 
 # %% [markdown]
 # ## 6. The seed's "×2.1"
@@ -597,33 +617,43 @@ for name, s in ((f"our stream (median {int(np.median(stream))})", stream), ("lon
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-gains = []
+gains, speedups = [], {}
 for name, s in ((f"our stream (median {int(np.median(stream))})", stream), ("long sequences (257-512)", long_stream)):
     base = dynamic_shapes.replay(s, "gears", gears=(512,), capacity=1, run_seconds=run_static).run_seconds
     exact_s = dynamic_shapes.replay(s, "exact", run_seconds=run_static).run_seconds
     gears_s = dynamic_shapes.replay(s, "gears", gears=GEARS, capacity=4, run_seconds=run_static).run_seconds
     dynamic_s = dynamic_shapes.replay(s, "dynamic", run_seconds=run_dynamic).run_seconds
+    speedups[name] = base / exact_s
     gains.append([name, f"{base / exact_s:.2f}x", f"{base / gears_s:.2f}x", f"{(base - gears_s) / (base - exact_s):.0%}",
                   f"{base / dynamic_s:.2f}x"])
 print("\n".join(text_table(["stream", "exact shapes", "gears 64/128/256/512",
                             "time padding to 512 wastes, removed by gears", "one dynamic session"], gains)))
 best = max(cmp, key=lambda n: cmp[n].speedup)
-display(Markdown(f"Section 4's largest static-over-dynamic ratio on the grid: {cmp[best].speedup:.2f}× "
-                 f"({cmp[best].ci_low:.2f}–{cmp[best].ci_high:.2f}) at {best} tokens."))
+alone = {n: c["shape knowledge alone"] for n, c in split.items()}
+long_w = 512 * len(long_stream) / long_stream.sum()
+display(Markdown(
+    f"For the long stream, padding to 512 computes {long_w:.2f}× the useful tokens, and exact shapes run it "
+    f"{speedups['long sequences (257-512)']:.2f}× as fast as padding everything to 512, "
+    + ("short of" if speedups["long sequences (257-512)"] < 2.1 else "not short of")
+    + f" the seed's 2.1×. Section 4's largest static-over-dynamic "
+    f"ratio on the grid: {cmp[best].speedup:.2f}× ({cmp[best].ci_low:.2f}–{cmp[best].ci_high:.2f}) at {best} "
+    f"tokens; the shape knowledge alone, with the extra fusion off in both sessions: "
+    + ", ".join(f"{c.speedup:.2f}× ({c.ci_low:.2f}–{c.ci_high:.2f}) at {n} tokens" for n, c in alone.items()) + "."))
 
 # %% [markdown]
 # - On short-request traffic, not padding everything to 512 is worth several times the throughput: that is
 #   where a "×2" can easily come from. Four gears remove most of the time that padding to 512 wastes, with four
 #   compilations instead of hundreds.
-# - On long sequences, padding to 512 computes only about a third more tokens than needed, and exact shapes
-#   gain about that much (in principle a little more, as attention's cost grows with the square of the
-#   length): well short of 2.1×. Our four
+# - On long sequences, padding to 512 computes only about a third more tokens than needed. The time exact shapes
+#   save is the paragraph under the table, beside that token ratio: fixed costs and attention's square term move it
+#   away from the token ratio, in either direction, and this machine's noise with them. Our four
 #   gears do nothing for this stream: every request falls into the 512 gear; gears for long traffic would sit
 #   at, say, `320/384/448/512`. The dynamic session's figure also contains section 4's kernel difference, not
 #   only the padding avoided.
 # - So a ×2.1 *for long sequences* is hard to get from avoiding padding alone, with BERT's maximum of 512 tokens.
 #   It would have to come mostly from the kernels themselves being faster when compiled per shape. On this
-#   CPU that is section 4's measurement; set its largest ratio (the line under the table above) beside 2.1×.
+#   CPU that is section 4's measurement; set its largest ratio, and the shape knowledge alone (the paragraph under the
+#   table above), beside 2.1×.
 #   On an Ascend NPU it may well be different, but
 #   that is exactly the measurement the seed does not give, and we cannot make it without the hardware.
 #

@@ -75,3 +75,23 @@ def test_calibration_returns_positive_numbers_and_is_cached():
     assert me.name == "this machine" and me.precision == "fp32"
     assert me.mem_bandwidth_gbs == c.stream_gbs and me.peak_fp32_tflops == pytest.approx(c.matmul_gflops / 1e3)
     assert devices.get("This Machine") == me
+
+
+def test_one_chip_of_a_multi_chip_card_is_what_one_model_runs_on():
+    duo = devices.get("Atlas 300I Duo")
+    chip = duo.one_chip()
+    pro = devices.get("Atlas 300I Pro")  # one 310P3 on a card of its own
+    assert duo.chips == 2 and chip.chips == 1 and chip.chip == "Ascend 310P3" and "one chip" in chip.name
+    assert chip.mem_bandwidth_gbs == pytest.approx(duo.mem_bandwidth_gbs / 2)
+    assert chip.peak_flops("float16") == pytest.approx(duo.peak_flops("float16") / 2) == pytest.approx(pro.peak_flops("float16"))
+    assert chip.peak_int8_tops == pytest.approx(pro.peak_int8_tops) and chip.ai_cores == pro.ai_cores
+    assert chip.ub_kb == duo.ub_kb and chip.launch_overhead_us == duo.launch_overhead_us
+    # the card's efficiency is the chip's: both halve
+    assert chip.peak_int8_tops / chip.power_w == pytest.approx(duo.peak_int8_tops / duo.power_w)
+    assert "power_w" in chip.uncertain and "power_w" not in duo.uncertain  # the per-chip power is derived
+    # a chip's share of bandwidth per core does not depend on the view
+    assert chip.bandwidth / chip.ai_cores == pytest.approx(duo.bandwidth / duo.ai_cores)
+    for dev in devices.load_devices().values():
+        if dev.chips == 1:
+            assert dev.one_chip() is dev
+        assert dev.one_chip().one_chip() == dev.one_chip()

@@ -11,7 +11,7 @@ machine's bandwidth and launch cost from here, so they quote the same quantities
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..text import text_table
@@ -76,6 +76,28 @@ class Device:
     def chip_peak_flops(self, dtype: str = "float32") -> float:
         """One chip's peak FLOP/s for a tensor dtype."""
         return self.peak_flops(dtype) / self.chips
+
+    def one_chip(self) -> "Device":
+        """The preset as one of its chips sees it: what one model instance runs on.
+
+        A card of several chips (the 300I Duo is two 310P3, each with its own memory) does not run one model
+        on both: each chip is a device of its own to the runtime. Peaks, bandwidth, cores and power are divided
+        by `chips`; the power share is derived (no per-chip rating is published), so it joins `uncertain`.
+        A single-chip preset is returned unchanged.
+        """
+        if self.chips == 1:
+            return self
+        n = self.chips
+        per = lambda v: None if v is None else v / n  # noqa: E731
+        uncertain = list(self.uncertain) + (["power_w"] if self.power_w is not None and "power_w" not in self.uncertain
+                                            else [])
+        return replace(
+            self, name=f"{self.name}, one chip", chip=self.chip.split("x ", 1)[-1].strip(),
+            peak_fp16_tflops=self.peak_fp16_tflops / n, peak_int8_tops=per(self.peak_int8_tops),
+            peak_fp32_tflops=per(self.peak_fp32_tflops), mem_bandwidth_gbs=self.mem_bandwidth_gbs / n,
+            ai_cores=self.ai_cores // n, vector_cores=None if self.vector_cores is None else self.vector_cores // n,
+            power_w=per(self.power_w), chips=1, uncertain=uncertain,
+            source=f"{self.source} One chip of the {n}: every card figure divided by {n} (the power share derived).")
 
     @property
     def ub_bytes(self) -> int:

@@ -195,19 +195,32 @@ g5 = next(g for g in yolo_mixed if g.size == 5)
 print(g5.pattern, f"-> working set at 16 KiB tiles: {mixed.working_set(yolo, g5.nodes):.1f} KiB (mixed pass, fp32)")
 k5 = {k.id: k for k in cost.plan_cost(yolo, yolo_mixed, pro, precision="fp32").kernels_detail}[g5.id]
 print(f"the cost model, same group:           {k5.working_set / 1024:.1f} KiB")
+tiles5 = {}
 for dev in devices.load_devices().values():
     k = {k.id: k for k in cost.plan_cost(yolo, yolo_mixed, dev).kernels_detail}[g5.id]
+    tiles5[dev.name] = k
     print(f"{dev.name:<28} UB {dev.ub_kb:>4g} KiB: tile {k.tile / 1024:6.1f} KiB, transfers x{k.transfer_factor:.2f}")
+account5 = mixed.working_set_detail(yolo, g5.nodes)
+print(wrap("what fills it (fusionlab.cost.working_set, the function both call): "
+           + account5.describe(int(working_set.DEFAULT_TILE_KB * 1024))))
+
+# %%
+rows5 = account5.account(int(working_set.DEFAULT_TILE_KB * 1024))
+full5 = sum(c for b, c, _ in rows5 if b.bytes >= working_set.DEFAULT_TILE_KB * 1024)
+small_tiles = min(k.tile for k in tiles5.values()) / 1024
+display(Markdown(
+    f"{full5} tiles, counted in the last line above, which comes from the same function as the totals: the "
+    f"intermediates that are live at once (every output kept on chip until its last reader in the group has run, "
+    f"so the BN's output, read by the Sigmoid *and* the Mul, is still live when the Mul writes its own) take one "
+    f"tile each, the residual input and the group's output two each, and the BN's per-channel parameters are "
+    f"smaller than a tile. The mixed pass and the cost model compute the same number because they call the "
+    f"same function (`tests/test_working_set.py` checks it on every group of this model). It fits every preset's "
+    f"UB with room to spare, so its tiles (the largest that fit, at fp16: {small_tiles:.1f} KiB or more) stay above "
+    f"16 KiB and its transfers run at nearly the full bandwidth: what the factor adds (up to "
+    f"x{max(k.transfer_factor for k in tiles5.values()):.2f}) is the BN's tiny parameter tensors, which move in small "
+    f"transfers whatever the tile. Keep this in mind for §5."))
 
 # %% [markdown]
-# Seven tiles of 16 KiB (112 KiB) plus the BN's small per-channel parameters: the Conv output, the BN output (read
-# by the Sigmoid *and* the Mul, so it stays live) and the Sigmoid's output, one tile each; the residual input and
-# the group's output, two each. The mixed pass and the cost model compute the same number because they call the
-# same function (`tests/test_working_set.py` checks it on every group of this model). It fits every preset's UB
-# with room to spare, so its tiles (the largest that fit, at fp16) stay far above 16 KiB and its transfers run at
-# nearly the full bandwidth: the 1 % (`x1.01`) is the BN's tiny parameter tensors, which move in small transfers
-# whatever the tile. Keep this in mind for §5.
-#
 # ## 4. A plan's cost on every device
 #
 # Now the whole network: YOLOv5's architecture at YOLOv5n's size (`width_mult=0.25, depth_mult=0.33`: the
@@ -302,14 +315,27 @@ for cid in ("s42-split-above-5-ops", "s1-overfusion-memory-15-20pct"):
 # its BN, SiLU and a residual Add; 7 on BERT: the FFN's MatMul, bias and erf-GELU), and the flat part is where
 # the rules, not the limit, stop the groups. Peak memory falls with fusion too (to 0.70 of the unfused peak on
 # YOLOv5), because fewer intermediates are ever written. None of the three mechanisms bites here:
-#
-# * the largest group of either network needs at most about 165 KiB at 16 KiB tiles (column `max UB KiB`), within every preset's UB, so
-#   no tile shrinks below 16 KiB (column `DMA x` stays at 1.00–1.01, and that 1 % is the small tensors, which
-#   move in small transfers whether fused or not);
-# * the ten recomputed `Sub`s of BERT's LayerNorms each read `x` and the mean again, but save writing `x − mean`
-#   and reading it back twice: recompute *lowers* traffic here;
-# * no fused kernel holds tensors that the unfused ops would have freed before it runs.
-#
+
+# %%
+bert_rows = sweeps["BERT 2x256", "Atlas 800I A2 (Ascend 910B)"]
+bert_best = min(bert_rows, key=lambda r: (r["latency_us"], r["max_group_ops"]))
+bert_plan = widgets.make_plan(bert, ("mixed",), bert_best["max_group_ops"], None, networks["BERT 2x256"][1],
+                              allow_recompute=True)
+recomputed = sorted(set().union(*(set(g.recompute) for g in bert_plan)))
+layernorm_subs = [n for n in recomputed if "LayerNorm" in n]
+dma = [r["DMA_x"] for rows in sweeps.values() for r in rows]
+display(Markdown(
+    f"* the largest group of either network needs at most {max(r['ub_KiB'] for rows in sweeps.values() for r in rows):.0f} "
+    f"KiB at 16 KiB tiles (column `max UB KiB`), within every preset's UB, so no tile shrinks below 16 KiB "
+    f"(column `DMA x` stays at {min(dma):.2f}–{max(dma):.2f}, and what it adds is the small tensors, which move in "
+    f"small transfers whether fused or not);\n"
+    f"* at BERT's best limit ({bert_best['max_group_ops']} ops) the plan recomputes {len(recomputed)} nodes"
+    f"{f', the `Sub` (x − mean) of each of its {len(layernorm_subs)} LayerNorms' if len(layernorm_subs) == len(recomputed) else ''}"
+    f", running {bert_best['recomputed']} copies (the `recomputed` column counts copies): each copy reads `x` and the "
+    f"mean again, but saves writing `x − mean` and reading it back twice, so recompute *lowers* traffic here;\n"
+    f"* no fused kernel holds tensors that the unfused ops would have freed before it runs."))
+
+# %% [markdown]
 # So this model does **not** support the seed's "split above 5 ops" on these networks: on YOLOv5 the limit of 5
 # costs nothing (no group is larger), and on BERT a limit of 5 is predicted 1.18–1.19× slower than the best limit
 # (7) on every preset, because it splits the FFN's 7-op group. Nor does it reproduce "over-fusion raised peak memory by 15–20 %": at

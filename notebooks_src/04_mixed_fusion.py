@@ -195,7 +195,8 @@ viz.draw(g, p3, title="max_group_ops=3")
 # `fusionlab.cost.working_set` models that, once, for this pass and for the cost model of notebook 05:
 #
 # - every tensor the group touches takes a tile of `min(size, 16 KB)`: 16 KB is the efficient transfer size
-#   (Huawei's Ascend C best-practice guide: transfers of more than 16 KB reach the best bandwidth);
+#   (Huawei's Ascend C best-practice guide, [*Transferring a Large Data Block at a Time*](https://www.hiascend.com/document/detail/en/canncommercial/800/opdevg/ascendcbestP/atlas_ascendc_best_practices_10_0013.html): transfers
+#   of more than 16 KB reach the best bandwidth);
 # - group inputs and outputs are double-buffered (copy-in and copy-out overlap compute): two tiles each;
 # - an intermediate takes one tile from the op that makes it to its last reader;
 # - Conv/MatMul inputs travel through L1/L0 to the cube unit, not through the UB.

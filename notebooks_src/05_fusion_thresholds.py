@@ -44,7 +44,8 @@ from IPython.display import Markdown, display
 # * **launch overhead** (5 µs on every Ascend preset) is an assumption: no published per-task figure
 #   exists in our references. On real hardware, msprof's *Task Wait Time* measures it. Most predicted
 #   gains for small models come from launches, so treat them as "if launches cost 5 µs".
-# * The Ascend cube unit runs fp32 models as fp16 (ATC's default for inference), so these presets cost
+# * The presets assume that an fp32 model runs on the cube unit as fp16 (what we take ATC's default precision
+#   for inference to be; our references do not document that default, so treat it as unverified), so they cost
 #   float tensors at 2 bytes and use the fp16 peak.
 
 # %%
@@ -163,7 +164,7 @@ for b in k.buffers.transfers():
 #   for the epilogue.
 #
 # Tiles of 16 KiB are the efficient size: Huawei's Ascend C best-practice guide says that transfers of more
-# than 16 KB reach the best bandwidth (*Transferring a Large Data Block at a Time*,
+# than 16 KB reach the best bandwidth ([*Transferring a Large Data Block at a Time*](https://www.hiascend.com/document/detail/en/canncommercial/800/opdevg/ascendcbestP/atlas_ascendc_best_practices_10_0013.html),
 # `atlas_ascendc_best_practices_10_0013`). The cost model gives each kernel the largest tile that fits one
 # core's UB; if that is below 16 KiB, its transfers are slower. How much slower is **modelled**: a fixed cost per
 # transfer, chosen so that a 16 KiB transfer spends a tenth of its time on it (the guide shows a curve of this shape
@@ -243,9 +244,11 @@ print(cost.compare(yolo, plans).table())
 # Read the vertical rows together. As lowered for onnxruntime (Conv + QuickGelu), the plan launches 142 kernels
 # and the model predicts about 1.8× on every card; as one kernel per group, 85 kernels and about 2.9×. The
 # difference is 57 launches of an assumed 5 µs each, plus the Conv outputs QuickGelu still reads back. The
-# "1 kernel" row is also what ATC does **by default**: it folds BatchNormalization into the Conv
-# (`ConvBatchnormFusionPass`) and fuses the activation into the Conv's output (UB fusion). So against a model
-# converted by ATC with its defaults, a hand-written Conv+BN+SiLU custom op is predicted to gain nothing; its 2.9×
+# "1 kernel" row is also what ATC does **by default**: its built-in passes are on unless switched off, it folds
+# BatchNormalization into the Conv (`ConvBatchnormFusionPass`) and its UB fusion merges a Conv with the
+# elementwise ops after it (`cann_facts.md` §6; that YOLOv5's SiLU, a Sigmoid and a Mul, is among the patterns
+# it takes in is not in our references: unverified). So against a model converted by ATC with its defaults, a
+# hand-written Conv+BN+SiLU custom op is predicted to gain nothing; its 2.9×
 # is against a model with every op a kernel. Notebook 02 §8 puts the seed's 23 % against both baselines.
 #
 # Per group, the model shows what fusion saves (MiB unfused → fused), the group's UB footprint, the tile it uses
@@ -364,8 +367,8 @@ print(wrap(f"ResNet-50, batch 8, fp16: peak live activations {r50_unfused.peak_a
 #
 # **When would it turn upward?** When a group holds more tiles than the UB has room for at 16 KiB: a group that
 # sums or concatenates many feature maps, or a custom op that gives every intermediate its own buffer for the
-# whole kernel (`TPipe::InitBuffer` allocates each queue once, so a hand-written Ascend C kernel reuses a buffer
-# only if its author does). The next cell is that case, on a chain of elementwise Adds that each bring in one more
+# whole kernel (the canonical Ascend C kernel allocates each queue once with `pipe.InitBuffer` in its `Init`,
+# `cann_facts.md` §3.2, so a hand-written kernel reuses a buffer only if its author does). The next cell is that case, on a chain of elementwise Adds that each bring in one more
 # input (not a zoo network: none of them forms such a group): every added input costs two more tiles.
 
 # %%
@@ -397,7 +400,8 @@ for k in (2, 4, 6, 8, 12, 16, 24):
 # transfers waste. Under this mechanism, splitting the group pays only when the slowdown outgrows the traffic the
 # split would add back — here, never. A cost that *grows* with the group (registers or UB spilling whole tensors,
 # recomputing expensive ops, or a compiler's instruction budget) would be needed for a real upward turn, and that
-# is a measurement to make on the device (msprof's `mte2_ratio` and `Task Duration` before and after the split).
+# is a measurement to make on the device (msprof's op summary columns `mte2_ratio`, `aiv_`-prefixed on A2, and
+# `Task Duration(us)`, before and after the split: `cann_facts.md` §5).
 #
 # ## 6. Predicted against measured, on this CPU
 #

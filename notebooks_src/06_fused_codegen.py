@@ -180,8 +180,10 @@ print(wrap(f"benchmark (last run): {bench_cell} for the benchmark's chain (the s
 # the loop stops the compiler from vectorising it, and the fused loop then loses to numpy's and onnxruntime's SIMD
 # kernels. So for float32 the generator emits small branch-free helpers once, above the loop: for `erf` the
 # rational approximation Eigen and XLA use, for `tanh` the one Eigen, XLA and onnxruntime's MLAS share (a
-# polynomial over a polynomial, the argument clamped; MLAS's own `erf` is a different, piecewise polynomial), and an
-# `exp` built from range reduction, a polynomial and the float's exponent bits. The loop calls them and stays
+# polynomial over a polynomial, the argument clamped to ±9: the coefficients below are those of `MlasTanhConstants`
+# in onnxruntime's `core/mlas/lib/tanh.cpp`), and an `exp` built from range reduction, a polynomial and the float's
+# exponent bits. MLAS's own `erf` is a different approximation (`MlasErfConstants` in `core/mlas/lib/erf.cpp`):
+# two pieces split at |x| = `0.921875`, a polynomial in x² below and, above, a polynomial passed through `exp`. The loop calls them and stays
 # vectorisable. Here is a GELU-like chain:
 
 # %%

@@ -177,7 +177,8 @@ display(Markdown(
 
 # %% [markdown]
 # So fusion inside one compiler is not as clean a comparison as it looks: the same code generator, the
-# same inputs, but the per-op build also pays six module calls, and those are large here. Against
+# same inputs, but the per-op build also pays six module calls, which the comparison above cannot separate
+# from IREE's own per-op code (it bounds the two together). Against
 # onnxruntime the question changes to *whose kernels are better*. onnxruntime at level ALL also fuses
 # (into two kernels: LayerNormalization, then Gelu, with one 6 MiB intermediate between them) and its
 # kernels are hand-vectorised MLAS code; IREE's are generated, with its own polynomial for `erf`. The
@@ -326,11 +327,12 @@ print("\n".join(text_table(["model", "ONNX nodes (Constant)", "TVM functions", "
 
 # %% [markdown]
 # *ONNX nodes* counts every node of the export, its `Constant` nodes too (their number in brackets); §4's table
-# counts only the compute nodes, which is why BERT and MobileNetV2 have more nodes here than there.
+# counts only the compute nodes, which is why BERT has more nodes here than there (MobileNetV2, ResNet-50 and
+# YOLOv5n are not in §4's table).
 # *TVM functions* and *after FuseTIR* count the functions in TVM's module before fusion and after it, and a
 # fused module holds one function per *distinct* kernel: groups that compute the same thing on the same
 # shapes (BERT's two layers, ResNet's repeated blocks) share one. *Kernels* counts the calls `main` makes,
-# one per group per run, which is what the table above compares with fusionlab's plan.
+# one per group per run: the count to set beside fusionlab's column in §4.
 
 # %% [markdown]
 # **Agreement as a number.** Two groupings of one graph can be compared edge by edge: over every data
@@ -370,8 +372,9 @@ for (name, label), a in agreements.items():
 # * **`Add -> Div`, `Add -> Mul` (BERT, only TVM, only with the 5-op threshold)**: the FFN's bias Add feeds
 #   the erf-GELU (Div, Erf, Add, Mul, Mul). TVM puts MatMul, bias and GELU in one group (7 ops);
 #   fusionlab stops at 5. A threshold, not a rule: without it the two agree. For a CPU or GPU, TVM's
-#   group is right (a GEMM epilogue costs no traffic). The seed's 5-op limit is about an Ascend custom
-#   op's UB and instruction budget; whether it holds there needs a measurement we cannot make here.
+#   group is right (a GEMM epilogue costs no traffic). The seed states its 5-op limit for an Ascend custom op
+#   and gives no reason (notebook 05 §5 finds none in the UB model); whether it holds there needs a
+#   measurement we cannot make here.
 # * **`ReduceMean -> Sub`, `ReduceMean -> Add` (BERT LayerNorm, only TVM)**: TVM fuses the `mean` with
 #   its elementwise *consumers* (not by a rule for reductions: the legalised `mean`, a sum and a division,
 #   is labelled like a Conv, an anchor that takes in what follows; a `ReduceSum` only ends a group): the mean with the `x - mean` that follows, the variance with `+ ε`,
@@ -404,8 +407,9 @@ for (name, label), a in agreements.items():
 #    weights at compile time, `MatMulBiasAddFusionPass` merges a MatMul with its bias, and so on;
 # 2. **UB fusion** passes then merge ops whose intermediate would otherwise go Unified Buffer → global
 #    memory → Unified Buffer into one kernel: "UB融合指A算子的计算结果在Unified Buffer上 … 将A和B算子合并成
-#    一个算子，省去了数据搬移的过程" (the result of A stays in UB for B). `TbeCommonRules0FusionPass` merges a
-#    Conv with its elementwise consumers.
+#    一个算子，省去了数据搬移的过程" (the result of A stays in UB for B). `TbeCommonRules0FusionPass` is one of
+#    the documented UB fusion passes (`cann_facts.md` §6); which patterns its common rules match is not in our
+#    references (unverified), and fusionlab files its Conv + elementwise chains under it.
 #
 # Every built-in pass is on by default. `--fusion_switch_file` can only turn passes off (some cannot
 # be turned off at all), in a JSON or a line format. After conversion ATC writes `fusion_result.json`,
@@ -437,8 +441,9 @@ for stage, passes in cann.read_fusion_result(published).items():
 # %% [markdown]
 # Reading a real `fusion_result.json` this way tells you what ATC did to *your* model, pass by pass;
 # comparing it with fusionlab's export for the same model shows where fusionlab's plan and ATC's
-# passes part ways. Where ATC counts a pass as matched but not applied (`match_times` > `effect_times`),
-# its legality check refused the pattern, which is the same question fusionlab's legality module asks.
+# passes part ways. Where ATC counts a pass as matched but not applied (`match_times` > `effect_times`), the
+# pass found the pattern and did not rewrite it; our reading is that a legality check refused it, the question
+# fusionlab's legality module asks (the reference notes give the file's format, not that meaning: unverified).
 #
 # ## Summary
 #

@@ -15,6 +15,11 @@ typed twice:
 - ``source``: a documentation or source reference for a factual claim (``../shared/reference/`` notes);
 - ``pending``: evidence that work in progress will supply, with what it is.
 
+A verdict's own text (``why``, and the text of source and pending evidence) types no measurement either: a
+figure there that looks like one (a ratio with decimals, a percentage, a time, a bandwidth) must be printed by
+a notebook the claim cites or be in a benchmark cell it reads, or be the seed's own figure (`unquoted_figures`,
+part of `notebook_problems`).
+
 Notebooks print `claim(id).summary()` next to their own measurement. `tools/seed_ledger.py` rewrites the
 document; a test fails when the stored document is stale.
 """
@@ -205,11 +210,69 @@ def notebook_figure(stem: str, pattern: str, root: Path = ROOT) -> str:
     return " → ".join(found[0].groups())
 
 
+#: a figure that reads as a measurement or a model's result: a ratio with decimals (1.06x), a percentage, a time,
+#: a bandwidth or a rate. Integers without a unit (kernel counts, 5 ops) and sizes are not matched.
+_MEASURED = re.compile(r"(?<![\w.§-])(?P<num>\d+(?:\.\d+)?)\s?(?P<unit>×|x(?![\w])|%|µs|us(?![\w])|ms(?![\w])"
+                       r"|GB/s|TOPS/W|GFLOP/s)|(?<![\w.§-])(?P<dec>\d+\.\d+)(?![\d.])")
+#: a version after a tool's name ("CMake 3.19", "onnxruntime 1.14", "since 1.14"): not a measurement
+_VERSION_OF = r"(?i:\b(?:cmake|cmakeminimumrequired|onnxruntime|python|cann|toolkit|gcc|opset|tvm|torch|onnx|version|since|release)\s+\d+(?:\.\d+)+\+?)"
+_PRINTED_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
+
+
+def _printed_at_precision(typed: str, text: str, percent: bool) -> bool:
+    """Whether `text` prints the number `typed` at the precision it is typed (a printed 1.102 is a typed 1.10)."""
+    from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
+
+    want = Decimal(typed)
+    q = Decimal(1).scaleb(-(len(typed.split(".")[1]) if "." in typed else 0))
+    for m in _PRINTED_NUMBER.finditer(text):
+        v = Decimal(m.group(0))
+        for candidate in ((v, v * 100) if percent and v < 10 else (v,)):
+            if any(candidate.quantize(q, rounding=r) == want for r in (ROUND_HALF_UP, ROUND_HALF_EVEN)):
+                return True
+    return False
+
+
+def unquoted_figures(c: Claim, root: Path = ROOT) -> list[str]:
+    """The figures of a claim's verdict text and source/pending evidence that look like measurements but are
+    quoted from nowhere: not printed by a notebook the claim cites (its notebook evidence and the notebooks it is
+    shown in), not in a benchmark cell it reads, and not the seed's own figure (its `seed` or `says` text)."""
+    stems = {e.where for e in c.evidence if e.kind == "notebook"} | {nb for nb, _, _ in c.shown_in}
+    quoted = [c.says, c.seed]
+    for stem in sorted(stems):
+        try:
+            quoted.append(notebook_outputs(stem, root))
+        except (OSError, ValueError):
+            pass
+    for e in c.evidence:
+        if e.kind == "benchmark":
+            try:
+                quoted.append(e.figure(root))
+            except (OSError, ValueError):
+                pass
+    text = " ".join(quoted)
+    prose = [c.why] + [e.text for e in c.evidence if e.kind in ("source", "pending")]
+    missing = []
+    for piece in prose:
+        piece = re.sub(r"`[^`]*`|\bnotebooks? \d+|§\s?\d+(?:\.\d+)*|\d+(?:\.\d+){2,}|" + _VERSION_OF, " ", piece)
+        for m in _MEASURED.finditer(piece):
+            typed = m.group("num") or m.group("dec")
+            if not _printed_at_precision(typed, text, m.group("unit") == "%"):
+                missing.append(m.group(0))
+    return missing
+
+
 def notebook_problems(claims: dict[str, Claim] | None = None, root: Path = ROOT) -> list[str]:
     """Every notebook figure of the ledger that its stored notebook does not print: a quoted text that is not
-    among the outputs, or a pattern that does not match exactly once. Empty when the ledger quotes the notebooks."""
+    among the outputs, or a pattern that does not match exactly once; and every figure of a verdict's text that
+    looks like a measurement but is quoted from no notebook output or benchmark cell of the claim
+    (`unquoted_figures`). Empty when the ledger quotes the notebooks."""
     claims = load() if claims is None else claims
     problems = []
+    for c in claims.values():
+        for figure in unquoted_figures(c, root):
+            problems.append(f"{c.id}: {figure!r} looks like a measurement but no notebook output or benchmark "
+                            "cell the claim cites prints it: quote it (a notebook pattern) or drop it")
     for c in claims.values():
         for e in c.evidence:
             if e.kind != "notebook":

@@ -109,6 +109,28 @@ def test_a_ledger_figure_read_from_its_notebook_is_what_it_prints(tmp_path):
     assert "matches 2 times" in seed_claims.notebook_problems(claims, ambiguous)[0]
 
 
+def _planted_why(tmp_path, why: str, says: str = "s") -> list[str]:
+    root = _planted(tmp_path, OUT, {"text": "2 intra-op threads vs 1:",
+                                    "pattern": r"speedup A/B \(median of paired ratios\): (\S+)"})
+    data = json.loads((root / "data" / "seed_claims.json").read_text())
+    data["claims"][0] |= {"why": why, "says": says}
+    (root / "data" / "seed_claims.json").write_text(json.dumps(data))
+    return seed_claims.notebook_problems(seed_claims.load(root / "data" / "seed_claims.json"), root)
+
+
+@pytest.mark.parametrize("why, says, bad", [
+    ("A second thread gives 1.434× here.", "s", ["1.434×"]),  # typed, and not what the notebook prints
+    ("A second thread gives 1.14× here (95% CI 1.05–1.25).", "s", []),  # what it prints, at its precision
+    ("About 1.1× with 2 threads.", "s", []),  # a printed 1.14 at the typed precision
+    ("It gains 23% at most 5 µs per launch.", "cut latency by 23%", ["5 µs"]),  # the seed's own 23% is quoted
+    ("Needs CMake 3.19; onnxruntime 1.14 has one stream; notebook 10 §3.", "s", []),  # versions and references
+    ("The run is 12.5 ms shorter.", "s", ["12.5 ms"]),
+])
+def test_a_ledger_verdict_that_types_an_unquoted_measurement_fails(tmp_path, why, says, bad):
+    problems = _planted_why(tmp_path, why, says)
+    assert [p.split("'")[1] for p in problems] == bad, problems
+
+
 def test_every_benchmark_figure_is_read_from_its_results_table():
     n = 0
     for c in CLAIMS.values():

@@ -25,6 +25,26 @@ on every rebuild. Not measurements, so not checked:
 - a number written as a literal in the notebook's own code cells, when it is an integer or has a unit (a
   setting the reader can see: "a 16 KiB budget"); decimals, percentages and ratios must be printed.
 
+**Cross-notebook figures.** A sentence that cites another notebook ("notebook 10 §3 measured ...", "(notebook
+02)") attributes its figures to that notebook, so each checked number in it must be printed by a cited notebook's
+outputs (a literal of the cited notebook's code, under the same rule as above): that this notebook prints the same
+number (its own typed constant, say) does not make it the other notebook's measurement, so this notebook's own
+figures go in a sentence of their own (or come from code). A verdict in such a
+sentence is read against the cited notebooks' intervals too.
+
+**Typed constants presented as measured.** A number assigned as a literal in a code cell (``launch_us = 0.3``) is
+a setting, not a measurement. It is flagged where prose presents it as one: a markdown sentence that says
+measured/measures/measurement or cites another notebook, and names the variable (in a code span) or types its
+decimal value; or a comment of the cell that types the value beside such words. Read the value from fusionlab (a
+function that measures it, or a stored measurement) or call it an assumption.
+
+**One thing measured twice.** Two timing calls of one notebook (``timing.compare_models``, ``timing.compare``,
+``timing.bench``, ``timing.bench_session``, ``timing.interleaved``) with the same arguments, ignoring labels and
+run-length settings, measure the same thing twice, and on this noisy machine they print two figures for it
+(1.53× in one cell, 1.34× in the next). The later call is flagged: pass the first measurement on, or, where the
+second run is the point, put its cell in `REMEASURED` with the reason and explain the difference in
+code-generated text.
+
 What is left and still not a measurement goes in `ALLOWED` below, one entry per (notebook, number as typed,
 a phrase of its sentence) with its reason, kept short; a test fails on an entry that no longer matches.
 
@@ -40,6 +60,7 @@ order of magnitude, not a reading: neither is checked for its verdict (its numbe
 from __future__ import annotations
 
 import argparse
+import ast
 import html
 import json
 import re
@@ -53,6 +74,10 @@ NOTEBOOKS = ROOT / "notebooks"
 
 #: (notebook stem, number as typed, a phrase of its sentence) -> why it is not a printed measurement.
 ALLOWED: dict[tuple[str, str, str], str] = {
+}
+
+#: (notebook stem, code cell index) -> why this cell measures again what an earlier cell measured.
+REMEASURED: dict[tuple[str, int], str] = {
 }
 
 _UNITS = (r"%|×|x(?![\w])|KiB|MiB|GiB|TiB|KB|MB|GB|TB|kB|µs|us|ms|ns|s(?![\w])|GB/s|TB/s|GFLOP/s|TFLOP/s|TFLOPS"
@@ -75,6 +100,13 @@ _CI = re.compile(r"(?P<r>\d+\.\d+)\s*[×x]?\s*[(\[]?\s*(?:95\s*%\s*CI\s*)?(?P<lo
 _VERDICT = re.compile(r"\bwithin the noise\b|\bno clear difference\b|\bno measurable\b|\bare level\b|\bis level\b"
                       r"|\bfaster\b|\bslower\b", re.I)
 _NOISE = re.compile(r"noise|no clear|no measurable|level", re.I)
+_CITES = re.compile(r"\bnotebooks?\s+(?P<list>\d{2}(?:\s*(?:,|and|or|&|/)\s*\d{2}(?![\d.]))*)(?![\d.])", re.I)
+_CITED_NUMBER = re.compile(r"\d{2}")
+_MEASURED_WORD = re.compile(r"\bmeasur(?:ed|es|ing|ement|ements)\b", re.I)
+_TIMING_CALLS = ("compare_models", "compare", "bench", "bench_session", "interleaved")
+#: keyword arguments that set how long or how a measurement is labelled, not what it measures
+_RUN_LENGTH_KW = {"label", "label_a", "label_b", "min_time", "min_repeats", "warmup", "rounds", "max_rounds",
+                  "confidence", "repeats", "max_time"}
 
 
 @dataclass(frozen=True)
@@ -213,6 +245,147 @@ def _allowed(stem: str, typed: str, sentence: str) -> bool:
     return any(s == stem and t == typed and phrase in flat for s, t, phrase in ALLOWED)
 
 
+def cited_notebooks(sentence: str, stem: str) -> set[str]:
+    """The two-digit numbers of the other notebooks a sentence cites ("notebook 10 §3", "notebooks 02 and 10")."""
+    out = set()
+    for m in _CITES.finditer(sentence):
+        out |= set(_CITED_NUMBER.findall(m.group("list")))
+    return {n for n in out if not stem.startswith(n + "_")}
+
+
+class _Notebooks:
+    """Stored notebooks by two-digit number, read once: their printed values, code literals and intervals."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self._cache: dict[str, tuple[set, set, dict, dict] | None] = {}
+
+    def get(self, number: str):
+        if number not in self._cache:
+            found = sorted(self.folder.glob(f"{number}_*.ipynb"))
+            if not found:
+                self._cache[number] = None
+            else:
+                nb = json.loads(found[0].read_text(encoding="utf-8"))
+                outputs = output_text(nb)
+                self._cache[number] = (_numbers(outputs), _numbers(code_text(nb)), _output_intervals(outputs), {})
+        return self._cache[number]
+
+
+def literal_assignments(nb: dict) -> list[tuple[int, str, str, int]]:
+    """(code cell index, variable, the literal as written, line) for every `name = <number>` in the code cells."""
+    out = []
+    for index, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        try:
+            tree = ast.parse(_strip_magics(_source(cell)))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+                continue
+            value = node.value
+            if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub):
+                value = value.operand
+            if not (isinstance(value, ast.Constant) and type(value.value) in (int, float)):
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            literal = ast.get_source_segment(_strip_magics(_source(cell)), value) or repr(value.value)
+            for t in targets:
+                if isinstance(t, ast.Name):
+                    out.append((index, t.id, literal, node.lineno))
+    return out
+
+
+def _strip_magics(src: str) -> str:
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in src.splitlines())
+
+
+def _literal_flags(stem: str, nb: dict) -> list[Flag]:
+    """Typed constants presented as measured: in a code cell's comments and in the markdown."""
+    literals = literal_assignments(nb)
+    flags: list[Flag] = []
+    decimal = [(i, name, lit) for i, name, lit, _ in literals if "." in lit and _dec(lit) is not None]
+    for index, name, literal in decimal:  # the cell's own comments
+        src = _source(nb["cells"][index])
+        for line in src.splitlines():
+            if "#" not in line:
+                continue
+            comment = line[line.index("#"):]
+            if (_MEASURED_WORD.search(comment) or cited_notebooks(comment, stem)) and re.search(
+                    r"(?<![\d.])" + re.escape(literal) + r"(?![\d])", comment):
+                flags.append(Flag(stem, index, literal, comment,
+                                  f"`{name} = {literal}` is typed in code, and this comment presents it as measured: "
+                                  "read it from fusionlab (a measurement) or call it an assumption"))
+    by_name = {name: (i, lit) for i, name, lit, _ in literals}
+    by_value: dict[Decimal, tuple[int, str, str]] = {}
+    for i, name, lit in decimal:
+        by_value.setdefault(_dec(lit), (i, name, lit))
+    for index, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        raw = _source(cell)
+        for offset, sentence in _sentences(raw):
+            if not (_MEASURED_WORD.search(sentence) or cited_notebooks(sentence, stem)):
+                continue
+            hits = []
+            for span in re.findall(r"`([A-Za-z_]\w*)`", sentence):
+                if span in by_name:
+                    hits.append((span, *by_name[span]))
+            plain = _CODE.sub(lambda m: " " * len(m.group(0)), sentence)
+            for m in re.finditer(r"(?<![\w.])\d+\.\d+(?![\d])", plain):
+                d = _dec(m.group(0))
+                if d in by_value:
+                    i, name, lit = by_value[d]
+                    hits.append((name, i, lit))
+            for name, i, lit in dict.fromkeys(hits):
+                flags.append(Flag(stem, index, f"{name} = {lit}", sentence,
+                                  f"typed as a literal in code cell [{i}] (`{name} = {lit}`), presented here as "
+                                  "measured: read it from fusionlab (a measurement) or call it an assumption"))
+    return flags
+
+
+def _call_name(func) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def measurement_calls(nb: dict) -> list[tuple[int, str]]:
+    """(code cell index, normalised call) for every timing call of the notebook, in order."""
+    out = []
+    for index, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        try:
+            tree = ast.parse(_strip_magics(_source(cell)))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _call_name(node.func) in _TIMING_CALLS:
+                name = _call_name(node.func)
+                if isinstance(node.func, ast.Attribute) and not (
+                        isinstance(node.func.value, ast.Name) and node.func.value.id == "timing"):
+                    continue
+                args = [ast.unparse(a) for a in node.args]
+                kws = sorted(f"{k.arg}={ast.unparse(k.value)}" for k in node.keywords if k.arg not in _RUN_LENGTH_KW)
+                out.append((index, f"{name}({', '.join(args + kws)})"))
+    return out
+
+
+def _remeasure_flags(stem: str, nb: dict) -> list[Flag]:
+    """A timing call that repeats an earlier one of the same notebook, argument for argument."""
+    seen: dict[str, int] = {}
+    flags = []
+    for index, call in measurement_calls(nb):
+        if call in seen and seen[call] != index and (stem, index) not in REMEASURED:
+            flags.append(Flag(stem, index, call, _source(nb["cells"][index]),
+                              f"measures again what cell [{seen[call]}] measured ({call}): two figures for one "
+                              "thing; pass the first measurement on, or explain the difference and list the cell in "
+                              "REMEASURED"))
+        seen.setdefault(call, index)
+    return flags
+
+
 def check_notebook(path: Path) -> list[Flag]:
     """The flags of one stored notebook."""
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -223,6 +396,7 @@ def check_notebook(path: Path) -> list[Flag]:
     intervals = _output_intervals(outputs)
     rounded: dict = {}
     flags: list[Flag] = []
+    others = _Notebooks(Path(path).parent)
     previous_output = ""
     for index, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "markdown":
@@ -239,6 +413,17 @@ def check_notebook(path: Path) -> list[Flag]:
         near_kinds = {("in" if lo <= 1 <= hi else "out") for cis in near.values() for lo, hi in cis}
         for offset, sentence in _sentences(text):
             cited = bool(_CITATION.search(raw[offset:offset + len(sentence)]))
+            elsewhere = [others.get(n) for n in sorted(cited_notebooks(raw[offset:offset + len(sentence)], stem))]
+            elsewhere = [e for e in elsewhere if e is not None]
+            s_values, s_code, s_intervals, s_rounded = values, code_values, intervals, rounded
+            if elsewhere:  # the figures are the cited notebooks': bind them to those outputs
+                s_values = set().union(*(e[0] for e in elsewhere))
+                s_code = set().union(*(e[1] for e in elsewhere))
+                s_intervals = {}
+                for e in elsewhere:
+                    for r, cis in e[2].items():
+                        s_intervals.setdefault(r, []).extend(cis)
+                s_rounded = {} if len(elsewhere) > 1 else elsewhere[0][3]
             ratios: list[tuple[int, str, int]] = []  # (position, typed, end)
             for m in _NUMBER.finditer(sentence):
                 typed, unit = m.group("num"), m.group("unit") or ""
@@ -257,17 +442,20 @@ def check_notebook(path: Path) -> list[Flag]:
                     continue
                 if cited or _allowed(stem, typed + m.group("space") + unit, raw) or _allowed(stem, typed, raw):
                     continue
-                if printed(typed, unit == "%", values, rounded):
+                if printed(typed, unit == "%", s_values, s_rounded):
                     continue
-                if (bare or (unit and unit not in ("%", "×", "x"))) and "." not in typed and value in code_values:
+                if (bare or (unit and unit not in ("%", "×", "x"))) and "." not in typed and value in s_code:
                     continue
+                why = ("no output of the notebook prints it" if not elsewhere else
+                       "the sentence cites notebook " + ", ".join(sorted(cited_notebooks(raw[offset:offset + len(sentence)], stem)))
+                       + ", whose outputs do not print it")
                 flags.append(Flag(stem, index, typed + (m.group("space") + unit if unit else ""), raw[offset:offset + len(sentence)],
-                                  "no output of the notebook prints it"))
+                                  why))
             for v in _VERDICT.finditer(sentence if not sentence.rstrip().endswith("?") else ""):  # a question
                 noise_typed = bool(_NOISE.search(v.group(0)))
                 if ratios:
                     pos, typed, end = min(ratios, key=lambda r: abs(r[0] - v.start()))
-                    ci = _interval_for(typed, sentence, end, intervals)
+                    ci = _interval_for(typed, sentence, end, s_intervals)
                     if ci is None:
                         continue
                     lo, hi = ci
@@ -283,7 +471,7 @@ def check_notebook(path: Path) -> list[Flag]:
                     want = "no clear difference" if includes_one else "faster/slower"
                     flags.append(Flag(stem, index, f"{typed}× {v.group(0)!r}", raw[offset:offset + len(sentence)],
                                       f"typed verdict against the interval {lo}–{hi}: the helper says {want}"))
-    return flags
+    return flags + _literal_flags(stem, nb) + _remeasure_flags(stem, nb)
 
 
 def check(paths=None) -> list[Flag]:

@@ -37,6 +37,7 @@ from fusionlab import runtime, timing
 from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import reductions as R
 from fusionlab.text import text_table, wrap
+from IPython.display import Markdown, display
 
 rng = np.random.default_rng(0)
 
@@ -394,9 +395,6 @@ for seq in (16, 128, 512, 1024, 2048):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from IPython.display import Markdown, display
-
-
 def by_verdict(key: str) -> str:
     """'B faster at 16, 128; no clear difference at 512' from the comparisons of one column."""
     groups: dict[str, list[str]] = {}

@@ -62,7 +62,9 @@ print("anything else (Softmax, control flow, custom domains): OPAQUE")
 #   `--xla_gpu_enable_reduction_epilogue_fusion`) and its Triton softmax rewriter makes a whole softmax one
 #   kernel, PyTorch Inductor writes softmax or LayerNorm (reductions and the elementwise ops around them) as one
 #   kernel, and CANN's graph fusion replaces ONNX's decomposed LayerNorm (ReduceMean, Sub, Pow, ReduceMean, Add,
-#   Sqrt, Div, Mul, Add) by one `LayerNorm` kernel (`LayerNormONNXFusionPass`). Notebook 07 fuses reductions with
+#   Sqrt, Div, Mul, Add) by one `LayerNorm` kernel (`LayerNormONNXFusionPass`, a built-in graph fusion pass of
+#   CANN's ops source, `ops/built-in/fusion_pass/graph_fusion/ai_core/layer_norm_onnx_fusion_pass.h`; our reference notes,
+#   `cann_facts.md`, do not list it). Notebook 07 fuses reductions with
 #   their consumers;
 # - Conv/MatMul (out-elementwise-fusable) can absorb elementwise ops into their output, never another
 #   Conv/MatMul;

@@ -302,7 +302,7 @@ display(Markdown(
     f"{total} groups need more than 64 KB. At 192 KB every Conv takes its BN, Sigmoid and Mul, and the residual "
     f"`Add`s ride along. A 64 KB budget is just under that: {stopped} of the {total} groups stop after the BN. The "
     f"Sigmoid and Mul left behind cannot even pair up, because their input now arrives from memory, double-buffered "
-    f"(two tiles instead of one), and the pair needs more than the budget (the last line above). So each Conv group "
+    f"(two tiles instead of one), and the pair needs more than the budget (the \"why a left-over Sigmoid\" line above). So each Conv group "
     f"that stopped leaves two single-op kernels behind, and the residual `Add`s run alone too: {kernels[192]} + 2 × "
     f"{stopped} + {len(five)} = {kernels[64]}. A budget that sits just below the working set of a common pattern "
     f"changes the plan of the whole network at once."))

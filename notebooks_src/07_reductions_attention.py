@@ -187,8 +187,8 @@ fig.tight_layout()
 # is how close each gets to the limit. Our kernel's three passes over a cached row cost arithmetic
 # (the exp polynomial is about 20 operations per element), and on one shared core that can make it
 # **compute-bound** below the bandwidth line. Where onnxruntime's kernel is faster, it is not because it
-# moves fewer bytes (it moves the same); MLAS's softmax computes its exponentials in hand-written AVX2 /
-# AVX-512 kernels, and the difference lies in that arithmetic (this notebook does not count instructions). `benchmarks/bench_reductions.py` records the fraction of the bandwidth reached
+# moves fewer bytes (it moves the same): the difference is in how each computes (MLAS's softmax computes its
+# exponentials in hand-written AVX2 / AVX-512 kernels), and this notebook does not count instructions. `benchmarks/bench_reductions.py` records the fraction of the bandwidth reached
 # against the target it sets (`benchmarks/results/reductions.md`), and says so when it misses.
 #
 # ## 5. LayerNorm: the same story with two reductions
@@ -273,11 +273,12 @@ def closer(c) -> str:
     word = timing.ratio_verdict(c.ci_low, c.ci_high)
     what = {"faster": "closer to the bandwidth line than", "slower": "further from the bandwidth line than",
             "no clear difference": "not clearly closer to the bandwidth line than"}[word]
-    return f"{c.label_b} is {what} {c.label_a} ({c.speedup:.2f}×, {c.ci_low:.2f}–{c.ci_high:.2f}, time of softmax over LayerNorm)"
+    return f"the {c.label_b} is {what} the {c.label_a} ({c.speedup:.2f}×, {c.ci_low:.2f}–{c.ci_high:.2f}, time of softmax over LayerNorm)"
 
 
 words = {k: timing.ratio_verdict(c.ci_low, c.ci_high) for k, c in ln_vs_sm.items()}
-text = (f"**The answer in this run.** The {closer(ln_vs_sm['fused'])}; {closer(ln_vs_sm['onnxruntime'])}. ")
+first = closer(ln_vs_sm["fused"])
+text = f"**The answer in this run.** {first[0].upper() + first[1:]}; {closer(ln_vs_sm['onnxruntime'])}. "
 if words["fused"] == words["onnxruntime"] == "faster":
     text += ("Both pairs agree with the prediction: without a transcendental per element, each LayerNorm gets "
              "closer to the limit than the softmax of the same implementation.")

@@ -252,11 +252,15 @@ print(cost.compare(yolo, plans).table())
 # is against a model with every op a kernel. Notebook 02 §8 puts the seed's 23 % against both baselines.
 #
 # Per group, the model shows what fusion saves (MiB unfused → fused), the group's UB footprint, the tile it uses
-# and what limits it. On the Atlas 300I Pro most groups are **launch-bound**: at 320×320 and batch 1 the assumed
-# 5 µs launch costs more than moving the group's data.
+# and what limits it. On the Atlas 300I Pro most groups are **launch-bound** (the count under the table): at
+# 320×320 and batch 1 the assumed 5 µs launch costs more than moving the group's data.
 
 # %%
-print(cost.plan_cost(yolo, plans["vertical"], "Atlas 300I Pro").table(max_rows=6))
+vertical_pro = cost.plan_cost(yolo, plans["vertical"], "Atlas 300I Pro")
+print(vertical_pro.table(max_rows=6))
+bounds = [k.bound for k in vertical_pro.groups()]
+print(f"{bounds.count('launch')} of the {len(bounds)} groups launch-bound, {bounds.count('memory')} memory-bound, "
+      f"{bounds.count('compute')} compute-bound")
 
 # %% [markdown]
 # ## 5. Does fusing more ever hurt? The over-fusion curve

@@ -62,7 +62,9 @@ print("anything else (Softmax, control flow, custom domains): OPAQUE")
 #   `--xla_gpu_enable_reduction_epilogue_fusion`) and its Triton softmax rewriter makes a whole softmax one
 #   kernel, PyTorch Inductor writes softmax or LayerNorm (reductions and the elementwise ops around them) as one
 #   kernel, and CANN's graph fusion replaces ONNX's decomposed LayerNorm (ReduceMean, Sub, Pow, ReduceMean, Add,
-#   Sqrt, Div, Mul, Add) by one `LayerNorm` kernel (`LayerNormONNXFusionPass`). Notebook 07 fuses reductions with
+#   Sqrt, Div, Mul, Add) by one `LayerNorm` kernel (`LayerNormONNXFusionPass`, a built-in graph fusion pass of
+#   CANN's ops source, `ops/built-in/fusion_pass/graph_fusion/ai_core/layer_norm_onnx_fusion_pass.h`; our reference notes,
+#   `cann_facts.md`, do not list it). Notebook 07 fuses reductions with
 #   their consumers;
 # - Conv/MatMul (out-elementwise-fusable) can absorb elementwise ops into their output, never another
 #   Conv/MatMul;
@@ -177,10 +179,12 @@ for max_ops in (None, 5, 3, 2):
     print(f"max_group_ops={str(max_ops):<5} groups={len(p)} sizes={sizes} kernels={len(g) - p.saved_launches}")
 
 # %% [markdown]
-# The seed's rule and the ledger's verdict on it (notebook 05 §5 prices it on real networks):
+# The seed's rule, as the ledger records it. Its verdict waits for notebook 05 §5, which asks you to predict it
+# first and then prices the rule on real networks:
 
 # %%
-print(seed_claims.claim("s42-split-above-5-ops").summary())
+s42 = seed_claims.claim("s42-split-above-5-ops")
+print(wrap(f"The seed (§{s42.section}): {s42.says}\n(the ledger's verdict [{s42.id}]: notebook 05 §5)", indent="    "))
 
 # %%
 p3 = mixed.plan(g, max_group_ops=3)
@@ -193,7 +197,8 @@ viz.draw(g, p3, title="max_group_ops=3")
 # `fusionlab.cost.working_set` models that, once, for this pass and for the cost model of notebook 05:
 #
 # - every tensor the group touches takes a tile of `min(size, 16 KB)`: 16 KB is the efficient transfer size
-#   (Huawei's Ascend C best-practice guide: transfers of more than 16 KB reach the best bandwidth);
+#   (Huawei's Ascend C best-practice guide, [*Transferring a Large Data Block at a Time*](https://www.hiascend.com/document/detail/en/canncommercial/800/opdevg/ascendcbestP/atlas_ascendc_best_practices_10_0013.html): transfers
+#   of more than 16 KB reach the best bandwidth);
 # - group inputs and outputs are double-buffered (copy-in and copy-out overlap compute): two tiles each;
 # - an intermediate takes one tile from the op that makes it to its last reader;
 # - Conv/MatMul inputs travel through L1/L0 to the cube unit, not through the UB.
@@ -267,6 +272,11 @@ for kb in (192, 64):
 _, steps = mixed.plan(yolo, max_group_ops=None, buffer_kb=64, trace=True)
 print("why a left-over Sigmoid cannot join its Mul at 64 KB:",
       next(s for s in steps if s.node == "/model.1/act/Sigmoid").reason)
+p192 = mixed.plan(yolo, max_group_ops=None, buffer_kb=192)
+for size in (4, 5):
+    largest = max((grp for grp in p192 if grp.size == size), key=lambda grp: grp.extra["working_set_kb"])
+    print(wrap(f"the largest {size}-op group at 16 KB tiles: "
+               + mixed.working_set_detail(yolo, largest.nodes).describe(16 * 1024)))
 
 # %%
 # the same counts in words, computed from the two plans (so the sentence and the tables cannot disagree)
@@ -281,17 +291,18 @@ above = sum(w > 64 for w in four + five)
 stopped = sum(grp.size == 2 for grp in plans[64])
 assert kernels[192] + 2 * stopped + len(five) == kernels[64]  # the arithmetic of the last sentence
 display(Markdown(
-    f"It is a cliff, not a slope. In this tile model a Conv + BN + SiLU group holds at most four 16 KB tiles at "
-    f"once: the Conv's inputs travel through L1, so the UB holds at most two intermediates at a time (the BN's "
-    f"output stays live until both the Sigmoid and the Mul have read it) and the group's output (two tiles, "
-    f"double-buffered), plus the BN's per-channel parameters (small, double-buffered too): {min(four)}–{max(four)} KB "
-    f"for the {len(four)} four-op groups (less where a tensor is smaller than a tile). The {len(five)} five-op groups "
-    f"add the residual input (two tiles, double-buffered), and the Mul's output becomes an intermediate live until "
-    f"the Add reads it (one more): {min(five)}–{max(five)} KB, up to {int(max(five) // 16)} tiles. {above} of the "
+    f"It is a cliff, not a slope. In this tile model (the two accounts above) a Conv + BN + SiLU group holds at most "
+    f"four 16 KB tiles at once: the Conv's inputs travel through L1, so the UB holds at most two intermediates at a "
+    f"time (the BN's output stays live until both the Sigmoid and the Mul have read it) and the group's output (two "
+    f"tiles, double-buffered), plus the BN's per-channel parameters (small, double-buffered too): "
+    f"{min(four)}–{max(four)} KB for the {len(four)} four-op groups (less where a tensor is smaller than a tile). "
+    f"The {len(five)} five-op groups add the residual input (two tiles, double-buffered), and the Mul's output "
+    f"becomes an intermediate, live with the BN's and the Sigmoid's while the Mul runs (one tile more): "
+    f"{min(five)}–{max(five)} KB, up to {int(max(five) // 16)} tiles. {above} of the "
     f"{total} groups need more than 64 KB. At 192 KB every Conv takes its BN, Sigmoid and Mul, and the residual "
     f"`Add`s ride along. A 64 KB budget is just under that: {stopped} of the {total} groups stop after the BN. The "
     f"Sigmoid and Mul left behind cannot even pair up, because their input now arrives from memory, double-buffered "
-    f"(two tiles instead of one), and the pair needs more than the budget (the last line above). So each Conv group "
+    f"(two tiles instead of one), and the pair needs more than the budget (the \"why a left-over Sigmoid\" line above). So each Conv group "
     f"that stopped leaves two single-op kernels behind, and the residual `Add`s run alone too: {kernels[192]} + 2 × "
     f"{stopped} + {len(five)} = {kernels[64]}. A budget that sits just below the working set of a common pattern "
     f"changes the plan of the whole network at once."))
@@ -299,8 +310,8 @@ display(Markdown(
 # %% [markdown]
 # No Ascend core has a 64 KB UB, though: at the real 192 KB (910B) or 256 KB (310P3, `cann_facts.md` §3.3) every group of this network
 # fits at 16 KB tiles, and the pass forms the same 80 kernels as without a budget. Is the seed's "split above 5
-# ops" a step like this one, set by one device's buffer? Not on these networks: notebook 05 §5 finds no group of
-# YOLOv5 or BERT that outgrows a real core's UB.
+# ops" a step like this one, set by one device's buffer? Notebook 05 §5 asks you to predict that for YOLOv5 and
+# BERT on every Ascend preset, and then answers it.
 
 # %%
 yp = mixed.plan(yolo, max_group_ops=5, buffer_kb=192)

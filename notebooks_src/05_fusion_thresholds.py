@@ -44,7 +44,8 @@ from IPython.display import Markdown, display
 # * **launch overhead** (5 µs on every Ascend preset) is an assumption: no published per-task figure
 #   exists in our references. On real hardware, msprof's *Task Wait Time* measures it. Most predicted
 #   gains for small models come from launches, so treat them as "if launches cost 5 µs".
-# * The Ascend cube unit runs fp32 models as fp16 (ATC's default for inference), so these presets cost
+# * The presets assume that an fp32 model runs on the cube unit as fp16 (what we take ATC's default precision
+#   for inference to be; our references do not document that default, so treat it as unverified), so they cost
 #   float tensors at 2 bytes and use the fp16 peak.
 
 # %%
@@ -163,7 +164,7 @@ for b in k.buffers.transfers():
 #   for the epilogue.
 #
 # Tiles of 16 KiB are the efficient size: Huawei's Ascend C best-practice guide says that transfers of more
-# than 16 KB reach the best bandwidth (*Transferring a Large Data Block at a Time*,
+# than 16 KB reach the best bandwidth ([*Transferring a Large Data Block at a Time*](https://www.hiascend.com/document/detail/en/canncommercial/800/opdevg/ascendcbestP/atlas_ascendc_best_practices_10_0013.html),
 # `atlas_ascendc_best_practices_10_0013`). The cost model gives each kernel the largest tile that fits one
 # core's UB; if that is below 16 KiB, its transfers are slower. How much slower is **modelled**: a fixed cost per
 # transfer, chosen so that a 16 KiB transfer spends a tenth of its time on it (the guide shows a curve of this shape
@@ -195,19 +196,32 @@ g5 = next(g for g in yolo_mixed if g.size == 5)
 print(g5.pattern, f"-> working set at 16 KiB tiles: {mixed.working_set(yolo, g5.nodes):.1f} KiB (mixed pass, fp32)")
 k5 = {k.id: k for k in cost.plan_cost(yolo, yolo_mixed, pro, precision="fp32").kernels_detail}[g5.id]
 print(f"the cost model, same group:           {k5.working_set / 1024:.1f} KiB")
+tiles5 = {}
 for dev in devices.load_devices().values():
     k = {k.id: k for k in cost.plan_cost(yolo, yolo_mixed, dev).kernels_detail}[g5.id]
+    tiles5[dev.name] = k
     print(f"{dev.name:<28} UB {dev.ub_kb:>4g} KiB: tile {k.tile / 1024:6.1f} KiB, transfers x{k.transfer_factor:.2f}")
+account5 = mixed.working_set_detail(yolo, g5.nodes)
+print(wrap("what fills it (fusionlab.cost.working_set, the function both call): "
+           + account5.describe(int(working_set.DEFAULT_TILE_KB * 1024))))
+
+# %%
+rows5 = account5.account(int(working_set.DEFAULT_TILE_KB * 1024))
+full5 = sum(c for b, c, _ in rows5 if b.bytes >= working_set.DEFAULT_TILE_KB * 1024)
+small_tiles = min(k.tile for k in tiles5.values()) / 1024
+display(Markdown(
+    f"{full5} tiles, counted in the last line above, which comes from the same function as the totals: the "
+    f"intermediates that are live at once (every output kept on chip until its last reader in the group has run, "
+    f"so the BN's output, read by the Sigmoid *and* the Mul, is still live when the Mul writes its own) take one "
+    f"tile each, the residual input and the group's output two each, and the BN's per-channel parameters are "
+    f"smaller than a tile. The mixed pass and the cost model compute the same number because they call the "
+    f"same function (`tests/test_working_set.py` checks it on every group of this model). It fits every preset's "
+    f"UB with room to spare, so its tiles (the largest that fit, at fp16: {small_tiles:.1f} KiB or more) stay above "
+    f"16 KiB and its transfers run at nearly the full bandwidth: what the factor adds (up to "
+    f"x{max(k.transfer_factor for k in tiles5.values()):.2f}) is the BN's tiny parameter tensors, which move in small "
+    f"transfers whatever the tile. Keep this in mind for §5."))
 
 # %% [markdown]
-# Seven tiles of 16 KiB (112 KiB) plus the BN's small per-channel parameters: the Conv output, the BN output (read
-# by the Sigmoid *and* the Mul, so it stays live) and the Sigmoid's output, one tile each; the residual input and
-# the group's output, two each. The mixed pass and the cost model compute the same number because they call the
-# same function (`tests/test_working_set.py` checks it on every group of this model). It fits every preset's UB
-# with room to spare, so its tiles (the largest that fit, at fp16) stay far above 16 KiB and its transfers run at
-# nearly the full bandwidth: the 1 % (`x1.01`) is the BN's tiny parameter tensors, which move in small transfers
-# whatever the tile. Keep this in mind for §5.
-#
 # ## 4. A plan's cost on every device
 #
 # Now the whole network: YOLOv5's architecture at YOLOv5n's size (`width_mult=0.25, depth_mult=0.33`: the
@@ -230,17 +244,23 @@ print(cost.compare(yolo, plans).table())
 # Read the vertical rows together. As lowered for onnxruntime (Conv + QuickGelu), the plan launches 142 kernels
 # and the model predicts about 1.8× on every card; as one kernel per group, 85 kernels and about 2.9×. The
 # difference is 57 launches of an assumed 5 µs each, plus the Conv outputs QuickGelu still reads back. The
-# "1 kernel" row is also what ATC does **by default**: it folds BatchNormalization into the Conv
-# (`ConvBatchnormFusionPass`) and fuses the activation into the Conv's output (UB fusion). So against a model
-# converted by ATC with its defaults, a hand-written Conv+BN+SiLU custom op is predicted to gain nothing; its 2.9×
+# "1 kernel" row is also what ATC does **by default**: its built-in passes are on unless switched off, it folds
+# BatchNormalization into the Conv (`ConvBatchnormFusionPass`) and its UB fusion merges a Conv with the
+# elementwise ops after it (`cann_facts.md` §6; that YOLOv5's SiLU, a Sigmoid and a Mul, is among the patterns
+# it takes in is not in our references: unverified). So against a model converted by ATC with its defaults, a
+# hand-written Conv+BN+SiLU custom op is predicted to gain nothing; its 2.9×
 # is against a model with every op a kernel. Notebook 02 §8 puts the seed's 23 % against both baselines.
 #
 # Per group, the model shows what fusion saves (MiB unfused → fused), the group's UB footprint, the tile it uses
-# and what limits it. On the Atlas 300I Pro most groups are **launch-bound**: at 320×320 and batch 1 the assumed
-# 5 µs launch costs more than moving the group's data.
+# and what limits it. On the Atlas 300I Pro most groups are **launch-bound** (the count under the table): at
+# 320×320 and batch 1 the assumed 5 µs launch costs more than moving the group's data.
 
 # %%
-print(cost.plan_cost(yolo, plans["vertical"], "Atlas 300I Pro").table(max_rows=6))
+vertical_pro = cost.plan_cost(yolo, plans["vertical"], "Atlas 300I Pro")
+print(vertical_pro.table(max_rows=6))
+bounds = [k.bound for k in vertical_pro.groups()]
+print(f"{bounds.count('launch')} of the {len(bounds)} groups launch-bound, {bounds.count('memory')} memory-bound, "
+      f"{bounds.count('compute')} compute-bound")
 
 # %% [markdown]
 # ## 5. Does fusing more ever hurt? The over-fusion curve
@@ -302,17 +322,44 @@ for cid in ("s42-split-above-5-ops", "s1-overfusion-memory-15-20pct"):
 # its BN, SiLU and a residual Add; 7 on BERT: the FFN's MatMul, bias and erf-GELU), and the flat part is where
 # the rules, not the limit, stop the groups. Peak memory falls with fusion too (to 0.70 of the unfused peak on
 # YOLOv5), because fewer intermediates are ever written. None of the three mechanisms bites here:
-#
-# * the largest group of either network needs at most about 165 KiB at 16 KiB tiles (column `max UB KiB`), within every preset's UB, so
-#   no tile shrinks below 16 KiB (column `DMA x` stays at 1.00–1.01, and that 1 % is the small tensors, which
-#   move in small transfers whether fused or not);
-# * the ten recomputed `Sub`s of BERT's LayerNorms each read `x` and the mean again, but save writing `x − mean`
-#   and reading it back twice: recompute *lowers* traffic here;
-# * no fused kernel holds tensors that the unfused ops would have freed before it runs.
-#
-# So this model does **not** support the seed's "split above 5 ops" on these networks: on YOLOv5 the limit of 5
-# costs nothing (no group is larger), and on BERT a limit of 5 is predicted 1.18–1.19× slower than the best limit
-# (7) on every preset, because it splits the FFN's 7-op group. Nor does it reproduce "over-fusion raised peak memory by 15–20 %": at
+
+# %%
+bert_rows = sweeps["BERT 2x256", "Atlas 800I A2 (Ascend 910B)"]
+bert_best = min(bert_rows, key=lambda r: (r["latency_us"], r["max_group_ops"]))
+bert_plan = widgets.make_plan(bert, ("mixed",), bert_best["max_group_ops"], None, networks["BERT 2x256"][1],
+                              allow_recompute=True)
+recomputed = sorted(set().union(*(set(g.recompute) for g in bert_plan)))
+layernorm_subs = [n for n in recomputed if "LayerNorm" in n]
+dma = [r["DMA_x"] for rows in sweeps.values() for r in rows]
+display(Markdown(
+    f"* the largest group of either network needs at most {max(r['ub_KiB'] for rows in sweeps.values() for r in rows):.0f} "
+    f"KiB at 16 KiB tiles (column `max UB KiB`), within every preset's UB, so no tile shrinks below 16 KiB "
+    f"(column `DMA x` stays at {min(dma):.2f}–{max(dma):.2f}, and what it adds is the small tensors, which move in "
+    f"small transfers whether fused or not);\n"
+    f"* at BERT's best limit ({bert_best['max_group_ops']} ops) the plan recomputes {len(recomputed)} nodes"
+    f"{f', the `Sub` (x − mean) of each of its {len(layernorm_subs)} LayerNorms' if len(layernorm_subs) == len(recomputed) else ''}"
+    f", running {bert_best['recomputed']} copies (the `recomputed` column counts copies): each copy reads `x` and the "
+    f"mean again, but saves writing `x − mean` and reading it back twice, so recompute *lowers* traffic here;\n"
+    f"* no fused kernel holds tensors that the unfused ops would have freed before it runs."))
+
+# %%
+# the split rule's predicted cost, from the sweep (a model prediction: no interval, so no measured verdict)
+at5_vs_best = {}
+for (net, dev), rows in sweeps.items():
+    best = min(rows, key=lambda r: (r["latency_us"], r["max_group_ops"]))
+    at5 = next(r for r in rows if r["max_group_ops"] == 5)
+    at5_vs_best.setdefault(net, []).append((at5["latency_us"] / best["latency_us"], best["max_group_ops"]))
+yolo_cost, bert_cost = at5_vs_best["YOLOv5 640"], at5_vs_best["BERT 2x256"]
+bert_best_ops = sorted({b for _, b in bert_cost})
+display(Markdown(
+    f"So this model does **not** support the seed's \"split above 5 ops\" on these networks: on YOLOv5 the limit of "
+    f"5 costs {'nothing (no group is larger)' if max(r for r, _ in yolo_cost) < 1.005 else 'a little'}, and on BERT "
+    f"a limit of 5 is predicted to take {min(r for r, _ in bert_cost):.2f}–{max(r for r, _ in bert_cost):.2f} times "
+    f"the latency of the best limit ({', '.join(map(str, bert_best_ops))} ops) across the presets (the `5 vs best` "
+    f"column), because it splits the FFN's group."))
+
+# %% [markdown]
+# Nor does this model reproduce "over-fusion raised peak memory by 15–20 %": at
 # inference, fusion lowers the peak. The seed's figure is from an Atlas 800T, a *training* server, where a fused
 # forward kernel must still save (or recompute) every intermediate the backward pass needs; that is a mechanism of
 # training this inference model does not have.
@@ -338,8 +385,8 @@ print(wrap(f"ResNet-50, batch 8, fp16: peak live activations {r50_unfused.peak_a
 #
 # **When would it turn upward?** When a group holds more tiles than the UB has room for at 16 KiB: a group that
 # sums or concatenates many feature maps, or a custom op that gives every intermediate its own buffer for the
-# whole kernel (`TPipe::InitBuffer` allocates each queue once, so a hand-written Ascend C kernel reuses a buffer
-# only if its author does). The next cell is that case, on a chain of elementwise Adds that each bring in one more
+# whole kernel (the canonical Ascend C kernel allocates each queue once with `pipe.InitBuffer` in its `Init`,
+# `cann_facts.md` §3.2, so a hand-written kernel reuses a buffer only if its author does). The next cell is that case, on a chain of elementwise Adds that each bring in one more
 # input (not a zoo network: none of them forms such a group): every added input costs two more tiles.
 
 # %%
@@ -371,7 +418,8 @@ for k in (2, 4, 6, 8, 12, 16, 24):
 # transfers waste. Under this mechanism, splitting the group pays only when the slowdown outgrows the traffic the
 # split would add back — here, never. A cost that *grows* with the group (registers or UB spilling whole tensors,
 # recomputing expensive ops, or a compiler's instruction budget) would be needed for a real upward turn, and that
-# is a measurement to make on the device (msprof's `mte2_ratio` and `Task Duration` before and after the split).
+# is a measurement to make on the device (msprof's op summary columns `mte2_ratio`, `aiv_`-prefixed on A2, and
+# `Task Duration(us)`, before and after the split: `cann_facts.md` §5).
 #
 # ## 6. Predicted against measured, on this CPU
 #
@@ -476,7 +524,7 @@ print(state.plan.table(max_rows=5))
 #   spills unless not one 32-byte block per buffer fits.
 # * On YOLOv5 and BERT the predicted curve of latency against group size falls and then flattens; its minimum is
 #   at the largest group TVM's rules form, and peak memory falls too. The seed's "split above 5 ops" costs nothing
-#   on YOLOv5 and makes BERT 1.18–1.19× slower in this model; its "15–20 % more peak memory" is a training effect
+#   on YOLOv5 and, in this model, costs BERT latency (§5's `5 vs best` column); its "15–20 % more peak memory" is a training effect
 #   this inference model has no mechanism for.
 # * The Ascend numbers are predictions from published specs with an assumed 5 µs launch; against ATC's default
 #   (which fuses Conv+BN+activation already) a Conv+BN+SiLU custom op is predicted to gain nothing.

@@ -136,6 +136,7 @@ print("max |difference| below 1e-5:", float(np.abs(fused.run(x)[0] - reference).
 per_op = iree.PerOp(ln_gelu)
 print(len(per_op), "modules;", "per-op matches onnxruntime:",
       np.allclose(per_op.run(x)[0], reference, rtol=1e-4, atol=1e-5))
+print("onnxruntime's graph at level ALL:", ", ".join(f"{k.split(':')[-1]} x{v}" for k, v in ort.optimized_ops(ln_gelu, "all").items()))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -176,7 +177,8 @@ display(Markdown(
 
 # %% [markdown]
 # So fusion inside one compiler is not as clean a comparison as it looks: the same code generator, the
-# same inputs, but the per-op build also pays six module calls, and those are large here. Against
+# same inputs, but the per-op build also pays six module calls, which the comparison above cannot separate
+# from IREE's own per-op code (it bounds the two together). Against
 # onnxruntime the question changes to *whose kernels are better*. onnxruntime at level ALL also fuses
 # (into two kernels: LayerNormalization, then Gelu, with one 6 MiB intermediate between them) and its
 # kernels are hand-vectorised MLAS code; IREE's are generated, with its own polynomial for `erf`. The
@@ -224,12 +226,31 @@ for name in ("resnet_small", "bert_tiny"):
         ops = ort.optimized_ops(model, level)
         print(wrap(f"{name:<13} {level:<9} " + ", ".join(f"{k.split(':')[-1]} x{v}" for k, v in sorted(ops.items()))))
 
-# %% [markdown]
-# On ResNet, EXTENDED fuses each Conv with its BatchNorm (folded at BASIC) and its ReLU into a `FusedConv`,
-# but a block's residual `Add` and the `ReLU` after it stay kernels of their own (8 of each). At ALL the
-# NCHWc layout transformer rewrites every Conv into its blocked `nchwc:Conv`, which takes the residual Add
-# and the activation in, at the price of one `ReorderOutput` back to NCHW. NCHWc applies to convolutions
-# only, so on BERT ALL changes nothing.
+# %%
+from IPython.display import Markdown, display
+
+ops = {(name, level): ort.optimized_ops(zoo.get(name, **MODELS[name]), level)
+       for name in ("resnet_small", "bert_tiny") for level in ("extended", "all")}
+ext, al = ops["resnet_small", "extended"], ops["resnet_small", "all"]
+resnet_rules = plan_only(load(zoo.get("resnet_small", **MODELS["resnet_small"])), passes=("vertical",)).rule_counts()
+fused_conv = ext.get("com.microsoft:FusedConv", 0)
+plain_conv = ext.get("Conv", 0)
+after_add = resnet_rules.get("conv_add_act", 0)  # Conv + BN + Add + ReLU: the ReLU comes after the block's Add
+no_act = resnet_rules.get("conv_bn", 0)  # Conv + BN with no activation (the shortcut convolutions)
+why = (f": {after_add} are the second Conv of a residual block, whose ReLU comes only after the block's `Add`, "
+       f"and {no_act} are shortcut Convs with no activation at all (fusionlab's plan of the same graph finds "
+       f"{after_add} Conv+BN+Add+ReLU and {no_act} Conv+BN chains)" if after_add + no_act == plain_conv else "")
+nchwc = sum(v for k, v in al.items() if k.endswith(":Conv") or k == "Conv")
+display(Markdown(
+    f"On ResNet, EXTENDED fuses {fused_conv} of its {fused_conv + plain_conv} Convs with their BatchNorm (folded at "
+    f"BASIC) and the ReLU right after them into a `FusedConv`; the other {plain_conv} stay `Conv`s{why}. The "
+    f"residual `Add`s and the ReLUs after them stay kernels of their own ({ext.get('Add', 0)} and "
+    f"{ext.get('Relu', 0)}). At ALL the NCHWc layout transformer rewrites the {nchwc} Convs into its blocked "
+    f"`nchwc:Conv`, which takes the residual Add and the activation in (the graph keeps {al.get('Add', 0)} `Add`s "
+    f"and {al.get('Relu', 0)} `Relu`s), at the price of {al.get('com.microsoft.nchwc:ReorderOutput', 0)} "
+    f"`ReorderOutput` back to NCHW. NCHWc applies to convolutions only, so on BERT ALL "
+    + ("changes nothing." if ops["bert_tiny", "extended"] == ops["bert_tiny", "all"] else
+       "changes only the op counts above that differ.")))
 
 # %%
 import matplotlib.pyplot as plt
@@ -298,16 +319,20 @@ for name, entry in tvm_data["models"].items():
     graph = load(zoo.get(name, **entry["params"]))
     present = {n.name for n in graph}
     stale = [n for g in entry["groups"] for n in g if n not in present]
-    rows.append([name, str(entry["nodes"]), str(entry["functions_before"]), str(entry["functions_after"]),
+    constants = sum(n.op_type == "Constant" for n in graph)
+    rows.append([name, f"{entry['nodes']} ({constants})", str(entry["functions_before"]), str(entry["functions_after"]),
                  str(len(entry["groups"])), str(not stale)])
-print("\n".join(text_table(["model", "ONNX nodes", "TVM functions", "after FuseTIR", "kernels",
+print("\n".join(text_table(["model", "ONNX nodes (Constant)", "TVM functions", "after FuseTIR", "kernels",
                             "node names match today's zoo model"], rows)))
 
 # %% [markdown]
+# *ONNX nodes* counts every node of the export, its `Constant` nodes too (their number in brackets); §4's table
+# counts only the compute nodes, which is why BERT has more nodes here than there (MobileNetV2, ResNet-50 and
+# YOLOv5n are not in §4's table).
 # *TVM functions* and *after FuseTIR* count the functions in TVM's module before fusion and after it, and a
 # fused module holds one function per *distinct* kernel: groups that compute the same thing on the same
 # shapes (BERT's two layers, ResNet's repeated blocks) share one. *Kernels* counts the calls `main` makes,
-# one per group per run, which is what the table above compares with fusionlab's plan.
+# one per group per run: the count to set beside fusionlab's column in §4.
 
 # %% [markdown]
 # **Agreement as a number.** Two groupings of one graph can be compared edge by edge: over every data
@@ -347,8 +372,9 @@ for (name, label), a in agreements.items():
 # * **`Add -> Div`, `Add -> Mul` (BERT, only TVM, only with the 5-op threshold)**: the FFN's bias Add feeds
 #   the erf-GELU (Div, Erf, Add, Mul, Mul). TVM puts MatMul, bias and GELU in one group (7 ops);
 #   fusionlab stops at 5. A threshold, not a rule: without it the two agree. For a CPU or GPU, TVM's
-#   group is right (a GEMM epilogue costs no traffic). The seed's 5-op limit is about an Ascend custom
-#   op's UB and instruction budget; whether it holds there needs a measurement we cannot make here.
+#   group is right (a GEMM epilogue costs no traffic). The seed states its 5-op limit for an Ascend custom op
+#   and gives no reason (notebook 05 §5 finds none in the UB model); whether it holds there needs a
+#   measurement we cannot make here.
 # * **`ReduceMean -> Sub`, `ReduceMean -> Add` (BERT LayerNorm, only TVM)**: TVM fuses the `mean` with
 #   its elementwise *consumers* (not by a rule for reductions: the legalised `mean`, a sum and a division,
 #   is labelled like a Conv, an anchor that takes in what follows; a `ReduceSum` only ends a group): the mean with the `x - mean` that follows, the variance with `+ ε`,
@@ -381,8 +407,9 @@ for (name, label), a in agreements.items():
 #    weights at compile time, `MatMulBiasAddFusionPass` merges a MatMul with its bias, and so on;
 # 2. **UB fusion** passes then merge ops whose intermediate would otherwise go Unified Buffer → global
 #    memory → Unified Buffer into one kernel: "UB融合指A算子的计算结果在Unified Buffer上 … 将A和B算子合并成
-#    一个算子，省去了数据搬移的过程" (the result of A stays in UB for B). `TbeCommonRules0FusionPass` merges a
-#    Conv with its elementwise consumers.
+#    一个算子，省去了数据搬移的过程" (the result of A stays in UB for B). `TbeCommonRules0FusionPass` is one of
+#    the documented UB fusion passes (`cann_facts.md` §6); which patterns its common rules match is not in our
+#    references (unverified), and fusionlab files its Conv + elementwise chains under it.
 #
 # Every built-in pass is on by default. `--fusion_switch_file` can only turn passes off (some cannot
 # be turned off at all), in a JSON or a line format. After conversion ATC writes `fusion_result.json`,
@@ -414,8 +441,9 @@ for stage, passes in cann.read_fusion_result(published).items():
 # %% [markdown]
 # Reading a real `fusion_result.json` this way tells you what ATC did to *your* model, pass by pass;
 # comparing it with fusionlab's export for the same model shows where fusionlab's plan and ATC's
-# passes part ways. Where ATC counts a pass as matched but not applied (`match_times` > `effect_times`),
-# its legality check refused the pattern, which is the same question fusionlab's legality module asks.
+# passes part ways. Where ATC counts a pass as matched but not applied (`match_times` > `effect_times`), the
+# pass found the pattern and did not rewrite it; our reading is that a legality check refused it, the question
+# fusionlab's legality module asks (the reference notes give the file's format, not that meaning: unverified).
 #
 # ## Summary
 #

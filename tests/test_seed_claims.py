@@ -271,3 +271,67 @@ def test_a_planted_spoiler_is_caught():
     assert spoilers([print_it, predict, measure], "01_conv_bn_folding")  # at the top of the notebook
     assert spoilers([predict, print_it, measure], "01_conv_bn_folding")  # in the cell that should measure
     assert not spoilers([predict, measure, print_it], "01_conv_bn_folding")  # after the answer
+
+
+#: (notebook printing the summary, claim, later notebook) whose later prediction the summary does not answer
+CROSS_SPOILER_ALLOWED: dict[tuple[str, str, str], str] = {
+    ("01_conv_bn_folding", "s22-matmul-act-batch-1.5x", "05_fusion_thresholds"):
+        "05 §5 asks where the latency curve's minimum is; the summary is about ResNet-50's batch, not the curve",
+}
+
+
+def cross_spoilers(sources: dict[str, list[tuple[str, str]]], claims=CLAIMS) -> list[str]:
+    """A ledger summary printed in one notebook for a claim the ledger says a *later* notebook shows, in a section
+    of it that asks a **Predict**: the earlier notebook answers the later one's question before it is asked (an
+    expert reader found notebook 04 printing the s42 verdict that notebook 05 §5 asks you to predict)."""
+    def predicted_sections(cells):
+        section, found = 0, set()
+        for kind, text in cells:
+            if kind == "markdown":
+                for m in _HEADING.finditer(text):
+                    section = int(m.group(1))
+                if "**Predict" in text:
+                    found.add(section)
+        return found
+
+    sections = {stem: predicted_sections(cells) for stem, cells in sources.items()}
+    out = []
+    for stem, cells in sources.items():
+        for kind, text in cells:
+            if kind != "code" or ".summary()" not in text:
+                continue
+            ids = re.findall(r'seed_claims\.claim\("([^"]+)"\)', text)
+            loop = re.search(r"for cid in \(([^)]*)\)", text)
+            if loop and "seed_claims.claim(cid)" in text:
+                ids += re.findall(r'"([^"]+)"', loop.group(1))
+            for cid in ids:
+                for nb, sec, _ in claims[cid].shown_in:
+                    if nb > stem and nb in sections and int(sec.split(".")[0]) in sections[nb] \
+                            and (stem, cid, nb) not in CROSS_SPOILER_ALLOWED:
+                        out.append(f"{stem}: [{cid}] printed before notebook {nb[:2]} §{sec} asks its prediction")
+    return out
+
+
+def test_no_ledger_summary_spoils_a_later_notebooks_prediction():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import nbbuild
+
+    sources = {p.stem: nbbuild.parse(p.read_text()) for p in sorted((ROOT / "notebooks_src").glob("*.py"))}
+    found = cross_spoilers(sources)
+    assert not found, "\n".join(found)
+    stale = [k for k in CROSS_SPOILER_ALLOWED if not _allowed_still_matches(k, sources)]
+    assert not stale, f"CROSS_SPOILER_ALLOWED entries that match nothing any more: {stale}"
+
+
+def _allowed_still_matches(key, sources) -> bool:
+    stem, cid, nb = key
+    text = "\n".join(t for k, t in sources[stem] if k == "code" and ".summary()" in t)
+    return cid in text and any(n == nb for n, _, _ in CLAIMS[cid].shown_in)
+
+
+def test_a_planted_cross_notebook_spoiler_is_caught():
+    cid = "s42-split-above-5-ops"  # shown in notebook 05 §5, which asks a prediction
+    early = [("code", f'print(seed_claims.claim("{cid}").summary())')]
+    later = [("markdown", "## 5. The curve\n\n**Predict:** where is the minimum?"), ("code", "print(sweep)")]
+    assert cross_spoilers({"04_mixed_fusion": early, "05_fusion_thresholds": later})
+    assert not cross_spoilers({"04_mixed_fusion": [("code", "print(1)")], "05_fusion_thresholds": later})

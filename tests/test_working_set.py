@@ -67,3 +67,30 @@ def test_the_mixed_pass_and_the_cost_model_compute_the_same_working_set(model):
     for grp in plan:
         assert kernels[grp.id].working_set == round(mixed.working_set(g, grp.nodes) * 1024), grp.nodes
         assert grp.extra["working_set_kb"] == round(kernels[grp.id].working_set / 1024, 1)
+
+
+def test_account_adds_up_to_bytes_at_and_names_the_live_intermediates():
+    members = [ws.Member(reads=(("x", 64 * K),), keeps=(("t0", 8 * K, 1),), op="Relu"),
+               ws.Member(keeps=(("t1", 64 * K, 3),), op="Sigmoid"),
+               ws.Member(keeps=(("t2", 64 * K, 3),), op="Tanh"),
+               ws.Member(reads=(("b", 100),), writes=(("y", 64 * K),), op="Add")]
+    w = ws.working_set(members)
+    for tile in (16 * K, 4 * K, 64 * K):
+        assert sum(n for _, _, n in w.account(tile)) == w.bytes_at(tile)
+    assert w.peak_step(16 * K) == 2  # t1 and t2 live together (t0, smaller, dies at step 1)
+    live = [b.key for b, _, _ in w.account(16 * K) if b.role == "mid"]
+    assert live == ["t1", "t2"]
+    text = w.describe(16 * K)
+    assert text.startswith("6 tiles of 16 KiB = 96 KiB")  # x, y: two each; t1, t2: one each and "Sigmoid and Tanh" in text and "while the Tanh runs" in text
+
+
+def test_the_yolo_five_op_group_holds_seven_tiles_of_the_bn_sigmoid_and_mul_outputs():
+    # the account notebooks 04 and 05 print: the Conv's output is dead once the BN has read it
+    g = load(zoo.get("yolov5s", image_size=160, width_mult=0.25, depth_mult=0.33))
+    plan = mixed.plan(g, max_group_ops=5)
+    grp = next(p for p in plan if p.size == 5)
+    w = mixed.working_set_detail(g, grp.nodes)
+    assert w.bytes_at(16 * K) == round(mixed.working_set(g, grp.nodes) * 1024)
+    rows = w.account(16 * K)
+    assert sorted(b.op for b, _, _ in rows if b.role == "mid") == ["BatchNormalization", "Mul", "Sigmoid"]
+    assert sum(c for b, c, _ in rows if b.bytes >= 16 * K) == 7

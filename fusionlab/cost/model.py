@@ -476,7 +476,7 @@ def _members(a: Analysis, ks: schedule.Kernels, k: str) -> tuple[list[ws_model.M
                 if last:
                     keeps.append((o.name, a.nbytes(o) or 0, max(last)))
         members.append(ws_model.Member(cube=classify(n, a.shapes) == OpKind.OUT_EWISE_FUSABLE, reads=tuple(reads), writes=tuple(writes),
-                                       keeps=tuple(keeps)))
+                                       keeps=tuple(keeps), op=n.op_type))
     return members, ext_in, outs
 
 

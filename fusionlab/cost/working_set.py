@@ -80,6 +80,7 @@ class Member:
     reads: tuple[tuple[str, int], ...] = ()
     writes: tuple[tuple[str, int], ...] = ()
     keeps: tuple[tuple[str, int, int], ...] = ()
+    op: str = ""  # the member's op type, for `WorkingSet.account` (no effect on the sizes)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class Buffer:
     role: str  # "in" (device memory -> UB), "l1" (device memory -> L1 -> cube), "out" (UB -> device memory), "mid"
     start: int = 0
     end: int = 0
+    op: str = ""  # op type of the member that reads it (in, l1) or makes it (out, mid)
 
     @property
     def copies(self) -> int:
@@ -104,6 +106,7 @@ class WorkingSet:
 
     buffers: tuple[Buffer, ...]
     steps: int = 1
+    ops: tuple[str, ...] = ()  # the members' op types in order (for `describe`)
 
     def bytes_at(self, tile: int) -> int:
         """UB bytes the kernel needs with tiles of `tile` bytes (the formula in the module docstring)."""
@@ -132,6 +135,54 @@ class WorkingSet:
             else:
                 hi = mid - 1
         return lo * BLOCK_BYTES
+
+    def peak_step(self, tile: int) -> int:
+        """The first member position at which the live intermediates take the most UB (what `bytes_at` counts)."""
+        mids = [b for b in self.buffers if b.role == "mid"]
+        live = [sum(min(b.bytes, tile) for b in mids if b.start <= k <= b.end) for k in range(self.steps)]
+        return max(range(self.steps), key=lambda k: (live[k], -k))
+
+    def account(self, tile: int) -> list[tuple[Buffer, int, int]]:
+        """What `bytes_at(tile)` is made of: (buffer, UB copies, bytes) for every buffer it counts.
+
+        The transfers through the UB (two copies each) and the intermediates live at `peak_step`; the bytes
+        add up to `bytes_at(tile)` exactly, so a sentence built from this account cannot disagree with it.
+        """
+        k = self.peak_step(tile)
+        rows = []
+        for b in self.buffers:
+            if b.role in ("in", "out") or (b.role == "mid" and b.start <= k <= b.end):
+                rows.append((b, b.copies, b.copies * min(b.bytes, tile)))
+        return rows
+
+    def describe(self, tile: int) -> str:
+        """`account(tile)` in words: which tensors take the UB at the peak, and how many tiles each.
+
+        Tensors at least a tile large are named by the op that reads (inputs) or makes (the rest) them;
+        smaller ones (a BatchNorm's per-channel parameters, a reduction's output) are summed.
+        """
+        rows = self.account(tile)
+        full = [(b, c) for b, c, _ in rows if b.bytes >= tile]
+        small = [(b, n) for b, c, n in rows if b.bytes < tile]
+        k = self.peak_step(tile)
+        parts = []
+        for b, c in full:
+            if b.role == "in":
+                parts.append(f"an input of the {b.op or 'group'} read from memory ({c} tiles, double-buffered)")
+        mids = [b for b, c in full if b.role == "mid"]
+        if mids:
+            at = f", all live while the {self.ops[k]} runs" if self.ops and len(mids) > 1 else ""
+            parts.append(f"the output{'s' if len(mids) > 1 else ''} of the {_join([b.op for b in mids])}, kept on chip "
+                         f"(one tile each{at})")
+        for b, c in full:
+            if b.role == "out":
+                parts.append(f"the {b.op or 'group'}'s output written to memory ({c} tiles, double-buffered)")
+        if small:
+            parts.append(f"{len(small)} tensor{'s' if len(small) > 1 else ''} smaller than a tile "
+                         f"({sum(n for _, n in small) / 1024:.1f} KiB, of the {_join(sorted({b.op for b, _ in small}))})")
+        tiles = sum(c for _, c in full)
+        return (f"{tiles} tiles of {tile / 1024:g} KiB = {tiles * tile / 1024:g} KiB: " + "; ".join(parts)
+                + f"; {self.bytes_at(tile) / 1024:.1f} KiB in all")
 
     def transfers(self) -> list[Buffer]:
         """The buffers moved between device memory and the chip (inputs through UB or L1, outputs)."""
@@ -166,10 +217,15 @@ def working_set(members: Sequence[Member]) -> WorkingSet:
             role = "l1" if m.cube else "in"
             k = f"{role}:{key}"  # a tensor read by the cube and by the vector unit travels twice (L1 and UB)
             if k not in buffers:
-                buffers[k] = Buffer(key, int(size), role)
+                buffers[k] = Buffer(key, int(size), role, op=m.op)
         for key, size in m.writes:
-            buffers.setdefault(f"out:{key}", Buffer(key, int(size), "out"))
+            buffers.setdefault(f"out:{key}", Buffer(key, int(size), "out", op=m.op))
         for key, size, last in m.keeps:
-            buffers.setdefault(f"mid:{key}", Buffer(key, int(size), "mid", pos, last))
-    return WorkingSet(tuple(buffers.values()), steps=max(len(members), 1))
+            buffers.setdefault(f"mid:{key}", Buffer(key, int(size), "mid", pos, last, op=m.op))
+    return WorkingSet(tuple(buffers.values()), steps=max(len(members), 1), ops=tuple(m.op for m in members))
+
+
+def _join(words: Sequence[str]) -> str:
+    words = [w or "?" for w in words]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 

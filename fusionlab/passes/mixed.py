@@ -59,7 +59,7 @@ from .fold import is_host_side
 from .options import check_options
 
 __all__ = ["plan", "apply", "trace", "check_group", "Step", "PostDomTree", "post_dominator_tree", "working_set",
-           "OPTIONS", "DEFAULT_MAX_GROUP_OPS", "DEFAULT_TILE_KB"]
+           "working_set_detail", "OPTIONS", "DEFAULT_MAX_GROUP_OPS", "DEFAULT_TILE_KB"]
 
 #: the seed's rule for Atlas 800I A2: split a fused op of more than 5 basic ops
 DEFAULT_MAX_GROUP_OPS = 5
@@ -249,7 +249,8 @@ def _members(gnodes: list[_GNode], members: list[int], info: ShapeInfo) -> list[
                 writes.append((v.name + g.name, _bytes(v, info)))
             elif consumers_in:
                 keeps.append((v.name + g.name, _bytes(v, info), pos[consumers_in[-1]]))
-        out.append(WSMember(cube=g.kind == _O, reads=tuple(reads), writes=tuple(writes), keeps=tuple(keeps)))
+        out.append(WSMember(cube=g.kind == _O, reads=tuple(reads), writes=tuple(writes), keeps=tuple(keeps),
+                            op=g.node.op_type))
     return out
 
 
@@ -273,6 +274,18 @@ def working_set(graph: Graph, nodes: list[str], *, tile_kb: float = DEFAULT_TILE
     if missing:
         raise KeyError(f"no node named {missing[0]!r}")
     return _working_set(gnodes, [by_name[n] for n in nodes], shapes, int(tile_kb * 1024)) / 1024
+
+
+def working_set_detail(graph: Graph, nodes: list[str], *, shapes: ShapeInfo | None = None,
+                       dims: dict | None = None) -> ws_model.WorkingSet:
+    """The buffers behind `working_set` (the same model): `.account(tile)` and `.describe(tile)` say what fills it."""
+    shapes = _info(graph, shapes, dims)
+    gnodes = _build(graph, shapes)
+    by_name = {g.name: g.index for g in gnodes}
+    missing = [n for n in nodes if n not in by_name]
+    if missing:
+        raise KeyError(f"no node named {missing[0]!r}")
+    return ws_model.working_set(_members(gnodes, [by_name[n] for n in nodes], shapes))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -89,8 +89,9 @@ _OPT_IN = ("skip_layernorm", "swiglu", "geglu")
 #:   (0.54-0.72): that case is refused.
 #: - `gqa` (GroupQueryAttention on the unrepeated K/V, causal=0, the graph's mask as attention_bias) is on: against
 #:   MultiHeadAttention after LLaMA's repeat_kv (benchmarks/bench_gqa.py -> results/gqa.md, corpus LLaMA at 1x32
-#:   and 1x128, an 8 Q / 2 K/V-head block at 1x128 and 1x512) it measured faster in 4 of 16 cells (ts exports
-#:   at 1x32, 1.08-1.13x) and no clear difference in the rest, never slower, with fewer nodes; without it
+#:   and 1x128, an 8 Q / 2 K/V-head block at 1x128 and 1x512, off and at ALL) it measured faster in 4 of 16 cells
+#:   in a first run (ts exports at 1x32, 1.08-1.13x) and 9 of 16 in a second (ts exports 1.04-1.11x, the block at
+#:   1x512 1.04x off), no clear difference in the rest (the dynamo export), never slower, with fewer nodes; without it
 #:   (rules without 'gqa') attention is MultiHeadAttention after the kept repeat.
 #: - `swiglu`, `geglu` are opt-in: onnxruntime 1.31 has no CPU kernel for a gated MLP (SwiGLU only inside
 #:   MoE/QMoE, BiasSplitGelu CUDA-only), so the group is its ops or one model-local function, which onnxruntime

@@ -344,7 +344,8 @@ class Attention(Rule):
         if gqa is None and "attention" not in cx.rules:
             return None
         rule = "gqa" if gqa is not None else "attention"
-        heads = (f"{nd[0]} heads of {nd[1]}, K/V {gqa['kv_heads']} heads (GroupQueryAttention, causal=0)"
+        heads = (f"{nd[0]} heads of {nd[1]}, K/V {gqa['kv_heads']} heads (GroupQueryAttention, causal=0, the repeat "
+                 "removed: measured faster than MultiHeadAttention after it, benchmarks/results/gqa.md)"
                  if gqa is not None else f"{nd[0]} heads of {nd[1]}") + ", layouts proved"
         extra = (1 if out[2] else 0) + (2 if keep_guard else 0) + (gqa["extra"] if gqa is not None else 0)
         return Match(rule, sm, members, f"{heads}; mask {'none' if mask is None else 'as attention_bias'}; "
@@ -397,6 +398,8 @@ class Attention(Rule):
                 out[name], out[name + "4"] = x, True
                 out[name + "_views"] = list(rep)
                 out["extra"] += 2
+        if not all(isinstance(d, int) for d in out["bs"]):
+            out["extra"] += 6  # seqlens_k and total_sequence_length from q's shape at run time (see `_gqa`)
         out["k4"] = (out["k4"], out["v4"])
         back = [n for n, four in zip("KV", out["k4"]) if four]
         out["note"] = f"{' and '.join(back)} transposed back to [B, L, Nkv*D]" if back else ""

@@ -10,9 +10,10 @@ a Shape. Near misses: a mask multiplied in instead of added (nm:mask_mul), a sin
 MatMul with no repeat (nm:kv_broadcast), Softmax over the queries (nm:softmax_axis). A per-head scale vector
 on Q (scale_per_head) is no scalar scale, but the Q it makes is legal as it is (a value already in heads). A
 random bool mask is not causal (tag mask_any): the gqa rule writes GroupQueryAttention with causal=0 and the
-graph's own mask as attention_bias, so it must stay exact on any mask; a head size of 8 (hidden 16, 2 heads)
-is the one the fuzzer draws that GroupQueryAttention's CPU kernel takes (a multiple of 8), others fall back
-to MultiHeadAttention after the repeat.
+graph's own mask as attention_bias, so it must stay exact on any mask. GroupQueryAttention's CPU kernel takes
+a head size that is a multiple of 8: most grouped draws whose hidden size gives a smaller head project to
+heads x 8 and back with an output projection (tag attention_o_proj), the rest fall back to MultiHeadAttention
+after the repeat.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def attention(b: Builder, x: str, pool: list[str]) -> str:
     heads = b.rng.choice([n for n in (2, 4) if hid % n == 0 and hid // n >= 2])
     d = hid // heads
     gqa = heads >= 2 and b.rng.random() < 0.5
+    if gqa and d % 8 and b.rng.random() < 0.6:  # LLaMA's head size is no divisor of a small hidden size: project
+        heads, d = b.rng.choice((2, 4)), 8      # to heads*8 and back (o_proj), so GroupQueryAttention's kernel applies
     kv = b.rng.choice([k for k in (1, heads // 2) if k >= 1 and heads % k == 0]) if gqa else heads
     b.tags.append("attention_gqa" if gqa else "attention")
     broadcast = gqa and kv == 1 and b.miss("kv_broadcast")
@@ -135,7 +138,12 @@ def attention(b: Builder, x: str, pool: list[str]) -> str:
         probs = b.node("Where", [nan, b.scalar(0.0, "zero"), probs], b.shape(probs))
     ctx = b.node("MatMul", [probs, v], (bsz, heads, seq, d))
     ctx = b.node("Transpose", [ctx], (bsz, seq, heads, d), perm=[0, 2, 1, 3])
-    return b.node("Reshape", [ctx, b.ints([0, 0, hid], "merge")], (bsz, seq, hid))
+    merged = b.node("Reshape", [ctx, b.ints([0, 0, heads * d], "merge")], (bsz, seq, heads * d))
+    if heads * d == hid:
+        return merged
+    b.tags.append("attention_o_proj")
+    return b.node("MatMul", [merged, b.weight((heads * d, hid), "Wo", "attn_proj", scale=(heads * d) ** -0.5)],
+                  (bsz, seq, hid))
 
 
 def _onnx_type(dtype) -> int:

@@ -128,15 +128,19 @@ def _repeat(cx, rep: ir.Value):
     """(x, kv heads, nodes) when `rep` [B, N, L, D] is LLaMA's repeat_kv of x [B, Nkv, L, D]:
     Reshape(Expand(Unsqueeze(x, [2]), [B, Nkv, G, L, D]), [B, N, L, D]) with N = Nkv * G, each intermediate read
     once; None otherwise. Row-major order makes query head h read K/V head h // G, as GroupQueryAttention does
-    (the shapes prove it: B, L, D unchanged, axes 1 and 2 merged)."""
+    (the shapes prove it: B, L, D unchanged, axes 1 and 2 merged).
+
+    Like the head views, the repeat is matched whether or not its nodes are free: a repeat that something
+    outside reads stays as a kept view (`_kept_views`), and the caller checks freeness of the members only.
+    (Checking it here made planning and `recheck` disagree: at recheck a kept repeat is outside the group.)"""
     r = rep.producer()
-    if not is_op(r, "Reshape") or not cx.free(r):
+    if not is_op(r, "Reshape"):
         return None
     e = r.inputs[0].producer()
-    if not is_op(e, "Expand") or not cx.free(e) or sole_consumer(r.inputs[0]) is not r:
+    if not is_op(e, "Expand") or sole_consumer(r.inputs[0]) is not r:
         return None
     u = e.inputs[0].producer()
-    if not is_op(u, "Unsqueeze") or not cx.free(u) or e.inputs[0].is_graph_output() or \
+    if not is_op(u, "Unsqueeze") or e.inputs[0].is_graph_output() or \
             any(n is not e and not is_op(n, "Shape") for n in consumers(e.inputs[0])):
         return None  # a Shape of the Unsqueeze may compute the Expand's target (it goes with the group)
     axes = cx.constant(u.inputs[1]) if len(u.inputs) > 1 else attr(u, "axes")
@@ -332,9 +336,10 @@ class Attention(Rule):
             k, v = gqa["k"], gqa["v"]
             k_views, v_views = gqa["k_views"] + k_views, gqa["v_views"] + v_views
         members = q_views + k_views + v_views + pre + nodes + [sm] + guarded[1] + [ctx_mm] + out[1]
-        members += _support(cx, members)
-        kept = [n for views in (q_views, k_views, v_views) for n in _kept_views(views, members)]
+        whole = members + _support(cx, members)
+        kept = [n for views in (q_views, k_views, v_views) for n in _kept_views(views, whole)]
         members = [n for n in members if n not in kept]
+        members += _support(cx, members)  # the shape arithmetic of kept views (a kept repeat's Expand target) stays
         if not cx.free(*members):
             return None
         keep_guard = bool(guarded[1]) and mask is not None and not _mask_finite(cx, mask)
@@ -430,8 +435,12 @@ class Attention(Rule):
         if len({cx.dtype(t) for t in (q, k, v)}) != 1:
             raise Refused("q, k and v differ in dtype")
         length = 2 if k4 else 1
-        if cx.shape(k)[length] != cx.shape(v)[length] or cx.shape(k)[0] != cx.shape(q)[0]:
-            raise Refused("key and value lengths (or batches) differ")
+        if cx.shape(k)[length] != cx.shape(v)[length]:
+            raise Refused("key and value lengths differ")
+        batches = [cx.shape(t)[0] for t in (q, k, v)]
+        if len(set(batches)) != 1:  # a MatMul broadcasts a batch of 1; the fused op does not
+            raise Refused(f"query, key and value batches are {', '.join(map(str, batches))} (the MatMuls broadcast "
+                          "them; MultiHeadAttention needs one batch)")
         if mask is not None:
             why = _mask_ok(cx, mask, cx.shape(q)[0], cx.shape(q)[2 if q4 else 1], cx.shape(k)[length], heads)
             if why:

@@ -519,8 +519,8 @@ def _item_label(it: _Item) -> tuple[str, str]:
         if it.fused:
             return it.title, f"= {it.fused}"
         return it.title, (it.subtitle if it.subtitle != it.title else "")
-    if it.kind == "cut":
-        return it.title, it.subtitle
+    if it.kind == "cut":  # the dashed stub is the arrow: the label says where it goes
+        return it.title.removeprefix("→ "), it.subtitle
     return it.title + " " + it.subtitle, (it.detail[0] if it.detail else "")
 
 

@@ -358,8 +358,11 @@ _STYLE = """<style>
 .fl-explorer .fl-explorer-devices th, .fl-explorer .fl-explorer-devices td { padding: 1px 8px; white-space: nowrap;
   text-align: left; border-bottom: 1px solid var(--jp-border-color2); }
 .fl-explorer .fl-explorer-devices tr.fl-chosen td { font-weight: bold; }
-.fl-explorer .fl-bar-pair { display: inline-block; width: 90px; vertical-align: middle; margin-right: 6px; }
-.fl-explorer .fl-bar { display: block; height: 6px; margin: 1px 0; }
+.fl-explorer .fl-bar-pair { display: inline-block; position: relative; width: 90px; height: 14px;
+  vertical-align: middle; margin-right: 6px; }
+.fl-explorer .fl-bar { display: inline-block; position: absolute; left: 0; height: 6px; }
+.fl-explorer .fl-bar-unfused { top: 0; }
+.fl-explorer .fl-bar-plan { top: 8px; }
 .fl-explorer .fl-bar-unfused { background: #b8b8b8; }
 .fl-explorer .fl-num { font-family: var(--jp-code-font-family); }
 .fl-explorer details summary { cursor: pointer; color: var(--jp-ui-font-color2); }

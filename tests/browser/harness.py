@@ -305,8 +305,9 @@ class Page:
         JupyterLab renders a long notebook lazily: a cell's node joins the page only once it is scrolled to."""
         if scroll:
             self.js(_JS_PANEL + "flPanel().content.scrollToItem(arguments[0], 'start');", i)
-        return self.wait(lambda: self.js(_JS_PANEL + """const w = flPanel().content.widgets[arguments[0]];
-            if (!w.node.isConnected) { w.node.scrollIntoView({block: 'start'}); return null; }
+        # a notebook just (re)opened may not have laid its cells out yet: ask the list to scroll again each time
+        return self.wait(lambda: self.js(_JS_PANEL + """const nb = flPanel().content, w = nb.widgets[arguments[0]];
+            if (!w.node.isConnected) { nb.scrollToItem(arguments[0], 'start'); return null; }
             return w.node;""", i), timeout, f"cell {i} never on the page")
 
     def run_cell(self, i: int, timeout: float = 120) -> None:

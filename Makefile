@@ -20,7 +20,7 @@ export JUPYTER_CONFIG_PATH := $(CURDIR)/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900
 
-.PHONY: env lab test test-unit test-notebooks test-browser browser-deps notebooks notebook bench bench-exports bench-new-exports bench-reference corpus corpus-survey fuzz clean
+.PHONY: env lab lab-reset test test-unit test-notebooks test-browser browser-deps notebooks notebook bench bench-exports bench-new-exports bench-reference corpus corpus-survey fuzz clean
 
 env: $(STAMP)
 
@@ -31,9 +31,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-## make lab: JupyterLab on notebooks/, bound to 127.0.0.1, opening 00_start_here (prints its URL).
+## make lab: JupyterLab on your working copy my-notebooks/ (git-ignored; made from notebooks/ on the first run,
+## kept after), bound to 127.0.0.1, opening 00_start_here (prints its URL).
 lab: $(STAMP)
 	$(PY) tools/lab.py --port $(PORT)
+
+## make lab-reset: copy the stored notebooks/ over my-notebooks/ again (your outputs and edits there go).
+lab-reset: $(STAMP)
+	$(PY) tools/lab.py --reset
 
 ## make test: unit tests, the browser test (installs Debian's chromium once) and strict nbval over every notebook.
 test: $(STAMP) browser-deps

@@ -59,8 +59,8 @@ _FONT = "DejaVu Sans"  # ships with matplotlib: the same glyphs on every machine
 @dataclass
 class _Item:
     key: str
-    kind: str  # "op", "input" or "output"
-    title: str  # op type, or "input"/"output"
+    kind: str  # "op", "input", "output" (a graph output) or "cut" (a value read by nodes not drawn)
+    title: str  # op type, "input"/"output", or "→ N more consumers" for a cut edge
     subtitle: str  # short node name, or the value name
     detail: list[str] = field(default_factory=list)  # weight shapes / value shape
     order: int = 0
@@ -230,9 +230,13 @@ def _subgraph_reads(g, order: list[ir.Node], key_of: dict[int, str]):
     return owner, captured
 
 
-def _terminal(kind: str, v: ir.Value, order: int) -> _Item:
-    """The ellipse of a value entering ("input") or leaving ("output") the drawn part."""
+def _terminal(kind: str, v: ir.Value, order: int, readers: int = 0) -> _Item:
+    """The ellipse of a value entering ("input") or leaving ("output") the drawn part; for "cut" (a value that
+    is no graph output, read only by nodes left out of the picture) a plain label on a short stub arrow."""
     shape = _shape_text(v)
+    if kind == "cut":
+        title = f"→ {readers} more consumer{'s' if readers != 1 else ''}"
+        return _Item(f"{kind}:{v.name}", kind, title, "not drawn", [], order=order)
     return _Item(f"{kind}:{v.name}", kind, kind, _clip(v.name), [shape] if shape else [], order=order)
 
 
@@ -246,7 +250,7 @@ class _SceneBuilder:
         self.key_of = {id(n): k for k, n in zip(keys, order)}
         self.owner, self.captured = _subgraph_reads(g, order, self.key_of)
         self.items: list[_Item] = []
-        self.terminals: dict[str, dict[str, _Item]] = {"input": {}, "output": {}}
+        self.terminals: dict[str, dict[str, _Item]] = {"input": {}, "output": {}, "cut": {}}
         self.edges: list[tuple[str, str, str]] = []
         self._edge_seen: set[tuple[str, str]] = set()
 
@@ -256,10 +260,10 @@ class _SceneBuilder:
             self._edge_seen.add((a, b))
             self.edges.append((a, b, label))
 
-    def terminal(self, kind: str, v: ir.Value, i: int) -> str:
-        """The key of the input/output ellipse for `v`, made on first use."""
+    def terminal(self, kind: str, v: ir.Value, i: int, readers: int = 0) -> str:
+        """The key of the input/output ellipse (or cut-edge stub) for `v`, made on first use."""
         tk = f"{kind}:{v.name}"
-        self.terminals[kind].setdefault(tk, _terminal(kind, v, i))
+        self.terminals[kind].setdefault(tk, _terminal(kind, v, i, readers))
         return tk
 
     def _reads(self, i: int, k: str, n: ir.Node) -> list[str]:
@@ -285,12 +289,15 @@ class _SceneBuilder:
         return weights
 
     def _writes(self, i: int, k: str, n: ir.Node) -> None:
-        """Edges to an output ellipse for each output of `n` that is a graph output or read outside the part."""
+        """Edges to an output ellipse for each output of `n` that is a graph output, and to a cut-edge stub
+        ("→ N more consumers") for each other output read by nodes outside the part: that value is no output."""
         for v in n.outputs:
             users = [self.owner.get(id(u), u) for u in self.g.consumers(v)]
-            external = [u for u in users if self.key_of.get(id(u)) not in self.chosen]
-            if v.is_graph_output() or external:
+            external = list({id(u): u for u in users if self.key_of.get(id(u)) not in self.chosen}.values())
+            if v.is_graph_output():
                 self.edge(k, self.terminal("output", v, i), "")
+            elif external:
+                self.edge(k, self.terminal("cut", v, i, len(external)), "")
 
     def fused_text(self, n: ir.Node) -> str:
         """What a fused op stands for: the op types of the loaded nodes it covers ("Conv+BN+Relu"), "fused op"
@@ -316,8 +323,9 @@ class _SceneBuilder:
                                 group=group, fused=self.fused_text(n)))
 
     def all_items(self) -> list[_Item]:
-        """Input ellipses, op boxes, output ellipses, in that order."""
-        return list(self.terminals["input"].values()) + self.items + list(self.terminals["output"].values())
+        """Input ellipses, op boxes, output ellipses and cut-edge stubs, in that order."""
+        return (list(self.terminals["input"].values()) + self.items + list(self.terminals["output"].values())
+                + list(self.terminals["cut"].values()))
 
 
 def _is_constant_node(n: ir.Node | None) -> bool:
@@ -388,9 +396,11 @@ def to_dot(model, plan: FusionPlan | None = None, *, nodes=None, title: str | No
     """Graphviz DOT text of a model; fusion groups become coloured `subgraph cluster_<id>` blocks."""
     sc = _scene(model, plan, nodes, hops)
     ids = {}
-    n_in = n_op = n_out = 0
+    n_in = n_op = n_out = n_cut = 0
     for it in sc.items:
-        if it.kind == "input":
+        if it.kind == "cut":
+            ids[it.key], n_cut = f"cut{n_cut}", n_cut + 1
+        elif it.kind == "input":
             ids[it.key], n_in = f"in{n_in}", n_in + 1
         elif it.kind == "output":
             ids[it.key], n_out = f"out{n_out}", n_out + 1
@@ -409,6 +419,8 @@ def to_dot(model, plan: FusionPlan | None = None, *, nodes=None, title: str | No
         if it.kind == "op":
             label = "\n".join([it.title] + ([it.subtitle] if it.subtitle and it.subtitle != it.title else []) + it.detail)
             return f"{indent}{ids[it.key]} [label={_dot_str(label)}];"
+        if it.kind == "cut":  # no pill: a plain label at the end of a dashed stub (no graph output)
+            return f'{indent}{ids[it.key]} [label={_dot_str(it.title)}, shape=plaintext, style="", fontsize=8];'
         label = "\n".join([f"{it.title} {it.subtitle}"] + it.detail)
         return f'{indent}{ids[it.key]} [label={_dot_str(label)}, shape=ellipse, fillcolor="#eeeeee"];'
 
@@ -439,6 +451,9 @@ def to_dot(model, plan: FusionPlan | None = None, *, nodes=None, title: str | No
         lines.append("  }")
     for a, b, label in sc.edges:
         attrs = f" [label={_dot_str(label)}]" if label else ""
+        if b.startswith("cut:"):
+            attrs = ' [style=dashed, color="#999999"]'
+
         lines.append(f"  {ids[a]} -> {ids[b]}{attrs};")
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -504,6 +519,8 @@ def _item_label(it: _Item) -> tuple[str, str]:
         if it.fused:
             return it.title, f"= {it.fused}"
         return it.title, (it.subtitle if it.subtitle != it.title else "")
+    if it.kind == "cut":  # the dashed stub is the arrow: the label says where it goes
+        return it.title.removeprefix("→ "), it.subtitle
     return it.title + " " + it.subtitle, (it.detail[0] if it.detail else "")
 
 
@@ -894,8 +911,11 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
     # edges
     for a, b, pts in lay.edges:
         codes = [MplPath.MOVETO] + [MplPath.LINETO] * (len(pts) - 1)
+        cut = lay.kinds.get(b) == "cut"  # a value read by nodes not drawn: a dashed grey stub, no output pill
         arrow = FancyArrowPatch(path=MplPath(pts, codes), arrowstyle="-|>", mutation_scale=9 * scale,
-                                linewidth=0.9 * scale, color="#555555", shrinkA=0, shrinkB=0, zorder=2)
+                                linewidth=0.9 * scale, color="#999999" if cut else "#555555", shrinkA=0, shrinkB=0,
+                                zorder=2, linestyle="--" if cut else "-")
+        arrow.set_gid(f"edge:{a}->{b}")
         ax.add_patch(arrow)
     # boxes
     for k, (xc, yc) in lay.positions.items():
@@ -903,6 +923,13 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
         kind = lay.kinds[k]
         head, sub = lay.labels[k]
         fused = k in lay.fused
+        if kind == "cut":  # plain grey text where the stub ends: no box, so it never reads as a graph output
+            ax.text(xc, yc + (0.075 if sub else 0), head, ha="center", va="center", fontsize=8 * scale, zorder=4,
+                    fontfamily=_FONT, color="#666666", style="italic", gid=f"cut:{k}")
+            if sub:
+                ax.text(xc, yc - 0.095, sub, ha="center", va="center", fontsize=7 * scale, color="#888888",
+                        zorder=4, fontfamily=_FONT, style="italic")
+            continue
         if kind == "op":
             face, edge, lw, rounding = "#ffffff", member_color.get(k, "#444444"), (1.6 if k in member_color else 0.9), 0.06
             if fused:

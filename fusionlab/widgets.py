@@ -18,7 +18,7 @@ from .plan import DEFAULT_PASSES, FusionPlan
 from .text import text_table, wrap
 
 __all__ = ["ExplorerResult", "make_plan", "explore_state", "change_line", "what_each_control_governs",
-           "result_text", "sweep_group_size", "sweep_table", "plot_sweep", "measure", "explore"]
+           "result_text", "result_html", "device_chart_html", "bar_width", "sweep_group_size", "sweep_table", "plot_sweep", "measure", "explore"]
 
 KINDS = ("vertical", "horizontal", "mixed")
 #: device name -> the precision its float models run in ("float16" on the Ascend presets, "float32" here)
@@ -68,17 +68,25 @@ class ExplorerResult:
             f"{c.bytes_moved / 2**20:.2f} MiB",
         ])
 
-    def device_table(self) -> str:
-        """Every device the result was costed on (the chosen one marked >): kernels, latency, peak memory."""
+    def device_rows(self) -> list[dict]:
+        """One row per device the result was costed on, in the table's order: unfused and planned kernels,
+        latency (us) and peak memory (MiB), the speedup, the precision it runs, and whether it is the chosen one."""
         rows: dict[str, dict] = {}
         for r in self.devices.rows:
             rows.setdefault(r["device"], {})[r["plan"]] = r
-        cells = []
+        out = []
         for name, r in rows.items():
             u, f = r["unfused"], r["plan"]
-            cells.append([("> " if name == self.cost.device else "  ") + name, f"{u['kernels']} -> {f['kernels']}",
-                          f"{u['latency_s'] * 1e6:.1f} -> {f['latency_s'] * 1e6:.1f}", f"{f['speedup']:.2f}x",
-                          f"{u['peak_MiB']:.2f} -> {f['peak_MiB']:.2f}", _PRECISION.get(name, "")])
+            out.append({"device": name, "chosen": name == self.cost.device, "kernels": (u["kernels"], f["kernels"]),
+                        "latency_us": (u["latency_s"] * 1e6, f["latency_s"] * 1e6), "speedup": f["speedup"],
+                        "peak_MiB": (u["peak_MiB"], f["peak_MiB"]), "runs": _PRECISION.get(name, "")})
+        return out
+
+    def device_table(self) -> str:
+        """Every device the result was costed on (the chosen one marked >): kernels, latency, peak memory."""
+        cells = [[("> " if r["chosen"] else "  ") + r["device"], "{} -> {}".format(*r["kernels"]),
+                  "{:.1f} -> {:.1f}".format(*r["latency_us"]), f"{r['speedup']:.2f}x",
+                  "{:.2f} -> {:.2f}".format(*r["peak_MiB"]), r["runs"]] for r in self.device_rows()]
         return "\n".join(text_table(["device", "kernels", "latency us", "speedup", "peak MiB", "runs"], cells,
                                      rule=False))
 
@@ -283,9 +291,54 @@ def measure(model, kinds=DEFAULT_PASSES, max_group_ops: int | None = 5, buffer_k
 PICTURE_MAX_PX = 480
 
 
+def bar_width(value: float, unfused: float) -> float:
+    """A bar's width in percent of its row's unfused bar: each device is drawn on its own scale (this machine
+    is a thousand times slower than an Ascend part), so a bar shows what fusion does there, its label the value."""
+    if unfused <= 0:
+        return 0.0
+    return round(max(0.0, min(100.0, 100.0 * value / unfused)), 1)
+
+
+def device_chart_html(res: ExplorerResult) -> str:
+    """The devices as a small table with bars: per device (the chosen one marked >) kernels, predicted latency
+    and peak memory, unfused (grey) against the plan (coloured) on the device's own scale, and the precision run."""
+    import html
+
+    def bars(pair, fmt: str, unit: str, colour: str) -> str:
+        before, after = pair
+        return (f'<td class="fl-bars"><span class="fl-bar-pair">'
+                f'<span class="fl-bar fl-bar-unfused" style="width: {bar_width(before, before)}%"></span>'
+                f'<span class="fl-bar fl-bar-plan" style="width: {bar_width(after, before)}%; background: {colour}">'
+                f'</span></span><span class="fl-num">{fmt.format(before)} &rarr; {fmt.format(after)} {unit}</span></td>')
+
+    head = ("<tr><th>device</th><th>kernels</th><th>predicted latency</th><th>speedup</th>"
+            "<th>peak memory</th><th>runs</th></tr>")
+    body = []
+    for r in res.device_rows():
+        name = ("&gt; " if r["chosen"] else "") + html.escape(r["device"])
+        body.append(f'<tr class="{"fl-chosen" if r["chosen"] else ""}"><td class="fl-device">{name}</td>'
+                    f'<td>{r["kernels"][0]} &rarr; {r["kernels"][1]}</td>'
+                    + bars(r["latency_us"], "{:.1f}", "us", "#2b7bba") + f'<td>{r["speedup"]:.2f}x</td>'
+                    + bars(r["peak_MiB"], "{:.2f}", "MiB", "#c0504d") + f'<td>{html.escape(r["runs"])}</td></tr>')
+    legend = ('<caption>per device: grey bar unfused, coloured bar the plan, on that device\'s own scale'
+              '</caption>')
+    return f'<table class="fl-explorer-devices">{legend}<thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+
+
 def result_text(res: ExplorerResult) -> str:
     """What the explorer prints for one setting: the summary, the plan's counts, the devices side by side."""
     return "\n".join([wrap(res.summary()), wrap(res.counts().line()), res.device_table()])
+
+
+def result_html(head: str, res: ExplorerResult) -> str:
+    """The explorer's result as shown: a few lines of text (what changed, the setting, the plan's counts), the
+    devices as a table with bars (`device_chart_html`) and the controls' legend folded away."""
+    import html
+
+    text = "\n".join([wrap(head), wrap(res.summary()), wrap(res.counts().line())])
+    return (f'<pre class="fl-explorer-text">{html.escape(text)}</pre>{device_chart_html(res)}'
+            f'<details class="fl-explorer-legend"><summary>what each control governs</summary>'
+            f'<pre class="fl-explorer-text">{html.escape(what_each_control_governs(res.plan))}</pre></details>')
 
 
 #: Shown instead of ipywidgets' red "disconnected" icon on every control of a stored (kernel-less) explorer.
@@ -299,6 +352,20 @@ _STYLE = """<style>
 .fl-explorer .fl-explorer-text { white-space: pre-wrap; word-break: normal; overflow-wrap: normal; margin: 0;
   font-family: var(--jp-code-font-family); font-size: var(--jp-code-font-size); line-height: 1.3; }
 .fl-explorer .fl-explorer-picture img { max-width: 100%; max-height: %dpx; object-fit: contain; }
+.fl-explorer .fl-explorer-devices { border-collapse: collapse; margin: 4px 0; font-size: var(--jp-ui-font-size1); }
+.fl-explorer .fl-explorer-devices caption { caption-side: bottom; text-align: left; color: var(--jp-ui-font-color2);
+  font-size: var(--jp-ui-font-size0); padding-top: 2px; }
+.fl-explorer .fl-explorer-devices th, .fl-explorer .fl-explorer-devices td { padding: 1px 8px; white-space: nowrap;
+  text-align: left; border-bottom: 1px solid var(--jp-border-color2); }
+.fl-explorer .fl-explorer-devices tr.fl-chosen td { font-weight: bold; }
+.fl-explorer .fl-bar-pair { display: inline-block; position: relative; width: 90px; height: 14px;
+  vertical-align: middle; margin-right: 6px; }
+.fl-explorer .fl-bar { display: inline-block; position: absolute; left: 0; height: 6px; }
+.fl-explorer .fl-bar-unfused { top: 0; }
+.fl-explorer .fl-bar-plan { top: 8px; }
+.fl-explorer .fl-bar-unfused { background: #b8b8b8; }
+.fl-explorer .fl-num { font-family: var(--jp-code-font-family); }
+.fl-explorer details summary { cursor: pointer; color: var(--jp-ui-font-color2); }
 </style>""".replace("%d", str(PICTURE_MAX_PX))
 
 
@@ -401,7 +468,7 @@ def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: 
                 head += "\nsince the initial setting, " + change_line(state["first"], res)
         before, state["last"] = state["last"], res
         box.last_text = "\n".join([wrap(head), result_text(res), what_each_control_governs(res.plan)])
-        result.value = f'<pre class="fl-explorer-text">{html.escape(box.last_text)}</pre>'
+        result.value = result_html(head, res)
         _draw_to(picture, graph, res, before)
 
     def run_measure(_):

@@ -163,7 +163,8 @@ print(f"whole model: the emitted graph moves {whole / 2**20:.2f} MiB less; the p
 # intermediate traffic. Over the network, 28.20 MiB of intermediate traffic saved against the 28.31 MiB the two
 # graphs differ by. The `kernels` and `launches saved` columns count what the emitted model launches.
 #
-# A picture of the stem and the first C3 block, with the groups highlighted:
+# A picture of the stem and the first C3 block, with the groups highlighted. A dashed grey stub marks a value
+# that nodes outside the picture read (the rest of the network), not a graph output:
 
 # %%
 first = [n.name for n in graph.topological_order()][:14]

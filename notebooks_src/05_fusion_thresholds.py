@@ -494,7 +494,9 @@ display(Markdown(f"**The ranking, tested in this run:** of {agree + disagree + u
 # the fusion kinds, the device. A button measures the fused model on this CPU. It needs a live kernel; in
 # a static view of the notebook only the controls' text shows. On its own the explorer starts from the
 # passes `fusionlab fuse` runs (vertical); here every kind is selected, since the thresholds govern the
-# mixed pass.
+# mixed pass. Below the controls it shows what the last change did, the plan's counts, and a table of the
+# devices with two bars in each of its latency and peak-memory cells: grey for the unfused model, coloured for
+# the plan, on that device's own scale (a bar shows what fusion does there; its label gives the values).
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -39,3 +39,41 @@ def test_news_and_update_checks_are_off():
     overrides = json.loads((ROOT / "jupyter" / "labconfig" / "default_setting_overrides.json").read_text())
     assert overrides["@jupyterlab/apputils-extension:notification"] == {"fetchNews": "false",
                                                                       "checkForUpdates": False}
+
+
+def test_the_file_browser_gives_the_names_the_modified_column(tmp_path):
+    """The left panel is narrow: with the "Last Modified" column it clipped `05_fusion_thresholds.ipynb`."""
+    overrides = json.loads((ROOT / "jupyter" / "labconfig" / "default_setting_overrides.json").read_text())
+    assert overrides["@jupyterlab/filebrowser-extension:browser"]["showLastModifiedColumn"] is False
+
+
+def test_make_lab_serves_a_working_copy_it_never_overwrites(tmp_path):
+    """`make lab` serves my-notebooks/ (git-ignored): Run All rewrites measured outputs, so the stored notebooks
+    must not be the ones a learner runs; a learner's copy survives the next `make lab`, `--reset` refreshes it."""
+    assert lab.WORKBOOK.parent == (ROOT / "notebooks").parent and lab.WORKBOOK.name in (ROOT / ".gitignore").read_text()
+    assert "--workbook" in (ROOT / "tools" / "lab.py").read_text() and "lab-reset:" in (ROOT / "Makefile").read_text()
+    src = tmp_path / "notebooks"
+    src.mkdir()
+    for name in ("00_a.ipynb", "01_b.ipynb"):
+        (src / name).write_text(f'{{"shipped": "{name}"}}')
+    dest = tmp_path / "my-notebooks"
+    assert [p.name for p in lab.working_copy(dest, src)] == ["00_a.ipynb", "01_b.ipynb"]
+    (dest / "00_a.ipynb").write_text('{"the learner": "ran it"}')
+    (dest / "01_b.ipynb").unlink()
+    assert [p.name for p in lab.working_copy(dest, src)] == ["01_b.ipynb"]  # only what is missing
+    assert (dest / "00_a.ipynb").read_text() == '{"the learner": "ran it"}'
+    assert len(lab.working_copy(dest, src, reset=True)) == 2
+    assert (dest / "00_a.ipynb").read_text() == '{"shipped": "00_a.ipynb"}'
+
+
+def test_the_notebooks_relative_paths_name_the_same_files_from_the_working_copy():
+    """The notebooks read `../data/...` and `../tests/corpus/...` relative to themselves: from the working copy,
+    a sibling of notebooks/, each names a file of the repository."""
+    found = []
+    for src in sorted((ROOT / "notebooks_src").glob("*.py")):
+        for parts in re.findall(r'Path\("\.\."\)((?:\s*/\s*"[^"]+")+)', src.read_text()):
+            rel = Path(*re.findall(r'"([^"]+)"', parts))
+            found.append(rel)
+            assert (lab.WORKBOOK / ".." / rel).resolve() == (ROOT / "notebooks" / ".." / rel).resolve()
+            assert (ROOT / rel).exists(), rel
+    assert found  # the check looked at something

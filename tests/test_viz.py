@@ -115,8 +115,8 @@ def test_dot_restricted_subgraph():
     assert len(op_lines(dot)) == 2
     assert "Add" in dot and "Conv" not in dot
     assert re.findall(r"subgraph (cluster_\w+)", dot) == ["cluster_cba0"]  # only the visible part of the group
-    # values from outside the selection enter as inputs; what leaves becomes an output
-    assert 'label="input n0b"' in dot and 'label="input x' in dot and 'label="output o0"' in dot
+    # values from outside the selection enter as inputs; one read by nodes not drawn leaves through a stub
+    assert 'label="input n0b"' in dot and 'label="input x' in dot and 'label="→ 2 more consumers"' in dot
     wider = viz.to_dot(model, nodes=["/l0/add/Add"], hops=1)
     assert len(op_lines(wider)) == 3  # the Add, the BN before it and the Relu after it
     assert viz.neighbourhood(model, "head1", hops=1) == ["/l1/relu2/Relu", "head1", "concat"]
@@ -330,3 +330,24 @@ def test_netron_binds_loopback_only_and_goes_through_the_jupyter_server_when_the
     assert not _port_open(view.port) and view._repr_html_() == "<p>netron view stopped</p>"
     monkeypatch.delenv("JPY_PARENT_PID")
     assert viz.jupyter_base_url() is None  # not under a Jupyter server: the direct address is used
+
+
+def test_a_cut_edge_is_a_stub_not_an_output():
+    """A value read by nodes left out of the picture is no graph output: it leaves through a dashed stub labelled
+    "→ N more consumers", never through an "output …" pill (notebook 02's plan picture drew such pills)."""
+    model = residual()
+    sc = viz._scene(model, residual_plan(), ["/l0/add/Add", "/l0/relu2/Relu"])
+    kinds = {it.key: it for it in sc.items if it.kind != "op"}
+    assert not [k for k, it in kinds.items() if it.kind == "output"]  # nothing drawn is a graph output
+    cuts = [it for it in kinds.values() if it.kind == "cut"]
+    assert [it.key for it in cuts] == ["cut:o0"] and cuts[0].title == "→ 2 more consumers"
+    whole = viz._scene(model, residual_plan(), None)
+    assert [it.key for it in whole.items if it.kind == "cut"] == []  # the whole graph: real outputs only
+    assert [it.kind for it in whole.items if it.key.startswith("output:")] == ["output"]
+    fig = viz.draw(model, residual_plan(), nodes=["/l0/add/Add", "/l0/relu2/Relu"])
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert "2 more consumers" in texts and not any(t.startswith("output ") for t in texts)  # the stub is the arrow
+    stub = [p for ax in fig.axes for p in ax.patches if (p.get_gid() or "").endswith("->cut:o0")]
+    assert len(stub) == 1 and stub[0].get_linestyle() == "--"
+    dot = viz.to_dot(model, residual_plan(), nodes=["/l0/add/Add", "/l0/relu2/Relu"])
+    assert 'label="→ 2 more consumers", shape=plaintext' in dot and "-> cut0 [style=dashed" in dot

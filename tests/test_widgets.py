@@ -227,3 +227,30 @@ def test_the_explorer_makes_the_same_widget_ids_on_every_run(resnet, capsys):
     other = widgets.explore(resnet, kinds=("vertical",))
     assert not set(ids(other)) & set(a)
     capsys.readouterr()
+
+
+def test_the_device_chart_is_a_row_per_device_with_bars_on_its_own_scale(resnet):
+    """The explorer shows the devices as a table with bars, not text lines: a row per preset (and this machine
+    when chosen, marked >), each bar of the plan the fraction of that device's unfused value, its label the values."""
+    import re
+
+    a = widgets.explore_state(resnet, kinds=widgets.KINDS)
+    b = widgets.explore_state(resnet, kinds=widgets.KINDS, device="this machine")
+    for res in (a, b):
+        chart = widgets.device_chart_html(res)
+        rows = re.findall(r"<tr class=\"[^\"]*\"><td class=\"fl-device\">(.*?)</td>", chart)
+        names = [r.replace("&gt; ", "") for r in rows]
+        assert names == [r["device"] for r in res.device_rows()]
+        assert [r for r in rows if r.startswith("&gt; ")] == [f"&gt; {res.cost.device}"]
+        widths = [float(w) for w in re.findall(r"fl-bar-plan\" style=\"width: ([\d.]+)%", chart)]
+        expect = [widgets.bar_width(r[k][1], r[k][0]) for r in res.device_rows() for k in ("latency_us", "peak_MiB")]
+        assert widths == expect and all(0 <= w <= 100 for w in widths)
+        assert f"&rarr; {res.cost.latency_s * 1e6:.1f} us" in chart  # the chosen device's plan, as costed
+    assert "this machine" not in widgets.device_chart_html(a) and "&gt; this machine" in widgets.device_chart_html(b)
+    mine = next(r for r in b.device_rows() if r["chosen"])
+    assert mine["runs"] == "float32" and f"{mine['latency_us'][1]:.1f} us" in widgets.device_chart_html(b)
+    assert widgets.bar_width(3.0, 4.0) == 75.0 and widgets.bar_width(5.0, 4.0) == 100.0 and widgets.bar_width(1, 0) == 0
+    html = widgets.result_html("initial setting", b)
+    assert html.count("<table") == 1 and "<details" in html
+    shown = html.split("<table")[0]  # the text above the chart: a few lines, not 40
+    assert len(shown.splitlines()) <= 8

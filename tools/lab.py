@@ -6,8 +6,12 @@
 - keeps Jupyter's config, data (notebook signatures), runtime files, lab settings and workspaces, IPython's
   and matplotlib's caches under `.venv/jupyter/` (`jupyter_env`), so nothing is written into your home;
 - reads the project's committed Jupyter settings from `jupyter/` (news and update checks off);
-- trusts the shipped notebooks (`jupyter trust`), so their stored widgets render from their saved state;
-- serves `notebooks/` on 127.0.0.1 and opens `00_start_here.ipynb`.
+- serves your working copy `my-notebooks/` (git-ignored), not the stored `notebooks/`: the first run copies
+  the notebooks there, later runs keep your copy (your outputs and edits) and only add notebooks it lacks;
+  `python tools/lab.py --reset` (`make lab-reset`) copies the stored ones over it again. Running a notebook
+  rewrites its measured outputs, so the tracked notebooks stay as shipped and `git status` stays clean;
+- trusts the working copy (`jupyter trust`), so the stored widgets render from their saved state;
+- serves it on 127.0.0.1 and opens `00_start_here.ipynb`.
 
 The browser test (`tests/browser/`) starts its lab with the same `jupyter_env`, `trust` and `command`.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +29,22 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 SETTINGS = ROOT / "jupyter"  # committed: labconfig/default_setting_overrides.json
 START = "00_start_here.ipynb"
+#: the learner's working copy `make lab` serves (in .gitignore). A sibling of notebooks/, so the paths the
+#: notebooks read relative to themselves (`../data`, `../tests/corpus`) name the same files from it.
+WORKBOOK = ROOT / "my-notebooks"
+
+
+def working_copy(dest: Path = WORKBOOK, source: Path = NOTEBOOKS, *, reset: bool = False) -> list[Path]:
+    """Copy the stored notebooks into `dest`, never over a notebook already there (a learner's copy, with
+    their outputs and edits) unless `reset`. Returns the notebooks copied."""
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for nb in sorted(source.glob("*.ipynb")):
+        target = dest / nb.name
+        if reset or not target.exists():
+            shutil.copy2(nb, target)
+            copied.append(target)
+    return copied
 
 
 def jupyter_env(state: Path, base: dict | None = None) -> dict:
@@ -76,10 +97,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, default=8888)
     ap.add_argument("--state", type=Path, default=ROOT / ".venv" / "jupyter", help="where Jupyter's files go")
+    ap.add_argument("--workbook", type=Path, default=WORKBOOK, help="the working copy served (git-ignored)")
+    ap.add_argument("--reset", action="store_true",
+                    help="copy the stored notebooks over the working copy (your outputs and edits there go), then exit")
     args = ap.parse_args(argv)
+    copied = working_copy(args.workbook, reset=args.reset)
+    where = args.workbook.relative_to(ROOT) if args.workbook.is_relative_to(ROOT) else args.workbook
+    if args.reset:
+        print(f"{where}/: {len(copied)} notebooks copied from notebooks/ (as shipped)")
+        return 0
+    if copied:
+        print(f"{where}/: your working copy, {len(copied)} notebooks copied from notebooks/ "
+              f"(kept between runs; `make lab-reset` copies them again)")
     env = jupyter_env(args.state)
-    trust(sorted(NOTEBOOKS.glob("*.ipynb")), env)
-    cmd = command(NOTEBOOKS, args.port, open_browser=bool(os.environ.get("DISPLAY")))
+    trust(sorted(args.workbook.glob("*.ipynb")), env)
+    cmd = command(args.workbook, args.port, open_browser=bool(os.environ.get("DISPLAY")))
     try:
         return subprocess.call(cmd, env=env)
     except KeyboardInterrupt:

@@ -14,9 +14,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-import lab as labtool  # noqa: E402
+#: the tree under test: this repository, or FUSIONLAB_BROWSER_REPO (e.g. another checkout, to run these checks
+#: against its code and notebooks)
+ROOT = Path(os.environ.get("FUSIONLAB_BROWSER_REPO") or Path(__file__).resolve().parents[2]).resolve()
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -32,33 +32,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Lab:
-    """A JupyterLab server on a free 127.0.0.1 port, serving a copy of the notebooks, with a token."""
+def fresh_clone(src: Path, dest: Path) -> Path:
+    """A git repository at `dest` holding `src`'s tracked files as they are in its working tree, committed:
+    what a learner's fresh clone holds (uncommitted edits included, ignored files such as .venv/ left out)."""
+    files = subprocess.run(["git", "-C", str(src), "ls-files", "-z"], capture_output=True, check=True).stdout
+    for rel in filter(None, files.decode().split("\0")):
+        if (src / rel).is_file():  # a deleted, not yet committed file is no part of the tree
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / rel, dest / rel)  # a copy, never a link: the lab must not write into `src`
+    git = ["git", "-C", str(dest), "-c", "user.name=browser test", "-c", "user.email=test@localhost"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "fresh clone"]):
+        subprocess.run(git + args, capture_output=True, check=True)
+    return dest
 
-    def __init__(self, notebooks: list[Path], workdir: Path, *, expose_app: bool = True, trust: bool = True):
-        """Serve copies of `notebooks` (files or folders) from `workdir`; trust them as `make lab` does."""
+
+class Lab:
+    """JupyterLab as `make lab` starts it (`tools/lab.py` in a fresh clone), on a free 127.0.0.1 port, with a token.
+
+    `root` is the folder the server serves, as the server itself reports it; `repo` the clone, whose
+    `git status` says what running and saving the notebooks changed in a learner's checkout."""
+
+    def __init__(self, workdir: Path, *, source: Path = ROOT, expose_app: bool = True):
         self.workdir = workdir
-        self.root = workdir / "notebooks"  # a copy: saving and autosave never touch the working tree
-        self.root.mkdir(parents=True)
-        for path in notebooks:
-            (shutil.copytree if path.is_dir() else shutil.copy2)(path, self.root / path.name)
-        for name in ("data", "tests"):  # what notebooks read beside them (../data, ../tests/corpus), as in the repo
-            (workdir / name).symlink_to(ROOT / name, target_is_directory=True)
+        self.repo = fresh_clone(source, workdir / "clone")
         self.home = workdir / "home"  # HOME for the server: the test checks nothing lands there
         self.home.mkdir()
-        base = dict(os.environ, HOME=str(self.home))
-        self.env = labtool.jupyter_env(workdir / "state", base)
-        if trust:
-            labtool.trust(sorted(self.root.glob("*.ipynb")), self.env)
+        state = workdir / "state"
+        config = state / "config"
+        config.mkdir(parents=True)
+        if expose_app:  # the lab's app object for the test to read (the config folder lab.py points Jupyter at)
+            (config / "jupyter_lab_config.json").write_text(json.dumps({"LabApp": {"expose_app_in_browser": True}}))
         self.port = free_port()
         self.token = secrets.token_hex(16)
-        cmd = labtool.command(self.root, self.port, token=self.token)
-        if expose_app:
-            cmd.append("--LabApp.expose_app_in_browser=True")
+        env = {k: v for k, v in os.environ.items() if k != "DISPLAY"}  # lab.py opens no browser without one
+        env.update(HOME=str(self.home), JUPYTER_TOKEN=self.token, PYTHONPATH=str(self.repo))
+        self.env = env
+        cmd = [sys.executable, str(self.repo / "tools" / "lab.py"), "--port", str(self.port), "--state", str(state)]
         self.log = open(workdir / "lab.log", "wb")
-        self.proc = subprocess.Popen(cmd, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=workdir)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.repo,
+                                     start_new_session=True)  # lab.py and the jupyter it starts: one group
         self.url = f"http://127.0.0.1:{self.port}"
         self._wait_ready()
+        servers = [json.loads(p.read_text()) for p in (state / "runtime").glob("jpserver-*.json")]
+        served = [Path(s["root_dir"]) for s in servers if s.get("port") == self.port]
+        assert served, f"no server file for port {self.port} in {state / 'runtime'}:\n{self.log_text()}"
+        self.root = served[0]
+
+    def git_status(self) -> str:
+        """`git status --porcelain` in the clone: what running and saving left changed (or new) in a checkout."""
+        return subprocess.run(["git", "-C", str(self.repo), "status", "--porcelain"], capture_output=True,
+                              text=True, check=True).stdout
 
     def _wait_ready(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -90,11 +113,13 @@ class Lab:
                 self.api("/api/shutdown", "POST")
                 self.proc.wait(timeout=30)
             except Exception:
-                self.proc.terminate()
+                import signal
+
+                os.killpg(self.proc.pid, signal.SIGTERM)  # lab.py's group: it and its jupyter server
                 try:
                     self.proc.wait(timeout=15)
                 except subprocess.TimeoutExpired:
-                    self.proc.kill()
+                    os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
 
 
@@ -280,8 +305,9 @@ class Page:
         JupyterLab renders a long notebook lazily: a cell's node joins the page only once it is scrolled to."""
         if scroll:
             self.js(_JS_PANEL + "flPanel().content.scrollToItem(arguments[0], 'start');", i)
-        return self.wait(lambda: self.js(_JS_PANEL + """const w = flPanel().content.widgets[arguments[0]];
-            if (!w.node.isConnected) { w.node.scrollIntoView({block: 'start'}); return null; }
+        # a notebook just (re)opened may not have laid its cells out yet: ask the list to scroll again each time
+        return self.wait(lambda: self.js(_JS_PANEL + """const nb = flPanel().content, w = nb.widgets[arguments[0]];
+            if (!w.node.isConnected) { nb.scrollToItem(arguments[0], 'start'); return null; }
             return w.node;""", i), timeout, f"cell {i} never on the page")
 
     def run_cell(self, i: int, timeout: float = 120) -> None:

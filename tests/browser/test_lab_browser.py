@@ -42,6 +42,17 @@ def test_lab_lands_on_start_here_with_only_notebooks_and_no_news(page, lab):
         '.jp-DirListing-content .jp-DirListing-itemText')].map(e => e.textContent.trim());""") or None,
         60, "file browser empty")
     assert sorted(listed) == NOTEBOOKS  # no src/, no sanitize.cfg: only what a learner opens
+    problems = []
+    # the lab serves the learner's working copy, not the tracked notebooks/ (Run All rewrites measured outputs)
+    if lab.root == lab.repo / "notebooks" or lab.git_status():
+        problems.append(f"the lab serves {lab.root.relative_to(lab.repo)}/ (git status: {lab.git_status()!r})")
+    clipped = page.js("""return [...document.querySelectorAll('.jp-DirListing-content .jp-DirListing-itemText')]
+        .filter(e => e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right >
+                     e.closest('.jp-DirListing').getBoundingClientRect().right + 1)
+        .map(e => `${e.textContent.trim()} (${e.scrollWidth} px of text in ${e.clientWidth} px)`);""")
+    if clipped:
+        problems.append(f"the file browser clips these names: {clipped}")
+    assert problems == []
     schema = lab.api("/lab/api/settings/@jupyterlab/apputils-extension:notification")["schema"]["properties"]
     assert schema["fetchNews"]["default"] == "false" and schema["checkForUpdates"]["default"] is False
     assert "news" not in page.js("return document.body.innerText").lower()
@@ -105,6 +116,11 @@ for (let n = walker.nextNode(); n; n = walker.nextNode()) {
 }
 return out;"""
 
+# the same probe cell by cell (a table's next row is no line break): every break inside one cell of the chart
+_JS_CELL_WRAPS = ("const probe = (el) => { const f = new Function(" + json.dumps(_JS_WRAPS) + "); "
+                  "return f.call(null, el); };\n"
+                  "return [...arguments[0].querySelectorAll('td, th')].flatMap(c => probe(c));")
+
 
 def _layout_problems(page, cell) -> list[str]:
     """Layout bounds of the explorer as shown: no line broken mid-word, nothing cut at the right edge, the
@@ -128,7 +144,30 @@ def _layout_problems(page, cell) -> list[str]:
     picture = cell.find_element(By.CSS_SELECTOR, ".fl-explorer-picture")
     if page.js("return arguments[0].scrollHeight > arguments[0].clientHeight + 2", picture):
         found.append("the picture sits in a scroll box of its own")
+    charts = cell.find_elements(By.CSS_SELECTOR, ".fl-explorer-devices")
+    if not charts:
+        return found + ["no device chart (a table with bars): the devices are text lines"]
+    chart = charts[0]
+    for w in page.js(_JS_CELL_WRAPS, chart):
+        found.append(f"device chart: a cell's line broken: {w}")  # every cell holds one line
+    out = page.js("""const r = arguments[0].getBoundingClientRect(), o = arguments[1].getBoundingClientRect();
+        return r.right > o.right + 1 ? r.right - o.right : 0;""", chart, cell)
+    if out:
+        found.append(f"device chart {out:.0f} px wider than the cell")
+    bottom = page.js("return arguments[1].getBoundingClientRect().bottom - arguments[0].getBoundingClientRect().top",
+                     controls, chart)
+    if bottom > page.js("return window.innerHeight"):
+        found.append(f"the device chart ends {bottom:.0f} px below the controls: not in view with them")
+    bars = page.js("""return [...arguments[0].querySelectorAll('.fl-bar')].map(b => [b.getBoundingClientRect().width,
+        b.parentElement.getBoundingClientRect().width]);""", chart)
+    if not bars or any(w > pw + 1 for w, pw in bars) or not any(w > 0 for w, _ in bars):
+        found.append(f"device chart bars missing or out of their box: {bars}")
     return found
+
+
+def _chart(cell) -> list[str]:
+    """The device chart's rows as shown (the chosen device's marked '> ')."""
+    return [r.text for r in cell().find_elements(By.CSS_SELECTOR, ".fl-explorer-devices tbody tr")]
 
 
 def test_stored_netron_view_is_a_picture_and_one_sentence(page):
@@ -172,6 +211,7 @@ def test_run_all_in_the_browser(page, lab, name):
     print(f"{name}: Run All in the browser {seconds:.1f} s")
     assert page.problems() == []
     page.save()
+    assert lab.git_status() == "", f"Run All and a save changed the checkout:\n{lab.git_status()}"
     saved, stored = json.loads((lab.root / name).read_text()), _stored(name)
     assert saved["metadata"].keys() == stored["metadata"].keys() and saved["nbformat_minor"] == stored["nbformat_minor"]
     for i, (a, b) in enumerate(zip(saved["cells"], stored["cells"])):
@@ -223,6 +263,7 @@ def test_device_dropdown_changes_the_prediction(page):
     cell = _explorer(page)
     before = _result(cell)
     assert "Atlas 300I Pro: predicted" in before
+    chart_before = _chart(cell)
     select = cell().find_element(By.CSS_SELECTOR, ".fl-explorer-device select")
     select.location_once_scrolled_into_view
     Select(select).select_by_visible_text("Atlas 800I A2 (Ascend 910B)")  # clicks the option
@@ -232,11 +273,16 @@ def test_device_dropdown_changes_the_prediction(page):
     page.screenshot("05_explorer_device", cell())
     assert _layout_problems(page, cell()) == []
     assert _line(after, "> Atlas 800I A2 (Ascend 910B)") and "> Atlas 300I Pro" not in after  # the table follows
+    rows = _chart(cell)  # the chart's rows follow the choice: one marked, the presets each a row
+    assert [r for r in rows if r.startswith("> ")] == [r for r in rows if r.startswith("> Atlas 800I A2")]
+    assert len([r for r in rows if r.startswith("> ")]) == 1 and len(rows) == len(chart_before)
     Select(cell().find_element(By.CSS_SELECTOR, ".fl-explorer-device select")).select_by_visible_text("this machine")
     mine, _ = _changed(page, cell, after, "this machine: predicted", timeout=180)
     row = _line(mine, "> this machine")  # a row like the presets, marked as the one chosen
     assert row.split()[-1] == "float32" and "Atlas 800I A2 (Ascend 910B)" in mine
     assert "float32" in _line(mine, "device Atlas 800I A2 (Ascend 910B) -> this machine:")
+    rows = _chart(cell)  # this machine: a row of the chart like the presets, the one marked
+    assert len(rows) == len(chart_before) + 1 and [r for r in rows if r.startswith("> ")] == [row]
     page.screenshot("05_explorer_this_machine", cell())
     assert _layout_problems(page, cell()) == []
     Select(cell().find_element(By.CSS_SELECTOR, ".fl-explorer-device select")).select_by_visible_text("Atlas 300I Pro")
@@ -384,6 +430,7 @@ def test_run_all_save_and_reopen_renders_the_widgets_and_changes_nothing_stored(
         assert "Error displaying widget" not in cell.text, cell.text[:200]
         assert page.js(_JS_ICONS, cell) == 0
         page.screenshot(f"{name[:2]}_reopened_{i}", cell)
+    assert lab.git_status() == "", f"Run All, a save and reopening changed the checkout:\n{lab.git_status()}"
 
 
 # -- netron in notebook 02 ------------------------------------------------------------------------------

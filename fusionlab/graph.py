@@ -521,6 +521,9 @@ class Graph:
         self.notes: list[str] = []  # what loading had to accept or repair
         #: node name -> names of the model's nodes it stands for (set by rewrites; absent: itself)
         self.origin: dict[str, tuple[str, ...]] = {}
+        #: node name -> id of the plan group whose rewrite made it, where `origin` alone cannot tell (two mixed
+        #: groups over parts of one earlier group's product cover the same loaded nodes)
+        self.made_by: dict[str, str] = {}
         #: every node name this graph has used, removed ones included (`names()` never hands them out again)
         self._retired: set[str] = set()
         #: graph output -> why its declared shape was dropped (it contradicted what the graph computes; `prepare`)
@@ -688,6 +691,7 @@ class Graph:
         copy = Graph(model, name=self.name, path=self.path)
         copy.notes = list(self.notes)
         copy.origin = dict(self.origin)
+        copy.made_by = dict(self.made_by)
         copy._retired = set(self._retired)
         copy.undeclared_outputs = dict(self.undeclared_outputs)
         return copy

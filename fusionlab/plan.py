@@ -92,6 +92,10 @@ class FusionGroup:
       earlier pass rewrote some members, e.g. a mixed group over a vertically fused Conv).
     - `recompute`: members copied into this group rather than moved (a cheap op several groups recompute).
     - `kernels`: kernels the emitted lowering launches (1 for FusedConv, 2 for Conv + QuickGelu).
+    - `runs`: the kernels of this group's rewrite still in the fused model after every pass, measured by `fuse`
+      (None in a plan it did not make: then `kernels`). Less than `kernels` when a later group took some in
+      (a mixed group over the IsNaN + Where guard after a MultiHeadAttention): the MultiHeadAttention still
+      runs on its own, and the plan counts it (`FusionPlan.left_over`).
     - `extra`: descriptive data for reports and lessons (never read by `apply`).
     """
 
@@ -109,6 +113,7 @@ class FusionGroup:
     covers: list[str] = field(default_factory=list)
     recompute: list[str] = field(default_factory=list)
     kernels: int = 1
+    runs: int | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -155,7 +160,9 @@ class PlanCounts:
     - `groups`: groups whose kernel runs. A group a later one absorbed (a vertical FusedConv inside a mixed
       group: their `covers` overlap) is no kernel of its own and is not counted; `formed` counts every group.
     - `nodes`: the loaded model's nodes those groups run, each counted once.
-    - `kernels`: the kernels those groups launch (a group's lowering may launch two: Conv + QuickGelu).
+    - `kernels`: the kernels those nodes run as (a group's lowering may launch two: Conv + QuickGelu), with
+      `left_over`: the kernels of absorbed groups that the absorbing group did not take in (`left_over`).
+      `nodes - kernels` is the launches the plan saves, the sum of its table's column.
     - `unfused_kernels`, `fused_kernels`: given the cost model's prices of the model unfused and under this
       plan (`cost.plan_cost`), the kernels the whole model launches: the "kernels A -> B" the explorer and
       `explain` print. Nodes outside groups launch one kernel each (host-side shape arithmetic none).
@@ -167,6 +174,7 @@ class PlanCounts:
     kernels: int
     unfused_kernels: int | None = None
     fused_kernels: int | None = None
+    left_over: int = 0
 
     @property
     def absorbed(self) -> int:
@@ -180,7 +188,8 @@ class PlanCounts:
         """One line, e.g. "24 groups: 69 nodes run as 24 kernels (4 group(s) inside later ones counted once)"."""
         text = f"{self.groups} groups: {self.nodes} nodes run as {self.kernels} kernels"
         if self.absorbed:
-            text += f" ({self.absorbed} group(s) inside later ones counted once)"
+            text += f" ({self.absorbed} group(s) inside later ones counted once"
+            text += f"; {self.left_over} of their kernels still run on their own)" if self.left_over else ")"
         if self.fused_kernels is not None:
             text += (f"; with {self.fused_kernels - self.kernels} kernel(s) outside groups the model launches "
                      f"{self.unfused_kernels} -> {self.fused_kernels}")
@@ -282,6 +291,29 @@ class FusionPlan:
         return [g for r in rules for g in per_rule[r]]
 
     # -- summaries ---------------------------------------------------------------------------------
+    def left_over(self) -> dict[str, int]:
+        """{id of a running group: kernels of groups it absorbed that still run on their own}.
+
+        A group that a later one absorbed keeps the kernels of its rewrite the later group did not take in
+        (`FusionGroup.runs`): BERT's attention group emits MultiHeadAttention + IsNaN + Where, a mixed group
+        takes the IsNaN + Where, and the MultiHeadAttention still launches. Those launches are counted with the
+        running group that now owns the absorbed group's first node (`kernel_of`). An absorbed group without a
+        measured `runs` (a hand-made plan) is taken whole."""
+        owner = self.kernel_of()
+        live = set(owner.values())
+        out: dict[str, int] = {}
+        for g in self.groups:
+            if g.id not in live and g.runs:
+                home = owner[g.covers[0]]
+                out[home] = out.get(home, 0) + g.runs
+        return out
+
+    def launches_of(self, group: FusionGroup, left_over: dict[str, int] | None = None) -> int:
+        """Kernels a running group's nodes run as: its own still in the model, and those `left_over` homes here
+        (pass `left_over()` when asking for many groups)."""
+        own = group.kernels if group.runs is None else group.runs
+        return own + (self.left_over() if left_over is None else left_over).get(group.id, 0)
+
     def running(self) -> list[FusionGroup]:
         """The groups whose kernel runs: all but those a later group absorbed (see `kernel_of`)."""
         live = set(self.kernel_of().values())
@@ -309,8 +341,10 @@ class FusionPlan:
             else:
                 loaded |= set(g.covers)
         nodes = len(loaded) + members
+        left = sum(self.left_over().values())
+        own = sum(g.kernels if g.runs is None else g.runs for g in running)
         return PlanCounts(groups=len(running), formed=len(self.groups), nodes=nodes,
-                          kernels=sum(g.kernels for g in running),
+                          kernels=own + left, left_over=left,
                           unfused_kernels=unfused.kernels if unfused is not None else None,
                           fused_kernels=fused.kernels if fused is not None else None)
 

@@ -133,14 +133,15 @@ def ratio_verdict(ci_low: float, ci_high: float) -> str:
 def verdict_markdown(what: str, speedup: float, ci_low: float, ci_high: float, than: str = "") -> str:
     """A sentence for a notebook's Markdown display: '**X** is 1.04× faster (95% CI 1.03–1.04×) than Y.'
 
-    `speedup` is time(than) / time(what) (>1: `what` faster). Built from the values, so a rebuild keeps it true."""
+    `speedup` is time(than) / time(what) (>1: `what` faster). Built from the values, so a rebuild keeps it true.
+    A slowdown is stated with its own interval (the speedup's, inverted): "1.17× slower (95% CI 1.16–1.18×)"."""
     word = ratio_verdict(ci_low, ci_high)
     ci = f"(95% CI {ci_low:.2f}–{ci_high:.2f}×)"
     tail = f" than {than}" if than else ""
     if word == "faster":
         return f"{what} is {speedup:.2f}× faster {ci}{tail}."
     if word == "slower":
-        return f"{what} is {1 / speedup:.2f}× slower {ci}{tail}: time ratio {speedup:.2f}×."
+        return f"{what} is {1 / speedup:.2f}× slower (95% CI {1 / ci_high:.2f}–{1 / ci_low:.2f}×){tail}."
     return f"{what}{' against ' + than if than else ''}: {speedup:.2f}× {ci}, no clear difference (the interval includes 1)."
 
 

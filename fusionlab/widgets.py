@@ -146,8 +146,8 @@ def change_line(before: ExplorerResult, after: ExplorerResult) -> str:
         parts.append(f"{abs(dk)} {'more' if dk > 0 else 'fewer'} launches")
     elif same_plan:
         parts.append("same launches")
-    else:
-        parts.append("same launches (each group is still one kernel)")
+    else:  # regrouped: a larger group may take only part of an earlier group's lowering (`FusionPlan.left_over`)
+        parts.append(f"same launches (the fused model runs {a.kernels} kernels either way)")
     lat = f"latency {_pct(a.latency_s, b.latency_s)}"
     if a.latency_s == b.latency_s and not same_plan:
         lat += " (same kernels' bytes and FLOPs)"

@@ -223,6 +223,30 @@ def test_fused_model_passes_the_onnx_checker(file, passes):
         pytest.fail(_UNTYPED.format(ops=", ".join(sorted(inner))) if inner else str(exc).splitlines()[0])
 
 
+@pytest.mark.parametrize(("file", "passes"), _cases("counts"))
+def test_plan_counts_the_kernels_the_fused_model_launches(file, passes):
+    """One accounting (issue 24): the plan's kernels are the fused model's. The cost model prices the plan
+    over the loaded model with the kernels the plan says; priced again on the fused model itself, unfused,
+    every node launches its own kernel. The two agree, the footer's `nodes - kernels` is the sum of the table's
+    "launches saved" column, and a group no later group took from launches what its rule said it would."""
+    from fusionlab import cost
+
+    result = _fused(file, passes)
+    plan = result.plan
+    priced = cost.plan_cost(_graph(file), plan, "Atlas 300I Pro").kernels
+    applied = cost.plan_cost(result.graph, None, "Atlas 300I Pro").kernels
+    assert priced == applied, f"the plan prices {priced} kernels; the fused model launches {applied}"
+    counts = plan.counts()
+    assert counts.nodes - counts.kernels == plan.saved_launches
+    taken = {n for g in plan.groups for n in g.covers}
+    later: set[str] = set()
+    for g in reversed(plan.groups):  # untouched by later groups: the rule's prediction is what ran
+        if not (set(g.covers) & later):
+            assert g.runs == g.kernels, f"{g.id} ({g.rule}): the rule said {g.kernels} kernels, {g.runs} ran"
+        later |= set(g.covers)
+    assert later == taken
+
+
 @pytest.mark.parametrize(("file", "passes"), _cases("folded", ("all",)))
 def test_nothing_left_that_computes_from_constants_alone(file, passes):
     left = constant_only_nodes(_fused(file, passes).graph.to_proto())

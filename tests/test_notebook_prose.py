@@ -102,6 +102,8 @@ def test_the_verdict_words_come_from_one_helper():
     assert "no clear difference" in same.markdown() and "faster" not in same.markdown()
     slower = timing.verdict_markdown("fused", 0.8, 0.75, 0.85)
     assert slower.startswith("fused is 1.25× slower")
+    # the interval is the slowdown's own (1/0.85, 1/0.75), never the speedup's beside a slowdown
+    assert "(95% CI 1.18–1.33×)" in slower and "0.75" not in slower and "0.85" not in slower
 
 
 def test_the_allowances_are_short_and_current():

@@ -439,7 +439,8 @@ def plan_cost(graph, plan: FusionPlan | None, device: Device | str, dims: dict |
     budget = int(buffer_kb * 1024) if buffer_kb is not None else device.ub_bytes
     ks = schedule.kernels_of(a.order, plan)
     group_by_id = {g.id: g for g in plan}
-    kernels = [_kernel_cost(a, ks, k, group_by_id.get(k), device, budget) for k in ks.order]
+    left = plan.left_over()
+    kernels = [_kernel_cost(a, ks, k, group_by_id.get(k), plan, left, device, budget) for k in ks.order]
     workspace = [k.spill_bytes // 2 for k in kernels]
     peak, peak_step = schedule.peak_live(ks, graph.inputs(), a.nbytes, workspace)
     weight_values = {}
@@ -480,8 +481,14 @@ def _members(a: Analysis, ks: schedule.Kernels, k: str) -> tuple[list[ws_model.M
     return members, ext_in, outs
 
 
-def _kernel_cost(a: Analysis, ks: schedule.Kernels, k: str, group, device: Device, budget: int) -> KernelCost:
-    """One kernel: its transfers at the tile it fits, its emitted intermediates, FLOPs and launches."""
+def _kernel_cost(a: Analysis, ks: schedule.Kernels, k: str, group, plan: FusionPlan, left: dict[str, int],
+                 device: Device, budget: int) -> KernelCost:
+    """One kernel: its transfers at the tile it fits, its emitted intermediates, FLOPs and launches.
+
+    A group launches what its rewrite left in the model and the kernels of groups it absorbed that still run
+    (`FusionPlan.launches_of`); their launch overhead is counted here, their traffic is priced as the group's
+    (an approximation: the value between a left-over kernel and the group, e.g. MultiHeadAttention's output,
+    is not charged)."""
     ns = ks.members[k]
     members, ext_in, outs = _members(a, ks, k)
     ws = ws_model.working_set(members)
@@ -498,7 +505,7 @@ def _kernel_cost(a: Analysis, ks: schedule.Kernels, k: str, group, device: Devic
     moved = sum(b.bytes for b in ws.transfers())
     traffic = 0 if views or host else moved + 2 * spill + 2 * emitted
     factor = ws.transfer_time_factor(tile, device.efficient_transfer_kb)
-    launches = 0 if host else (group.kernels if group is not None else 1)
+    launches = 0 if host else (plan.launches_of(group, left) if group is not None else 1)
     dtype = a.compute_dtype(ns[-1])
     return KernelCost(
         id=k, nodes=[n.name for n in ns], pattern="+".join(n.op_type for n in ns), flops=sum(c.flops for c in costs),

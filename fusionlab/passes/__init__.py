@@ -93,12 +93,45 @@ def options_for(passes, **options) -> dict:
 
 
 
-def _merge(combined: FusionPlan, part: FusionPlan, name: str) -> None:
+def _merge(combined: FusionPlan, part: FusionPlan) -> None:
     for group in part:
         combined.add(group)
     combined.notes.extend(part.notes)
     combined.refusals.extend(part.refusals)
     combined.options.update(part.options)
+
+
+def _made(graph: Graph, part: FusionPlan, before: set[str]) -> dict[str, list[str]]:
+    """{group id: the nodes its rewrite put in the graph}: each node new since `before` goes to the group that
+    made it (`Graph.made_by`), else to the group of this pass whose `covers` hold the loaded nodes it stands
+    for (`Graph.covers`)."""
+    made: dict[str, list[str]] = {g.id: [] for g in part}
+    covers = [(set(g.covers), g.id) for g in part]
+    for n in graph.nodes():
+        if n.name in before:
+            continue
+        if graph.made_by.get(n.name) in made:
+            made[graph.made_by[n.name]].append(n.name)
+            continue
+        origin = set(graph.covers(n.name))
+        home = min(((len(c), gid) for c, gid in covers if origin <= c), default=None)
+        if home is not None:
+            made[home[1]].append(n.name)
+    return made
+
+
+def _count_runs(graph: Graph, combined: FusionPlan, made: dict[str, list[str]], dims: dict | None) -> None:
+    """Set each group's `runs`: the kernels of its rewrite still in the fused model, after every pass (a later
+    group may have taken some of them in). Host-side shape arithmetic launches no kernel and is not counted,
+    as the cost model does not count it (`fold.is_host_side`)."""
+    from ..shapes import ShapeInfo
+    from .fold import is_host_side
+
+    index = {n.name: n for n in graph.nodes()}
+    info = ShapeInfo.of(graph, dims or {})
+    for group in combined:
+        alive = [index[n] for n in made.get(group.id, ()) if n in index]
+        group.runs = sum(1 for n in alive if not is_host_side(n, info))
 
 
 def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = True, compare: bool = True,
@@ -121,6 +154,7 @@ def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = 
     combined = FusionPlan(model=original.name, options={"passes": passes, "prepare": prepare})
     if prepare:
         _prepare(graph, combined)
+    made: dict[str, list[str]] = {}
     for name in passes:
         module = get_pass(name)
         part = module.plan(graph, **per_pass[name])
@@ -128,8 +162,11 @@ def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = 
             from .select import select as by_measurement
 
             part, _ = by_measurement(graph, part, level=select_level)
+        before = {n.name for n in graph.nodes()}
         _apply_part(graph, module, part, name)
-        _merge(combined, part, name)
+        made.update(_made(graph, part, before))
+        _merge(combined, part)
+    _count_runs(graph, combined, made, options.get("dims"))
     if select:
         combined.options["select"] = {"by": select, "level": select_level}
     result = FusionResult(graph, combined, original.op_counts(), graph.op_counts())

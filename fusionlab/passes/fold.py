@@ -47,6 +47,7 @@ HOST_OPS = {"Shape", "Size", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice"
             "Div", "Mod", "Equal", "Where", "Reshape", "ConstantOfShape", "Range", "Min", "Max", "Neg", "Abs",
             "Expand", "Identity", "ReduceProd", "Not", "Less", "Greater"}
 _INT = (np.dtype(np.int64), np.dtype(np.int32))
+_COMPARE = frozenset({"Equal", "Not", "Less", "Greater"})
 
 
 def _foldable_op(node: ir.Node) -> bool:
@@ -282,11 +283,13 @@ def needed(graph: Graph) -> bool:
 
 
 def is_host_side(node: ir.Node, info: ShapeInfo) -> bool:
-    """Shape arithmetic: an int64/int32 result of at most 64 elements computed by a shape op (no device kernel)."""
+    """Shape arithmetic: an int64/int32 result of at most 64 elements computed by a shape op (no device kernel),
+    or the boolean of a comparison over such values (repeat_kv's `Equal(shape, -1)` before a Where)."""
     if node.domain not in ("", "ai.onnx") or node.op_type not in HOST_OPS or len(node.outputs) != 1:
         return False
     out = node.outputs[0]
-    if info.dtype(out) not in _INT and node.op_type != "Shape":
+    dtype = info.dtype(out)
+    if dtype not in _INT and node.op_type != "Shape" and not (node.op_type in _COMPARE and dtype == np.dtype(bool)):
         return False
     shape = info.concrete(out)
     return shape is not None and int(np.prod(shape, dtype=np.int64)) <= 64

@@ -152,4 +152,5 @@ def to_functions(graph: Graph, plan: FusionPlan, groups: Iterable[str | FusionGr
             by_name.pop(m.name, None)
         by_name[call.name] = call
         graph.origin[call.name] = tuple(c for m in found for c in graph.covers(m.name))
+        graph.made_by[call.name] = group.id
     return made

@@ -103,11 +103,11 @@ def _heads(layout, want: str, base: tuple | None) -> tuple[int, int] | None:
     return (n, d) if isinstance(n, int) and isinstance(d, int) else None
 
 
-def _side(cx, values, operand: ir.Value, want: str):
+def _side(cx, values, operand: ir.Value, want: str, reader: ir.Node | None = None):
     """(value, views, (N, D), split) for one of Q, K^T, V: the views from a [B, S, N*D] projection (split False),
     else from the nearest value already in heads [B, N, S, D] (split True: a rotary output, an explicit repeat
     of K/V heads), arranged as `want`; (operand, [], None, False) when neither proves."""
-    base, layout, views = trace_back(cx, values, operand)
+    base, layout, views = trace_back(cx, values, operand, reader=reader)
     nd = _heads(layout, want, cx.shape(base))
     if nd is not None and cx.rank(base) == 3:
         return base, views, nd, False
@@ -234,7 +234,8 @@ def _mask_ok(cx, mask: ir.Value, b, s, length, heads: int) -> str | None:
     return None
 
 
-_SHAPE_OPS = ("Shape", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Cast", "Identity", "Mul")
+_SHAPE_OPS = ("Shape", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Cast", "Identity", "Mul", "Reshape",
+              "Equal", "Where")  # the TorchScript exporter writes an Expand target as Where(Equal(s, -1), 1, s)
 
 
 def _support(cx, members: list[ir.Node]) -> list[ir.Node]:
@@ -352,7 +353,10 @@ class Attention(Rule):
         heads = (f"{nd[0]} heads of {nd[1]}, K/V {gqa['kv_heads']} heads (GroupQueryAttention, causal=0, the repeat "
                  "removed: measured faster than MultiHeadAttention after it, benchmarks/results/gqa.md)"
                  if gqa is not None else f"{nd[0]} heads of {nd[1]}") + ", layouts proved"
-        extra = (1 if out[2] else 0) + (2 if keep_guard else 0) + (gqa["extra"] if gqa is not None else 0)
+        # the kernels `rewrite` writes besides the attention op: a query in heads goes back to [B, S, N*D]
+        # (Transpose + Reshape), the flatten for a Gemm, the NaN guard, GQA's K/V transposed back
+        extra = (2 if q4 else 0) + (1 if out[2] else 0) + (2 if keep_guard else 0) + \
+            (gqa["extra"] if gqa is not None else 0)
         return Match(rule, sm, members, f"{heads}; mask {'none' if mask is None else 'as attention_bias'}; "
                      f"guard {'kept' if keep_guard else 'none'}" + (f"; {gqa['note']}" if gqa and gqa["note"] else ""),
                      target.op, target.kernels + extra,
@@ -395,7 +399,7 @@ class Attention(Rule):
         out = {"kv_heads": nkv, "head_size": nd[1], "k_views": [], "v_views": list(v_rep), "extra": 0, "note": "",
                "bs": (qs[0], qs[2 if q4 else 1])}
         for name, x, rep in (("k", xk, k_rep), ("v", xv, v_rep)):
-            base, views, kvd, split = _side(cx, values, x, "bnsd")
+            base, views, kvd, split = _side(cx, values, x, "bnsd", reader=rep[0] if rep else None)
             if kvd == (nkv, nd[1]) and not split and cx.rank(base) == 3:
                 out[name], out[name + "4"] = base, False
                 out[name + "_views"] = views + list(rep)
@@ -404,7 +408,8 @@ class Attention(Rule):
                 out[name + "_views"] = list(rep)
                 out["extra"] += 2
         if not all(isinstance(d, int) for d in out["bs"]):
-            out["extra"] += 6  # seqlens_k and total_sequence_length from q's shape at run time (see `_gqa`)
+            pass  # seqlens_k and total_sequence_length come from q's shape at run time (see `_gqa`): host-side
+            # shape arithmetic that launches no kernel (the cost model's `host`), so no extra kernel
         out["k4"] = (out["k4"], out["v4"])
         back = [n for n, four in zip("KV", out["k4"]) if four]
         out["note"] = f"{' and '.join(back)} transposed back to [B, L, Nkv*D]" if back else ""

@@ -170,18 +170,22 @@ def _read_by(value: ir.Value, node: ir.Node) -> bool:
     return shape_branch(value, node) is not None
 
 
-def trace_back(cx, values: ShapeValues, v: ir.Value, limit: int = 8):
+def trace_back(cx, values: ShapeValues, v: ir.Value, limit: int = 8, reader: ir.Node | None = None):
     """(base value, layout of `v` in the base's atoms, view nodes in order) through single-reader views.
 
     A view that something else reads only the shape of (`shape_branch`) is traced through even when no rule may
-    take it: a rule keeps such a view for its Shape and reads the base itself."""
+    take it: a rule keeps such a view for its Shape and reads the base itself. `reader`: the node that reads `v`
+    (LLaMA's repeat_kv Unsqueeze, whose Expand target is the Shape of the same view), so that the first view is
+    traced the same way while planning, when it is free, and at `recheck`, when as a kept view it is not a
+    member."""
     chain, kept = [], False
     while len(chain) < limit:
         p = v.producer()
         if not is_op(p, "Reshape", "Transpose") or (chain and not _read_by(p.outputs[0], chain[0])):
             break
         if not cx.free(p):  # a view kept for a shape, and the views before it (kept with it)
-            if not (kept or (chain and shape_branch(p.outputs[0], chain[0]))):
+            if not (kept or (chain and shape_branch(p.outputs[0], chain[0]))
+                    or (not chain and reader is not None and shape_branch(p.outputs[0], reader))):
                 break
             kept = True
         chain.insert(0, p)

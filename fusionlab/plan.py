@@ -249,7 +249,19 @@ class FusionPlan:
         return out
 
     def by_kind(self, kind: str) -> "FusionPlan":
-        return FusionPlan([g for g in self.groups if g.kind == kind], model=self.model, options=dict(self.options))
+        keep = {g.id for g in self.groups if g.kind == kind}
+        return FusionPlan(self._kept(keep), model=self.model, options=dict(self.options))
+
+    def _kept(self, keep: set[str]) -> list[FusionGroup]:
+        """Copies of the groups in `keep`. A kept group that a left-out later group took from (their `covers`
+        overlap) runs its whole lowering again: its measured `runs` no longer holds and is dropped (`kernels`)."""
+        out, later = [], set()
+        for g in reversed(self.groups):
+            if g.id in keep:
+                out.append(FusionGroup.from_dict({**g.to_dict(), "runs": None if later & set(g.covers) else g.runs}))
+            else:
+                later |= set(g.covers)
+        return out[::-1]
 
     def without(self, *group_ids: str) -> "FusionPlan":
         """A copy of the plan without the named groups (their nodes stay unfused when it is applied).
@@ -269,8 +281,8 @@ class FusionPlan:
                 gone |= set(g.covers)
                 notes.append(f"edit: group {g.id} dropped too: it was built on a dropped group")
         d = self.to_dict()
-        return FusionPlan.from_dict({**d, "notes": d["notes"] + notes,
-                                     "groups": [g.to_dict() for g in self.groups if g.id not in drop]})
+        kept = self._kept({g.id for g in self.groups if g.id not in drop})
+        return FusionPlan.from_dict({**d, "notes": d["notes"] + notes, "groups": [g.to_dict() for g in kept]})
 
     def why_not(self, node: str | None = None) -> list[Refusal]:
         """Refusals, all or those anchored on one node."""

@@ -59,8 +59,9 @@ _FONT = "DejaVu Sans"  # ships with matplotlib: the same glyphs on every machine
 @dataclass
 class _Item:
     key: str
-    kind: str  # "op", "input", "output" (a graph output) or "cut" (a value read by nodes not drawn)
-    title: str  # op type, "input"/"output", or "→ N more consumers" for a cut edge
+    kind: str  # "op", "input" (a graph input), "output" (a graph output), "cut" (a value read by nodes not drawn)
+    #: or "from" (a value made by a node not drawn)
+    title: str  # op type, "input"/"output", "→ N more consumers" for a cut edge, "from Op" for a "from" stub
     subtitle: str  # short node name, or the value name
     detail: list[str] = field(default_factory=list)  # weight shapes / value shape
     order: int = 0
@@ -231,12 +232,17 @@ def _subgraph_reads(g, order: list[ir.Node], key_of: dict[int, str]):
 
 
 def _terminal(kind: str, v: ir.Value, order: int, readers: int = 0) -> _Item:
-    """The ellipse of a value entering ("input") or leaving ("output") the drawn part; for "cut" (a value that
-    is no graph output, read only by nodes left out of the picture) a plain label on a short stub arrow."""
+    """The ellipse of a graph input ("input") or output ("output") at the drawn part's edge; for "cut" (a value
+    that is no graph output, read only by nodes left out of the picture) and "from" (a value made by a node left
+    out) a plain label on a short dashed stub arrow: neither is an input or output of the model."""
     shape = _shape_text(v)
     if kind == "cut":
         title = f"→ {readers} more consumer{'s' if readers != 1 else ''}"
         return _Item(f"{kind}:{v.name}", kind, title, "not drawn", [], order=order)
+    if kind == "from":
+        producer = v.producer()
+        return _Item(f"{kind}:{v.name}", kind, f"from {producer.op_type if producer is not None else '?'}",
+                     "not drawn", [], order=order)
     return _Item(f"{kind}:{v.name}", kind, kind, _clip(v.name), [shape] if shape else [], order=order)
 
 
@@ -250,7 +256,7 @@ class _SceneBuilder:
         self.key_of = {id(n): k for k, n in zip(keys, order)}
         self.owner, self.captured = _subgraph_reads(g, order, self.key_of)
         self.items: list[_Item] = []
-        self.terminals: dict[str, dict[str, _Item]] = {"input": {}, "output": {}, "cut": {}}
+        self.terminals: dict[str, dict[str, _Item]] = {"input": {}, "from": {}, "output": {}, "cut": {}}
         self.edges: list[tuple[str, str, str]] = []
         self._edge_seen: set[tuple[str, str]] = set()
 
@@ -284,8 +290,10 @@ class _SceneBuilder:
             p = v.producer()
             if p is not None and self.key_of.get(id(p)) in self.chosen:
                 self.edge(self.key_of[id(p)], k, _shape_text(v))
-            else:
+            elif p is None:
                 self.edge(self.terminal("input", v, i), k, "")
+            else:  # made by a node left out of the picture: no graph input, so a dashed stub, not an input pill
+                self.edge(self.terminal("from", v, i), k, "")
         return weights
 
     def _writes(self, i: int, k: str, n: ir.Node) -> None:
@@ -323,9 +331,9 @@ class _SceneBuilder:
                                 group=group, fused=self.fused_text(n)))
 
     def all_items(self) -> list[_Item]:
-        """Input ellipses, op boxes, output ellipses and cut-edge stubs, in that order."""
-        return (list(self.terminals["input"].values()) + self.items + list(self.terminals["output"].values())
-                + list(self.terminals["cut"].values()))
+        """Input ellipses, "from" stubs, op boxes, output ellipses and cut-edge stubs, in that order."""
+        return (list(self.terminals["input"].values()) + list(self.terminals["from"].values()) + self.items
+                + list(self.terminals["output"].values()) + list(self.terminals["cut"].values()))
 
 
 def _is_constant_node(n: ir.Node | None) -> bool:
@@ -396,10 +404,12 @@ def to_dot(model, plan: FusionPlan | None = None, *, nodes=None, title: str | No
     """Graphviz DOT text of a model; fusion groups become coloured `subgraph cluster_<id>` blocks."""
     sc = _scene(model, plan, nodes, hops)
     ids = {}
-    n_in = n_op = n_out = n_cut = 0
+    n_in = n_op = n_out = n_cut = n_from = 0
     for it in sc.items:
         if it.kind == "cut":
             ids[it.key], n_cut = f"cut{n_cut}", n_cut + 1
+        elif it.kind == "from":
+            ids[it.key], n_from = f"from{n_from}", n_from + 1
         elif it.kind == "input":
             ids[it.key], n_in = f"in{n_in}", n_in + 1
         elif it.kind == "output":
@@ -419,7 +429,7 @@ def to_dot(model, plan: FusionPlan | None = None, *, nodes=None, title: str | No
         if it.kind == "op":
             label = "\n".join([it.title] + ([it.subtitle] if it.subtitle and it.subtitle != it.title else []) + it.detail)
             return f"{indent}{ids[it.key]} [label={_dot_str(label)}];"
-        if it.kind == "cut":  # no pill: a plain label at the end of a dashed stub (no graph output)
+        if it.kind in ("cut", "from"):  # no pill: a plain label at the end of a dashed stub (no graph output/input)
             return f'{indent}{ids[it.key]} [label={_dot_str(it.title)}, shape=plaintext, style="", fontsize=8];'
         label = "\n".join([f"{it.title} {it.subtitle}"] + it.detail)
         return f'{indent}{ids[it.key]} [label={_dot_str(label)}, shape=ellipse, fillcolor="#eeeeee"];'
@@ -451,7 +461,7 @@ def to_dot(model, plan: FusionPlan | None = None, *, nodes=None, title: str | No
         lines.append("  }")
     for a, b, label in sc.edges:
         attrs = f" [label={_dot_str(label)}]" if label else ""
-        if b.startswith("cut:"):
+        if b.startswith("cut:") or a.startswith("from:"):
             attrs = ' [style=dashed, color="#999999"]'
 
         lines.append(f"  {ids[a]} -> {ids[b]}{attrs};")
@@ -521,6 +531,8 @@ def _item_label(it: _Item) -> tuple[str, str]:
         return it.title, (it.subtitle if it.subtitle != it.title else "")
     if it.kind == "cut":  # the dashed stub is the arrow: the label says where it goes
         return it.title.removeprefix("→ "), it.subtitle
+    if it.kind == "from":  # and here where it comes from
+        return it.title, it.subtitle
     return it.title + " " + it.subtitle, (it.detail[0] if it.detail else "")
 
 
@@ -911,7 +923,8 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
     # edges
     for a, b, pts in lay.edges:
         codes = [MplPath.MOVETO] + [MplPath.LINETO] * (len(pts) - 1)
-        cut = lay.kinds.get(b) == "cut"  # a value read by nodes not drawn: a dashed grey stub, no output pill
+        # a value read by nodes not drawn, or made by one: a dashed grey stub, no output or input pill
+        cut = lay.kinds.get(b) == "cut" or lay.kinds.get(a) == "from"
         arrow = FancyArrowPatch(path=MplPath(pts, codes), arrowstyle="-|>", mutation_scale=9 * scale,
                                 linewidth=0.9 * scale, color="#999999" if cut else "#555555", shrinkA=0, shrinkB=0,
                                 zorder=2, linestyle="--" if cut else "-")
@@ -923,9 +936,9 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
         kind = lay.kinds[k]
         head, sub = lay.labels[k]
         fused = k in lay.fused
-        if kind == "cut":  # plain grey text where the stub ends: no box, so it never reads as a graph output
+        if kind in ("cut", "from"):  # plain grey text at the stub's end: no box, never read as a graph output/input
             ax.text(xc, yc + (0.075 if sub else 0), head, ha="center", va="center", fontsize=8 * scale, zorder=4,
-                    fontfamily=_FONT, color="#666666", style="italic", gid=f"cut:{k}")
+                    fontfamily=_FONT, color="#666666", style="italic", gid=f"{kind}:{k}")
             if sub:
                 ax.text(xc, yc - 0.095, sub, ha="center", va="center", fontsize=7 * scale, color="#888888",
                         zorder=4, fontfamily=_FONT, style="italic")

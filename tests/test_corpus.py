@@ -245,6 +245,12 @@ def test_plan_counts_the_kernels_the_fused_model_launches(file, passes):
             assert g.runs == g.kernels, f"{g.id} ({g.rule}): the rule said {g.kernels} kernels, {g.runs} ran"
         later |= set(g.covers)
     assert later == taken
+    if passes == "all":  # a part of the plan (the vertical groups without the mixed ones that took from them)
+        from fusionlab.passes import apply
+
+        part = plan.by_kind("vertical")
+        part_applied = cost.plan_cost(apply(_graph(file), part, validate=False).graph, None, "Atlas 300I Pro")
+        assert cost.plan_cost(_graph(file), part, "Atlas 300I Pro").kernels == part_applied.kernels
 
 
 @pytest.mark.parametrize(("file", "passes"), _cases("folded", ("all",)))

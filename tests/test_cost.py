@@ -204,6 +204,9 @@ def test_as_launched_drops_function_groups_and_one_kernel_per_group_merges_lower
     one = cost.one_kernel_per_group(plan)
     assert [grp.kernels for grp in one] == [1, 1] and plan[0].kernels == 2  # a copy; the plan is unchanged
     assert cost.plan_cost(g, one, DEV).kernels == 2
+    # a plan from `fuse` carries what its lowering left (`runs`): one kernel per group means one, whatever that was
+    plan[0].runs = 2
+    assert cost.plan_cost(g, cost.one_kernel_per_group(plan), DEV).kernels == 2
 
 
 def _group_read_through_a_shape_chain():

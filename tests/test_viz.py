@@ -115,8 +115,10 @@ def test_dot_restricted_subgraph():
     assert len(op_lines(dot)) == 2
     assert "Add" in dot and "Conv" not in dot
     assert re.findall(r"subgraph (cluster_\w+)", dot) == ["cluster_cba0"]  # only the visible part of the group
-    # values from outside the selection enter as inputs; one read by nodes not drawn leaves through a stub
-    assert 'label="input n0b"' in dot and 'label="input x' in dot and 'label="→ 2 more consumers"' in dot
+    # the graph input enters as an input, a value an undrawn node makes through a dashed "from" stub, and one
+    # read by nodes not drawn leaves through a stub
+    assert 'label="from BatchNormalization"' in dot and 'label="input x' in dot and 'label="→ 2 more consumers"' in dot
+    assert 'label="input n0b' not in dot and "from0 -> n0 [style=dashed" in dot
     wider = viz.to_dot(model, nodes=["/l0/add/Add"], hops=1)
     assert len(op_lines(wider)) == 3  # the Add, the BN before it and the Relu after it
     assert viz.neighbourhood(model, "head1", hops=1) == ["/l1/relu2/Relu", "head1", "concat"]
@@ -330,6 +332,24 @@ def test_netron_binds_loopback_only_and_goes_through_the_jupyter_server_when_the
     assert not _port_open(view.port) and view._repr_html_() == "<p>netron view stopped</p>"
     monkeypatch.delenv("JPY_PARENT_PID")
     assert viz.jupyter_base_url() is None  # not under a Jupyter server: the direct address is used
+
+
+def test_a_value_from_an_undrawn_node_is_a_stub_not_an_input():
+    """The mirror of a cut edge: a drawn node reading a value that a node left out of the picture makes gets a
+    dashed "from Op" stub, never an "input …" pill (only graph inputs are inputs)."""
+    model = residual()
+    sc = viz._scene(model, residual_plan(), ["/l0/relu2/Relu"])
+    terminals = [it for it in sc.items if it.kind != "op"]
+    froms = [it for it in terminals if it.kind == "from"]
+    assert [it.title for it in froms] == ["from Add"] and not [it for it in terminals if it.kind == "input"]
+    whole = viz._scene(model, residual_plan(), None)
+    assert [it for it in whole.items if it.kind == "from"] == [] and [it for it in whole.items if it.kind == "input"]
+    fig = viz.draw(model, residual_plan(), nodes=["/l0/relu2/Relu"])
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert "from Add" in texts and not any(t.startswith("input ") for t in texts)
+    stubs = [p for ax in fig.axes for p in ax.patches if (p.get_gid() or "").startswith("edge:from:")]
+    assert stubs and all(p.get_linestyle() == "--" for p in stubs)
+    assert "style=dashed" in viz.to_dot(model, residual_plan(), nodes=["/l0/relu2/Relu"])
 
 
 def test_a_cut_edge_is_a_stub_not_an_output():

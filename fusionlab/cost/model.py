@@ -534,8 +534,8 @@ def one_kernel_per_group(plan: FusionPlan | None) -> FusionPlan:
     from dataclasses import replace
 
     plan = plan or FusionPlan()
-    groups = [replace(g, kernels=1, saved_launches=len(g.nodes) - 1, covers=list(g.covers), nodes=list(g.nodes))
-              for g in plan]
+    groups = [replace(g, kernels=1, runs=None, saved_launches=len(g.nodes) - 1, covers=list(g.covers),
+                      nodes=list(g.nodes)) for g in plan]  # runs: what fuse's lowering left, not this one's
     return FusionPlan(groups, model=plan.model, notes=list(plan.notes), options=dict(plan.options))
 
 

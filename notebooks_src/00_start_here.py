@@ -292,7 +292,7 @@ else:
                 f"the product of two medians is not the median of the products.")
 display(Markdown(f"{multiply} On this layer the layout transform "
          f"({layout_only.speedup:.2f}×) is {worth} ({fusion_only.speedup:.2f}×), so \"onnxruntime at `all` is "
-         f"{together.speedup:.1f}× faster\" is not a measure of fusion: always say which level you compare with which."))
+         f"{together.speedup:.2f}× faster\" is not a measure of fusion: always say which level you compare with which."))
 
 # %% [markdown]
 # Faster is only half the story. A fusion must also give the **same answers**. `fusionlab.verify` runs both

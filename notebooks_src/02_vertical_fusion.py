@@ -159,8 +159,8 @@ print(f"whole model: the emitted graph moves {whole / 2**20:.2f} MiB less; the p
 #
 # The plan's `saved KiB` counts the same thing: every intermediate written once and read once **by each node that
 # reads it** (the BN output by two), less what the emitted lowering still writes and reads (the Conv output). The
-# 0.4 KiB between the two figures (the last line above) is the BN's own parameters, which the folded model no longer reads: weights, not
-# intermediate traffic. Over the network, 28.20 MiB of intermediate traffic saved against the 28.31 MiB the two
+# 0.4 KiB between the two figures (the last line above) is weights, not intermediate traffic: the BN's 0.5 KiB of
+# parameters, which the folded model no longer reads, less the 0.1 KiB folded bias the Conv now reads. Over the network, 28.20 MiB of intermediate traffic saved against the 28.31 MiB the two
 # graphs differ by. The `kernels` and `launches saved` columns count what the emitted model launches.
 #
 # A picture of the stem and the first C3 block, with the groups highlighted. A dashed grey stub marks a value
@@ -347,7 +347,8 @@ side_by_side(resnet, resnet_result.graph, levels=("extended",))
 #
 # BERT's vertical chains are different: `Add → Gelu` (written out with `Erf` by the exporter) becomes
 # `BiasGelu`, and the nine-op decomposed LayerNorm (`ReduceMean`, `Sub`, `Pow`, `ReduceMean`, `Add`, `Sqrt`, `Div`,
-# `Mul`, `Add`) becomes one `LayerNormalization`. (`MatMul → Add` would
+# `Mul`, `Add`) becomes one `LayerNormalization`; the attention scores' `MatMul` followed by its scale becomes one
+# `FusedMatMul` with the scale as `alpha` (rule `fused_matmul`). (`MatMul → Add` would
 # become a `Gemm`, but here the MatMuls are 3-D, `[batch, sequence, hidden] @ W`, and Gemm is 2-D only: the
 # pass says so in the plan's notes and leaves them alone.)
 
@@ -475,8 +476,8 @@ print(hf)
 print(wrap(", ".join(f"{op} {n}" for op, n in sorted(hf.op_counts().items(), key=lambda kv: -kv[1]))))
 
 # %% [markdown]
-# This exporter already writes `LayerNormalization` and `Gelu` as single ops, so two of §7's rules have nothing
-# left to do. Attention is another matter: each layer's `softmax(Q·Kᵀ/√d + mask)·V` is two dozen nodes, the head
+# This exporter already writes `LayerNormalization` and `Gelu` as single ops, so the LayerNorm rule has nothing to
+# do, and `bias_gelu` only takes the bias Add into the existing Gelu. Attention is another matter: each layer's `softmax(Q·Kᵀ/√d + mask)·V` is two dozen nodes, the head
 # views (`Reshape`, `Transpose`), the shape arithmetic that computes their targets (`Shape`, `Slice`, `Concat`),
 # the scale split over Q and K (two `Mul`s), and SDPA's guard for fully masked rows (`IsNaN`, `Where`).
 #

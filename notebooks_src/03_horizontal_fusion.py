@@ -153,8 +153,9 @@ print("dynamic weight ->", len(p), "groups;", p.notes)
 #
 # The zoo's BERT is exported the way `torch.onnx` does it: Q, K and V are three sibling MatMul+Add pairs
 # on the LayerNorm output. BERT-tiny has two layers. As the seed advises, the vertical pass runs first
-# (`fuse(model, ("vertical", "horizontal"))` runs the passes in that order); it fuses the LayerNorms and the
-# bias + GELU of the feed-forward block, and leaves the projections to the horizontal pass.
+# (`fuse(model, ("vertical", "horizontal"))` runs the passes in that order); it fuses the LayerNorms, the
+# bias + GELU of the feed-forward block and each layer's scaled scores MatMul (`FusedMatMul`, the scale folded in:
+# one MatMul node fewer per layer), and leaves the projections to the horizontal pass.
 #
 # **Predict first:** how many MatMul nodes will the two layers have after the horizontal pass, out of 16?
 

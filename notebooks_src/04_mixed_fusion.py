@@ -152,12 +152,14 @@ viz.draw(g, plan, title="FuseOps groups, no thresholds")
 
 # %% [markdown]
 # Read the picture with the trace: `conv1` takes the whole diamond (everything between it and `join` is
-# elementwise or broadcast), but stops at `conv2` — one Conv per group. `center` cannot join `normalise`:
+# elementwise or broadcast; the trace calls `join` and `square` elementwise although the table above says
+# BROADCAST: the planner treats a broadcasting op whose inputs have equal shapes, as theirs do here, as
+# elementwise), but stops at `conv2` — one Conv per group. `center` cannot join `normalise`:
 # one of its paths runs through a reduction (`variance`), which may only *end* a group. Under the partitioner's
 # rule the decomposed LayerNorm takes three or more kernels; a compiler that fuses reductions with their
 # consumers (XLA, Inductor, CANN's `LayerNormONNXFusionPass`) runs it as one.
 #
-# Two stops in the trace name a **multi-consumer output**: `bias2` feeds `mean` and `center`, and `center` feeds
+# Two nodes' stops in the trace name a **multi-consumer output**: `bias2` feeds `mean` and `center`, and `center` feeds
 # `square` and `normalise`. A result read by several ops can join its post-dominator's group only together with
 # every path to it; when one of those paths is blocked (here by a reduction), the result must be written to
 # memory for the consumers outside the group anyway, so it stays a group's output. `allow_recompute=True` (§5)
@@ -250,22 +252,32 @@ for opts in ({"max_group_ops": 5}, {"max_group_ops": None, "allow_recompute": Tr
 
 # %%
 yolo = load(zoo.get("yolov5n", image_size=160))
+launching = sum(1 for n in yolo.nodes() if n.op_type != "Constant")  # a Constant node launches no kernel
+print(f"{len(yolo)} nodes, {launching} of them kernels unfused (the {len(yolo) - launching} Constant nodes launch none)")
+count = {}
 for max_ops in (None, 5, 3):
     for kb in (None, 192, 64):
         p = mixed.plan(yolo, max_group_ops=max_ops, buffer_kb=kb)
+        count[max_ops, kb] = launching - p.saved_launches
         print(f"max_group_ops={str(max_ops):<5} buffer_kb={str(kb):<5} groups={len(p):>3} "
-              f"kernels={len(yolo) - p.saved_launches:>3} / {len(yolo)} nodes")
+              f"kernels={count[max_ops, kb]:>3} / {launching}")
+display(Markdown(
+    f"Without a buffer limit a cap of 5 ops gives {count[5, None]} kernels and a cap of 3 {count[3, None]} (no cap: "
+    f"{count[None, None]}). A 192 KB budget "
+    f"{'changes nothing' if all(count[m, 192] == count[m, None] for m in (None, 5, 3)) else 'changes some counts'}; "
+    f"a 64 KB one raises the count to {count[None, 64]} without a "
+    f"cap ({count[None, 64] / count[None, None]:.1f}×) and to {count[3, 64]} with a cap of 3 "
+    f"({count[3, 64] / count[3, None]:.1f}×)."))
 
 # %% [markdown]
-# Most settings give the same kernel count, but a 64 KB buffer gives more than twice as many (the `buffer_kb=64`
-# rows). Why such a jump? Compare the groups the pass forms at 192 KB and at 64 KB, and the working sets it computes for them:
+# Why such a jump at 64 KB? Compare the groups the pass forms at 192 KB and at 64 KB, and the working sets it computes for them:
 
 # %%
 for kb in (192, 64):
     p = mixed.plan(yolo, max_group_ops=None, buffer_kb=kb)
     patterns = collections.Counter("+".join(g.op_types) for g in p)
     ws = [g.extra["working_set_kb"] for g in p]
-    print(f"buffer_kb={kb}: {len(yolo) - p.saved_launches} kernels; working sets {min(ws)}-{max(ws)} KB, "
+    print(f"buffer_kb={kb}: {launching - p.saved_launches} kernels; working sets {min(ws)}-{max(ws)} KB, "
           f"{sum(w > 64 for w in ws)} of {len(ws)} groups above 64 KB")
     for pattern, n in patterns.most_common():
         print(f"  {n:>3} x {pattern}")
@@ -281,7 +293,7 @@ for size in (4, 5):
 # %%
 # the same counts in words, computed from the two plans (so the sentence and the tables cannot disagree)
 plans = {kb: mixed.plan(yolo, max_group_ops=None, buffer_kb=kb) for kb in (192, 64)}
-kernels = {kb: len(yolo) - p.saved_launches for kb, p in plans.items()}
+kernels = {kb: launching - p.saved_launches for kb, p in plans.items()}
 sets = collections.defaultdict(list)
 for grp in plans[192]:
     sets[grp.size].append(grp.extra["working_set_kb"])
@@ -309,7 +321,7 @@ display(Markdown(
 
 # %% [markdown]
 # No Ascend core has a 64 KB UB, though: at the real 192 KB (910B) or 256 KB (310P3, `cann_facts.md` §3.3) every group of this network
-# fits at 16 KB tiles, and the pass forms the same 80 kernels as without a budget. Is the seed's "split above 5
+# fits at 16 KB tiles, and the pass forms as many kernels as without a budget (the `buffer_kb=192` rows above). Is the seed's "split above 5
 # ops" a step like this one, set by one device's buffer? Notebook 05 §5 asks you to predict that for YOLOv5 and
 # BERT on every Ascend preset, and then answers it.
 

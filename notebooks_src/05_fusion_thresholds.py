@@ -242,13 +242,13 @@ print(cost.compare(yolo, plans).table())
 
 # %% [markdown]
 # Read the vertical rows together. As lowered for onnxruntime (Conv + QuickGelu), the plan launches 142 kernels
-# and the model predicts about 1.8× on every card; as one kernel per group, 85 kernels and about 2.9×. The
+# and the model predicts about 1.8× on every card; as one kernel per group, 85 kernels and 2.9–3.0×. The
 # difference is 57 launches of an assumed 5 µs each, plus the Conv outputs QuickGelu still reads back. The
 # "1 kernel" row is also what ATC does **by default**: its built-in passes are on unless switched off, it folds
 # BatchNormalization into the Conv (`ConvBatchnormFusionPass`) and its UB fusion merges a Conv with the
 # elementwise ops after it (`cann_facts.md` §6; that YOLOv5's SiLU, a Sigmoid and a Mul, is among the patterns
 # it takes in is not in our references: unverified). So against a model converted by ATC with its defaults, a
-# hand-written Conv+BN+SiLU custom op is predicted to gain nothing; its 2.9×
+# hand-written Conv+BN+SiLU custom op is predicted to gain nothing; its 2.9–3.0×
 # is against a model with every op a kernel. Notebook 02 §8 puts the seed's 23 % against both baselines.
 #
 # Per group, the model shows what fusion saves (MiB unfused → fused), the group's UB footprint, the tile it uses
@@ -428,12 +428,13 @@ for k in (2, 4, 6, 8, 12, 16, 24):
 # optimisations off, so only our rewrite differs), and compare with the speedup the model predicts for
 # `this machine`. To compare like with like, the model costs **the kernels onnxruntime runs** (`cost.as_launched`):
 #
-# * **vertical** groups become real onnxruntime kernels: a `FusedConv` (one kernel) or `Conv` + `QuickGelu` (two);
+# * **vertical** groups become real onnxruntime kernels: a `Conv` with BN folded in or a `FusedConv` (one kernel),
+#   or `Conv` + `QuickGelu` (two);
 # * **horizontal** groups become one wide Conv per chain position and a `Split` (notebook 03);
 # * **mixed** groups become ONNX local functions, which onnxruntime *inlines* when it loads the model: it runs the
 #   same kernels as the original, so the like-with-like prediction is 1.00×, whatever a fusing backend would gain.
 #
-# The machine is shared with other jobs, so the timings are noisy; the speedups are medians of paired,
+# The machine may be shared with other jobs, so the timings can be noisy; the speedups are medians of paired,
 # interleaved ratios with their 95 % interval.
 
 # %%
@@ -462,7 +463,7 @@ for name, kind, groups, k0, k1, p, m in rows:
 
 # does the model rank the plans of one model as the measurements do? Only pairs whose measured intervals do not
 # overlap can say, and only where the model does not predict a tie
-agree, disagree, untested = 0, 0, 0
+agree, disagree, untested, tested = 0, 0, 0, []
 for name in dict.fromkeys(r[0] for r in rows):
     measured_rows = [r for r in rows if r[0] == name and r[2]]
     for i, x in enumerate(measured_rows):
@@ -470,13 +471,15 @@ for name in dict.fromkeys(r[0] for r in rows):
             mx, my = x[6], y[6]
             if abs(x[5] - y[5]) < 0.005 or not (mx.ci_low > my.ci_high or my.ci_low > mx.ci_high):
                 untested += 1
-            elif (x[5] > y[5]) == (mx.speedup > my.speedup):
-                agree += 1
-            else:
-                disagree += 1
+                continue
+            same = (x[5] > y[5]) == (mx.speedup > my.speedup)
+            agree, disagree = agree + same, disagree + (not same)
+            tested.append(f"{name} {x[1]} ({mx.ci_low:.3f}–{mx.ci_high:.3f}) against {y[1]} "
+                          f"({my.ci_low:.3f}–{my.ci_high:.3f}): {'same order' if same else 'the other way'}")
 display(Markdown(f"**The ranking, tested in this run:** of {agree + disagree + untested} pairs of plans on the same "
                  f"model, {agree + disagree} can test it (measured intervals apart, no predicted tie); the model orders "
-                 f"{agree} of them as the measurement does and {disagree} the other way."))
+                 f"{agree} of them as the measurement does and {disagree} the other way."
+                 + ("".join(f"\n- {t}" for t in tested) if tested else "")))
 
 # %% [markdown]
 # Read the error column with the model's assumptions in mind. It charges every byte at the DRAM streaming
@@ -507,12 +510,16 @@ box = widgets.explore(resnet, kinds=widgets.KINDS)
 # The widget is a thin layer: each setting calls `widgets.explore_state`, which you can call directly.
 # Here is another setting, printed (max 3 ops per group, vertical and mixed, on the 800I A2: not the widget's
 # initial one above), the same call the widget makes when you move its controls. Its mixed groups take in
-# vertically fused Convs (the `_fused` names), and the plan's last line counts each node and kernel of the model
-# once: the groups cover 65 of the 69 nodes as 20 kernels, and the 4 nodes outside any group make the 24.
+# vertically fused Convs (the table's "… more groups" are those), and the plan's last line counts each node and
+# kernel of the model once; the sentence after the output reads it.
 
 # %%
 state = widgets.explore_state(resnet, max_group_ops=3, kinds=("vertical", "mixed"), device="Atlas 800I A2")
 print(wrap(state.summary()))
+counted = state.plan.counts()
+display(Markdown(f"The groups cover {counted.nodes} of the {len(resnet)} nodes as {counted.kernels} kernels, and "
+                 f"the {state.cost.kernels - counted.kernels} nodes outside any group make the "
+                 f"{state.cost.kernels} kernels the model launches."))
 print(state.plan.table(max_rows=5))
 
 # %% [markdown]

@@ -183,9 +183,9 @@ print(wrap(f"benchmark (last run): {bench_cell} for the benchmark's chain (the s
 # (`Erf`, `Tanh`, `Exp`) are where a naive generator goes wrong: a call to the scalar C library (`math.erf`) inside
 # the loop stops the compiler from vectorising it, and the fused loop then loses to numpy's and onnxruntime's SIMD
 # kernels. So for float32 the generator emits small branch-free helpers once, above the loop: for `erf` the
-# rational approximation Eigen and XLA use, for `tanh` the one Eigen, XLA and onnxruntime's MLAS share (a
-# polynomial over a polynomial, the argument clamped to ±9: the coefficients below are those of `MlasTanhConstants`
-# in onnxruntime's `core/mlas/lib/tanh.cpp`), and an `exp` built from range reduction, a polynomial and the float's
+# rational approximation Eigen and XLA use, for `tanh` the coefficients Eigen, XLA and onnxruntime's MLAS share (a
+# polynomial over a polynomial, with MLAS's clamp of the argument to ±9, where Eigen and XLA clamp at about ±7.9:
+# the coefficients below are those of `MlasTanhConstants` in onnxruntime's `core/mlas/lib/tanh.cpp`), and an `exp` built from range reduction, a polynomial and the float's
 # exponent bits. MLAS's own `erf` is a different approximation (`MlasErfConstants` in `core/mlas/lib/erf.cpp`):
 # two pieces split at |x| = `0.921875`, a polynomial in x² below and, above, a polynomial passed through `exp`. The loop calls them and stays
 # vectorisable. Here is a GELU-like chain:
@@ -231,7 +231,8 @@ print(f"speed-up over onnxruntime {cmp_gelu.speedup:.2f}x vs bytes ratio {gelu.b
 # ## Summary
 #
 # - An unfused elementwise chain makes one pass over memory per op; a fused loop makes one. On tensors larger than
-#   the cache a cheap chain is memory-bound, and the fused loop's speed-up approaches the bytes ratio.
+#   the cache a cheap chain is memory-bound, and the fused loop's speed-up approaches the bytes ratio, or (as in
+#   §1) exceeds it when the unfused loops stream more slowly than the fused one.
 # - `codegen` generates the fused loop from ONNX nodes, merges dimensions that broadcast alike, and is checked
 #   against onnxruntime with optimisations off.
 # - Judge a fused kernel by two numbers: its speed-up over onnxruntime's own unfused kernels against the bytes

@@ -127,8 +127,9 @@ print("max |difference| below 1e-5:", float(np.abs(fused.run(x)[0] - reference).
 # call) six times over: part of any difference is that overhead, not fusion. The measurement below
 # bounds it against onnxruntime's six unfused kernels.
 #
-# **Predict**: the fused program reads `x` once and writes `y` once; per-op, each of the six nodes
-# reads and writes a full 6 MiB tensor. How much faster is the fused build? And against onnxruntime,
+# **Predict**: the fused program (§1's two dispatches) reads `x`, writes the centred tensor and reads it
+# back, and writes `y`: four full 6 MiB transfers; per-op, each of the six nodes reads and writes a full
+# 6 MiB tensor. How much faster is the fused build? And against onnxruntime,
 # unfused (six kernels) and at level ALL (which rewrites the graph into two hand-written kernels,
 # LayerNormalization and Gelu)?
 
@@ -292,7 +293,8 @@ for name, names_ in iree_names.items():
 #   names the MaxPool dispatch `conv`: pooling is a convolution-shaped loop nest to it.)
 # * **BERT, LayerNorm**: IREE makes two reduction dispatches per LayerNorm (statistics, then normalise
 #   with the elementwise tail). fusionlab's vertical `layernorm` rule rewrites the nine ops into one
-#   `LayerNormalization` node, one kernel. fusionlab is better by one launch and one small round trip;
+#   `LayerNormalization` node, one kernel. fusionlab is better by one launch and one round trip of a
+#   full-size tensor (IREE's first dispatch writes `x - mean` for the second to read);
 #   notebook 07's fused kernel shows that one pass over a cached row is enough.
 # * **BERT, bias + GELU after the FFN MatMul**: IREE puts the bias and the whole GELU in the MatMul's
 #   dispatch (an epilogue). fusionlab's `bias_gelu` rule makes a `BiasGelu` node after the MatMul: two

@@ -67,6 +67,9 @@ print("fused model equivalent to the original (fp32, rtol 1e-4, atol 1e-5):", re
 # the kernel-launch and scheduling cost; on this CPU it is onnxruntime's per-node overhead (finding the inputs,
 # allocating the output, dispatching the kernel) plus, as §3 measures, the profiler's own bookkeeping. The run
 # shown is the median one of fifteen.
+#
+# **Predict first:** the original graph has 258 nodes and the fused one 142. How many kernels does one run of each
+# launch? (The table's first line answers it for the original; the next cell for both.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -76,8 +79,6 @@ print(before.op_table(top=12, sort="duration"))
 
 # %% [markdown]
 # What does not vary from run to run is the structure: how many kernels one run launches and of which types.
-# **Predict first:** the original graph has 258 nodes and the fused one 142. How many kernels does one run of each
-# launch?
 
 # %%
 print(f"kernels per run: original {before.ops_per_run}, fused {after.ops_per_run}")
@@ -464,7 +465,8 @@ for dev in list(presets.values()) + [duo.one_chip()]:
 
 # %% [markdown]
 # The roofline puts it together: the black line is what a device can do at a given arithmetic intensity (FLOPs
-# per byte moved); the dashed green line is the seed's 65%-of-peak target, the dotted red line 80% of the memory
+# per byte moved), with its bandwidth the streaming bandwidth to DRAM (small CPU kernels whose data stays in cache
+# can sit above it); the dashed green line is the seed's 65%-of-peak target, the dotted red line 80% of the memory
 # bandwidth, and the purple line the throughput that 4 TOPS/W at rated power would need (above the roof: out of
 # reach). Small dots are kernels, big markers the whole model. Left: this CPU, measured, one thread. Right: one
 # chip of the Atlas 300I Duo, modelled (its roof, and the power line at its half of the card's rated power).

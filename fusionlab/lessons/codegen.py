@@ -16,7 +16,7 @@ flags each element pays a scalar call. Float32 kernels therefore compute Erf, Ta
 Sigmoid through Exp) with branch-free polynomial helpers, emitted once above the loop (`_HELPERS`):
 
 * erf: Eigen's and XLA's float32 rational approximation, x*P(x^2)/Q(x^2) with x clamped to [-4, 4];
-* tanh: the rational approximation of Eigen, XLA and onnxruntime's MLAS, x clamped to [-9, 9];
+* tanh: the rational approximation whose coefficients Eigen, XLA and onnxruntime's MLAS share, x clamped to [-9, 9] (MLAS's clamp);
 * exp: Cody-Waite range reduction, the Cephes expf polynomial, 2**n built from its float32 bits.
 
 Measured against float64 references on 1e7-point grids (this machine, with FMA; `_FASTMATH`):
@@ -84,8 +84,8 @@ def erf(x):
     return x * p / q
 ''',
     "tanh": '''
-# tanh(x): the float32 rational approximation of Eigen, XLA and onnxruntime (MLAS),
-# x * P(x^2) / Q(x^2), with x clamped to [-9, 9]. NaN stays NaN.
+# tanh(x): the float32 rational approximation whose coefficients Eigen, XLA and onnxruntime (MLAS) share,
+# x * P(x^2) / Q(x^2), with x clamped to [-9, 9] as MLAS does (Eigen and XLA clamp near 7.9). NaN stays NaN.
 TANH_CLAMP = np.float32(9.0)
 TANH_A1, TANH_A3 = np.float32(4.89352455891786e-03), np.float32(6.37261928875436e-04)
 TANH_A5, TANH_A7 = np.float32(1.48572235717979e-05), np.float32(5.12229709037114e-08)

@@ -593,7 +593,7 @@ display(Markdown(
     + ("The runs' miss the build times do not explain: the replay charges each run the median of section 4's warm "
        "runs, while this loop also pads its feeds and runs every freshly built session cold once (neither is "
        "measured apart here). " if abs(runs_ratio - 1) > 0.1 else "")
-    "The replay's seconds are as good as the measured costs fed into it, and no better."))
+    + "The replay's seconds are as good as the measured costs fed into it, and no better."))
 
 # %% [markdown]
 # ## 6. The seed's "×2.1"

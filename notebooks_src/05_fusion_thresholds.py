@@ -516,11 +516,11 @@ box = widgets.explore(resnet, kinds=widgets.KINDS)
 # %%
 state = widgets.explore_state(resnet, max_group_ops=3, kinds=("vertical", "mixed"), device="Atlas 800I A2")
 print(wrap(state.summary()))
-counted = state.plan.counts()
-display(Markdown(f"The groups cover {counted.nodes} of the {len(resnet)} nodes as {counted.kernels} kernels, and "
-                 f"the {state.cost.kernels - counted.kernels} nodes outside any group make the "
-                 f"{state.cost.kernels} kernels the model launches."))
 print(state.plan.table(max_rows=5))
+counted = state.plan.counts()
+display(Markdown(f"The last line: the groups cover {counted.nodes} of the {len(resnet)} nodes as {counted.kernels} "
+                 f"kernels, and the {state.cost.kernels - counted.kernels} nodes outside any group make the "
+                 f"{state.cost.kernels} kernels the model launches."))
 
 # %% [markdown]
 # ## Summary

@@ -192,8 +192,20 @@ class PlanCounts:
             text += f"; {self.left_over} of their kernels still run on their own)" if self.left_over else ")"
         if self.fused_kernels is not None:
             text += (f"; with {self.fused_kernels - self.kernels} kernel(s) outside groups the model launches "
-                     f"{self.unfused_kernels} -> {self.fused_kernels}")
+                     f"{self.unfused_kernels} -> {self.fused_kernels}{self.prepared_text()}")
         return text
+
+    @property
+    def prepared_away(self) -> int | None:
+        """Kernels of the loaded model that preparation (clean-up, constant folding) removed before planning:
+        `unfused_kernels - (nodes - kernels) - fused_kernels`, so the three numbers printed add up."""
+        if self.fused_kernels is None or self.unfused_kernels is None:
+            return None
+        return self.unfused_kernels - (self.nodes - self.kernels) - self.fused_kernels
+
+    def prepared_text(self) -> str:
+        n = self.prepared_away
+        return f" (preparation removed {n} kernel(s) before planning)" if n else ""
 
 
 @dataclass

@@ -46,3 +46,22 @@ def test_explain_bad_inputs_exit_2_one_line(tmp_path, capsys):
         assert err.count("\n") == 1 and err.startswith("fusionlab explain: error:")
     assert main(["explain", str(tmp_path / "missing.onnx")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_explain_numbers_add_up_on_an_export_that_preparation_cleans(capsys):
+    """Issue 24: a reader checks "91 -> 57" against "31 launches saved". On the BERT TorchScript export the
+    preparation removes identity Casts before planning, and the footer says how many, so the printed numbers
+    add up: unfused - saved - prepared away = fused, with fused the cost table's kernels column."""
+    import re
+    from pathlib import Path
+
+    corpus = Path(__file__).resolve().parent / "corpus"
+    assert main(["explain", str(corpus / "bert.ts-fold.onnx"), "--device", "Atlas 300I Pro"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    saved = int(re.search(r"nodes run as \d+ kernels, (\d+) launches", out).group(1))
+    unfused, fused = map(int, re.search(r"the model launches (\d+) -> (\d+) kernels", out).groups())
+    removed = re.search(r"preparation removed (\d+) kernel\(s\) before planning", out)
+    assert removed is not None, "the footer does not say what preparation removed"
+    assert unfused - saved - int(removed.group(1)) == fused
+    table = re.search(r"fused: vertical Atlas 300I Pro (\d+) ", out)
+    assert table is not None and int(table.group(1)) == fused

@@ -99,7 +99,8 @@ def _explain(args, graph, fplan, kinds, devs, dims, cost) -> int:
     # the cost table's kernels column, reconciled with the footer: one accounting (FusionPlan.counts)
     counts = fplan.counts(cost.plan_cost(graph, fplan, devs[0], dims), cost.plan_cost(graph, None, devs[0], dims))
     print(wrap(f"with {counts.fused_kernels - counts.kernels} kernel(s) for the nodes outside groups, the model "
-               f"launches {counts.unfused_kernels} -> {counts.fused_kernels} kernels (the table below)", MAX_WIDTH))
+               f"launches {counts.unfused_kernels} -> {counts.fused_kernels} kernels (the table below)"
+               f"{counts.prepared_text()}", MAX_WIDTH))
     refused = {str(r) for r in fplan.refusals}
     for note in fplan.notes:
         if not any(note.endswith(r) for r in refused):

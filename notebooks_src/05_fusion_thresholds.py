@@ -440,7 +440,7 @@ for k in (2, 4, 6, 8, 12, 16, 24):
 # %%
 # NBVAL_IGNORE_OUTPUT
 rows = []
-for name, model in (("resnet_small", fusionlab.load(zoo.get("resnet_small"))), ("yolov5s/320", yolo)):
+for name, model in (("resnet_small", fusionlab.load(zoo.get("resnet_small"))), ("yolov5n-size/320", yolo)):
     base_cost = cost.plan_cost(model, None, me)
     for kind in ("vertical", "horizontal", "mixed"):
         result = fuse(model, passes=[kind], **options_for([kind], max_group_ops=5))
@@ -453,13 +453,13 @@ for name, model in (("resnet_small", fusionlab.load(zoo.get("resnet_small"))), (
         measured = timing.compare_models(model, result.graph, min_time=1.0)
         rows.append((name, kind, len(result.plan), base_cost.kernels, cost.plan_cost(model, launched, me).kernels,
                      predicted, measured))
-print(f"{'model':<13} {'kind':<10} {'groups':>6} {'kernels':>11} {'predicted':>9} {'measured (95% CI)':>22} {'error':>7}")
+print(f"{'model':<16} {'kind':<10} {'groups':>6} {'kernels':>11} {'predicted':>9} {'measured (95% CI)':>22} {'error':>7}")
 for name, kind, groups, k0, k1, p, m in rows:
     if not groups:
-        print(f"{name:<13} {kind:<10} {groups:>6} {'-':>11} {'-':>9} {'-':>22} {'-':>7}  (nothing to fuse)")
+        print(f"{name:<16} {kind:<10} {groups:>6} {'-':>11} {'-':>9} {'-':>22} {'-':>7}  (nothing to fuse)")
         continue
     ci = f"{m.speedup:.2f}x ({m.ci_low:.2f}-{m.ci_high:.2f})"
-    print(f"{name:<13} {kind:<10} {groups:>6} {f'{k0} -> {k1}':>11} {p:>8.2f}x {ci:>22} {(p - m.speedup) / m.speedup:>+7.0%}")
+    print(f"{name:<16} {kind:<10} {groups:>6} {f'{k0} -> {k1}':>11} {p:>8.2f}x {ci:>22} {(p - m.speedup) / m.speedup:>+7.0%}")
 
 # does the model rank the plans of one model as the measurements do? Only pairs whose measured intervals do not
 # overlap can say, and only where the model does not predict a tie

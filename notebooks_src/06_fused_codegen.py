@@ -155,7 +155,9 @@ print(moved)
 # The fair baseline is not per-op numpy (which also allocates a fresh array per op) but onnxruntime's own unfused
 # kernels: vectorised C++, one per op. On a memory-bound chain the speed-up should approach the bytes ratio, and
 # the fused kernel's effective bandwidth (the bytes it must move ÷ its time) should approach what the machine
-# can stream. Where it falls short, something other than memory traffic costs time. The benchmark
+# can stream. Where it falls short, something other than memory traffic costs time; where it reads above 100 %, the
+# loop streams faster than `calibrate`'s copy/add reference on the same logical bytes: read the percentage as a
+# comparison with that reference, not as a fraction of a hardware limit. The benchmark
 # `benchmarks/bench_elementwise.py` does the same with 64 MiB tensors and writes `benchmarks/results/elementwise.md`.
 
 # %%

@@ -1,5 +1,7 @@
 """From a fusion group to a custom op that onnxruntime runs, verified against the unfused model."""
 
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -187,3 +189,16 @@ def test_every_conv_bn_relu_group_of_a_resnet_plan():
     assert res.graph.op_counts()["ai.onnx.contrib:ConvRelu"] == len(ids)
     assert list(res.declarations()) == ["ConvRelu"]
     check(g, res)
+
+
+def test_loading_the_custom_op_library_leaves_the_environment_alone():
+    """onnxruntime-extensions sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python on import; kernels undoes that, so
+    child processes (nbval's notebook kernels) keep the compiled protobuf."""
+    import subprocess
+    import sys
+
+    code = ("import os; from fusionlab.customop import kernels; kernels.library_path(); "
+            "print(os.environ.get('PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION', 'unset'))")
+    env = {k: v for k, v in os.environ.items() if k != "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "unset"

@@ -846,3 +846,20 @@ def test_every_pattern_and_its_near_misses_track_the_shapes_onnxruntime_computes
             problems.append(f"draw {i} (opset {opset}, {np.dtype(dtype).name}, {b.tags}): {problem}")
     assert built or problems, f"{pattern.name} applied to no layout drawn here"
     assert not problems, "\n".join(problems[:3])
+
+
+def test_judge_accepts_nan_at_the_end_of_the_range_and_on_an_output_the_original_overflowed():
+    """Rules 5 and 6 of `compare`: a reordered sum near FLT_MAX may add +inf and -inf to NaN; and where the original
+    itself overflowed on an output, its finite values that miss the reference are no witness against a NaN. Neither
+    excuses a NaN where the original is finite, correct and far from the range's end."""
+    from fusionlab.fuzz.compare import judge_output
+
+    big = np.float32(np.finfo(np.float32).max / 10)
+    assert judge_output(np.array([big]), np.array([np.nan], np.float32)) is None            # rule 5
+    assert judge_output(np.array([np.float32(1e30)]), np.array([np.nan], np.float32)) is not None
+    o = np.array([np.nan, 0.0, 1.0], np.float32)        # the original overflowed at element 0
+    r = np.array([0.5, 0.3, 1.0])                       # ... where float64 is finite; its 0 misses 0.3
+    assert judge_output(o, np.array([np.nan, np.nan, 1.0], np.float32), r) is None           # rule 6
+    assert judge_output(o, np.array([np.nan, 0.0, np.nan], np.float32), r) is not None       # 1.0 was right
+    o_fine = np.array([0.5, 0.0, 1.0], np.float32)      # no overflow on this output: no rule 6
+    assert judge_output(o_fine, np.array([0.5, np.nan, 1.0], np.float32), r) is not None

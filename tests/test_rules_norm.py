@@ -133,11 +133,18 @@ RMS_REFUSALS = {
     "epsilon broadcasts up": (lambda: rms_model("plain", eps_shape=(1, 1, 1, 1)), "mean", "broadcast the result up"),
     "scale not [H]": (lambda: _with_scale(np.full([7, H], 1.5, np.float32)), "mean", "is not [H]"),
     "intermediate read elsewhere": (lambda: _extra_output("std"), "mean", "read outside the RMSNorm pattern"),
-    "input read elsewhere": (lambda: _extra_output("sq", first=True), "mean", "read outside the RMSNorm pattern"),
+    "input read elsewhere, below opset 23": (lambda: _extra_output("sq", first=True), "mean", "needs opset 23"),
     "standard ops below opset 23": (lambda: rms_model("plain", opset=20), "mean", "needs opset 23"),
     "epsilon after the root": (lambda: rms_model("plain", eps_after_root=True), "mean",
                                "not by + epsilon (epsilon is added after Sqrt sqrt_first)"),
 }
+
+
+def test_rmsnorm_whose_input_is_read_elsewhere_fuses():
+    """LLaMA's first norm reads the embedding, which the first residual Add reads too: the op reads x as the
+    decomposed nodes did, and the other reader keeps it (this was once refused as "read outside the pattern")."""
+    m = _extra_output("sq", first=True, opset=23)
+    check(m, ("rmsnorm",), {"RMSNormalization": 1, "Neg": 1})
 
 
 def _with_scale(gamma):
@@ -146,14 +153,14 @@ def _with_scale(gamma):
     return mk(nodes, [value_info("x", shape=[2, 7, H])], [value_info("y", shape=[2, 7, H])], inits, opset=20)
 
 
-def _extra_output(name, first=False):
+def _extra_output(name, first=False, opset=20):
     nodes, inits = rms_nodes(form="plain")
     if first:  # x also feeds a second consumer
         nodes.append(h.make_node("Neg", ["x"], ["other"], name="other_reader"))
         outs = [value_info("y", shape=[2, 7, H]), value_info("other", shape=[2, 7, H])]
     else:
         outs = [value_info("y", shape=[2, 7, H]), value_info(name, shape=[2, 7, 1])]
-    return mk(nodes, [value_info("x", shape=[2, 7, H])], outs, inits, opset=20)
+    return mk(nodes, [value_info("x", shape=[2, 7, H])], outs, inits, opset=opset)
 
 
 @pytest.mark.parametrize("case", sorted(RMS_REFUSALS))

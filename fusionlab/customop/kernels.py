@@ -13,6 +13,7 @@ travel as comma-separated strings (`"1,1,2,2"`) on the node; bools travel as int
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -138,11 +139,28 @@ def compute(decl: OpDecl, *arrays: np.ndarray, **attrs) -> np.ndarray:
 # onnxruntime registration
 # --------------------------------------------------------------------------------------------------
 
+def _extensions():
+    """onnxruntime-extensions, imported without its side effect on the environment.
+
+    Importing it sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python in `os.environ` (its `cvt` module). This process
+    keeps the compiled protobuf it already loaded, but every child process (a notebook kernel started by nbval, a
+    fuzz worker) would inherit the variable and run protobuf in pure Python, tens of times slower.
+    """
+    key = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"
+    before = os.environ.get(key)
+    try:
+        import onnxruntime_extensions
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+    return onnxruntime_extensions
+
+
 def library_path() -> str:
     """Path of the onnxruntime-extensions custom-op library (pass to `runtime.session`)."""
-    from onnxruntime_extensions import get_library_path
-
-    return get_library_path()
+    return _extensions().get_library_path()
 
 
 def registered() -> list[str]:
@@ -156,7 +174,8 @@ def register(decl: OpDecl, dtype=np.float32) -> str:
     The PyOp bridge registers one kernel per op name for the life of the process, so the same name
     cannot later be declared with a different interface or body: that raises DeclarationError.
     """
-    from onnxruntime_extensions import PyCustomOpDef, onnx_op
+    ext = _extensions()
+    PyCustomOpDef, onnx_op = ext.PyCustomOpDef, ext.onnx_op
 
     if len(decl.outputs) != 1:
         raise DeclarationError(decl.name, ["the onnxruntime prototype supports exactly one output"])

@@ -18,7 +18,13 @@ An element of a fused output `f` is accepted when
 5. **at the end of the range**: where one of the two values lies within a factor RANGE_FACTOR of the dtype's
    largest finite value and the other is the infinity of the same sign, it is accepted: a sum that close to overflow
    overflows or not depending on the order it is accumulated in (BatchNormalization folded into the
-   weights scales the partial sums), which no rewrite that reorders arithmetic can control.
+   weights scales the partial sums), which no rewrite that reorders arithmetic can control. A NaN is accepted there
+   too: partial sums that overflow to +inf and -inf in the reordered sum add to NaN;
+6. **on an output the original itself overflowed** (some element non-finite where the reference is finite: these
+   inputs take the model beyond what the dtype can compute), a non-finite `f` where `r` is finite is accepted where
+   the original's finite value is no witness either: it lies at the end of the range or already misses the
+   reference by more than the tolerance (a ReLU of an overflowed sum that the original clipped to 0 and the fused
+   kernel, with its BatchNorm scale in the weights, saw as NaN).
 
 (rtol, atol) are the project's per-dtype tolerances (`fusionlab.runtime.TOLERANCES`: fp32 1e-4/1e-5, fp16
 1e-3/2.5e-3, fp64 1e-7/1e-7), s = max(1, max|o| over finite elements) (rounding grows with magnitude),
@@ -92,6 +98,7 @@ def accepted(o: np.ndarray, f: np.ndarray, r: np.ndarray | None = None) -> np.nd
         ok |= same_nonfinite
         edge = float(np.finfo(o.dtype).max) / RANGE_FACTOR
         ok |= fin_o & np.isinf(f64) & (np.abs(o64) >= edge) & (np.sign(f64) == np.sign(o64))
+        ok |= fin_o & np.isnan(f64) & (np.abs(o64) >= edge)
         ok |= fin_f & np.isinf(o64) & (np.abs(f64) >= edge) & (np.sign(f64) == np.sign(o64))
         r64 = _reference(r, o.shape)
         if r64 is not None:
@@ -103,6 +110,8 @@ def accepted(o: np.ndarray, f: np.ndarray, r: np.ndarray | None = None) -> np.nd
             o_is_r = (np.isnan(o64) & np.isnan(r64)) | (o64 == r64)
             ok |= ~fin_o & ~fin_f & ~o_is_r  # the original's NaN/Inf is not the reference's: its kind is rounding
             ok |= fin_o & ~fin_r & ~fin_f & ((np.isnan(r64) & np.isnan(f64)) | (r64 == f64))  # f agrees with r
+            if (~fin_o & fin_r).any():  # rule 6: the original overflowed on this output
+                ok |= fin_o & ~fin_f & fin_r & ((np.abs(o64) >= edge) | (err_o > tol_r))
     return ok
 
 

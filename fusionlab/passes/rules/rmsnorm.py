@@ -124,7 +124,7 @@ def _core(cx, mean: ir.Node) -> dict | None:
     readers = {id(n) for n in consumers(xf)}
     if not mine <= readers:
         return None
-    shared = readers != mine or xf.is_graph_output()  # legal only as a residual sum handed on
+    shared = readers != mine or xf.is_graph_output()  # xf is read outside: a member Cast making it cannot go
     nodes = [sq, mean, add] + tail + [norm]
     cast = xf.producer()
     if twin is not None and not (cx.dtype(xf) == F32 and cx.dtype(cast.inputs[0]) in _FLOATS):
@@ -168,13 +168,13 @@ def _scale(cx, core: dict) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
     return x, gamma, readers
 
 
-def _skip_or_plain(cx, anchor: ir.Node, nodes: list, x: ir.Value, readers: list, gamma, eps: float,
-                   shared: bool = False) -> Match | None:
-    """The residual form if there is one, else plain RMSNorm; `shared`: x has readers outside the pattern."""
+def _skip_or_plain(cx, anchor: ir.Node, nodes: list, x: ir.Value, readers: list, gamma, eps: float) -> Match | None:
+    """The residual form if there is one, else plain RMSNorm."""
     target = contrib_target("SkipSimplifiedLayerNormalization", cx.lower)
     skip = residual_add(cx, x, readers) if "skip_rmsnorm" in cx.rules and target else None
-    if shared and skip is None:
-        raise Refused(f"{x.name} is read outside the RMSNorm pattern")
+    # x read outside the pattern (the embedding LLaMA's first norm reads, which the residual Add reads too) stays as
+    # it is: the plain op reads x as the decomposed nodes did. No member produces x (a member Cast producing the x
+    # it reads is refused in `match`)
     if skip is not None:
         lead = ([skip["bias_add"]] if skip["bias_add"] is not None else []) + [skip["add"]]
         out = [nodes[-1].outputs[0]] + ([skip["add"].outputs[0]] if skip["sum"] else [])
@@ -213,7 +213,7 @@ class DecomposedRMSNorm(Rule):
             return None
         if core["shared"] and x is not core["xf"]:
             raise Refused(f"{core['xf'].name} is read outside the RMSNorm pattern")
-        return _skip_or_plain(cx, mean, core["nodes"], x, readers, gamma, core["eps"], core["shared"])
+        return _skip_or_plain(cx, mean, core["nodes"], x, readers, gamma, core["eps"])
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
         d = m.data

@@ -335,3 +335,38 @@ def test_a_planted_cross_notebook_spoiler_is_caught():
     later = [("markdown", "## 5. The curve\n\n**Predict:** where is the minimum?"), ("code", "print(sweep)")]
     assert cross_spoilers({"04_mixed_fusion": early, "05_fusion_thresholds": later})
     assert not cross_spoilers({"04_mixed_fusion": [("code", "print(1)")], "05_fusion_thresholds": later})
+
+
+_SUMMARY_CELL = re.compile(r'print\(seed_claims\.claim\("([^"]+)"\)\.summary\(\)\)')
+
+
+def _printed_summaries(nb: dict):
+    """(cell index, claim id, what the stored cell prints) for every cell whose first line prints a claim's summary."""
+    for i, c in enumerate(nb["cells"]):
+        first = "".join(c["source"]).splitlines()[:1] if c["cell_type"] == "code" else []
+        m = _SUMMARY_CELL.fullmatch(first[0].strip()) if first else None
+        if m:
+            text = "".join("".join(o.get("text", "")) for o in c.get("outputs", []) if o["output_type"] == "stream")
+            yield i, m.group(1), text
+
+
+def test_every_stored_ledger_summary_is_the_ledgers_current_one():
+    """A ledger edit must reach the notebooks that print it: the stored output of every cell that prints a claim's
+    summary first holds that summary as the ledger gives it now (49e90f3 changed s22-mixed-40-60pct and left
+    notebook 04's stored cell 33 on the old text, which only nbval and the browser test saw)."""
+    seen = 0
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for i, cid, text in _printed_summaries(json.loads(path.read_text())):
+            seen += 1
+            assert text.startswith(seed_claims.claim(cid).summary()), f"{path.name} cell {i}: [{cid}] is stale"
+    assert seen >= 15
+
+
+def test_a_stale_stored_ledger_summary_is_caught():
+    nb = json.loads((ROOT / "notebooks" / "04_mixed_fusion.ipynb").read_text())
+    i, cid, text = next(_printed_summaries(nb))
+    assert text.startswith(seed_claims.claim(cid).summary())
+    out = next(o for o in nb["cells"][i]["outputs"] if o["output_type"] == "stream")
+    out["text"] = "".join(out["text"]).replace("the", "teh", 1)
+    _, _, planted = next(_printed_summaries(nb))
+    assert not planted.startswith(seed_claims.claim(cid).summary())

@@ -143,6 +143,50 @@ def test_fully_masked_row_with_neg_inf_mask_matches_the_guard():
     assert np.all(a[1, 2] == 0) and np.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def _poisoned_v(m, column: int):
+    """`m` with an inf in column `column` of V's projection weight: that column of V is NaN or inf at every key
+    (x has both signs), the other columns finite."""
+    from onnx import numpy_helper
+
+    m = __import__("copy").deepcopy(m)
+    for i, init in enumerate(m.graph.initializer):
+        if init.name == "Wv":
+            w = numpy_helper.to_array(init).copy()
+            w[:, column] = np.inf
+            m.graph.initializer[i].CopyFrom(numpy_helper.from_array(w, "Wv"))
+    return m
+
+
+@pytest.mark.parametrize("build,options", [
+    (lambda: attention_model("sdpa", "neg_inf"), {}),                                     # V [B, L, N*D]
+    (lambda: gqa_model(fill=-np.inf), {"rules": MHA_RULES}),                               # V repeated: [B, N, L, D]
+    (lambda: gqa_model(fill=-np.inf), {}),                                                 # GQA, V [B, L, Nkv*D]
+    (lambda: gqa_model(fill=-np.inf, v_in_heads=True), {}),                                # GQA, V [B, Nkv, L, D]
+    (lambda: gqa_model(q_heads=6, kv_heads=3, fill=-np.inf, v_in_heads=True), {"rules": MHA_RULES}),
+    (lambda: gqa_model(q_heads=4, kv_heads=1, fill=-np.inf), {}),                          # one K/V head, group 4
+    (lambda: gqa_model(fill=-np.inf, dtype=np.float16), {}),
+], ids=["mha-v3", "mha-v4-repeated", "gqa-v3", "gqa-v4", "mha-v4-6x3", "gqa-1kv", "gqa-fp16"])
+def test_the_kept_guard_keeps_a_nan_that_comes_from_v(build, options):
+    """SDPA's guard zeroes P's fully masked rows before P @ V, so such a row of the output is 0 * V: 0 where a V
+    column is finite, NaN where it is not. The guard kept after the fused op must give the same per column, for V
+    in every form the fused op reads (fuzz campaign 25 found the fill of 0 that zeroed V's NaN)."""
+    from fusionlab.runtime import run
+
+    m = _poisoned_v(build(), column=3)
+    res, n = _fused(m, **options)
+    assert n == 1 and "IsNaN" in res.after, (res.plan.refusals, res.after)
+    dtype = np.float16 if m.graph.input[0].type.tensor_type.elem_type == 10 else np.float32
+    x = RNG.standard_normal((2, 4, HID)).astype(dtype)
+    keep = _causal_padded(2, 4, 0)
+    keep[1, 0, 2, :] = False  # row 2 of batch 1 attends to nothing
+    a, b = run(m, {"x": x, "keep": keep})["y"], run(res.graph, {"x": x, "keep": keep})["y"]
+    nan = np.isnan(a)
+    assert nan[1, 2].any() and (a[1, 2][~nan[1, 2]] == 0).all() and not nan[1, 2].all()  # the case is there
+    assert np.array_equal(nan, np.isnan(b)), (np.argwhere(nan != np.isnan(b))[:5], a[1, 2], b[1, 2])
+    tol = (1e-3, 2.5e-3) if dtype == np.float16 else (1e-4, 1e-5)  # float16: verify's tolerances
+    assert np.allclose(a, b, rtol=tol[0], atol=tol[1], equal_nan=True)
+
+
 @pytest.mark.parametrize("case,reason", [
     ({"mask_rows": False}, "is not \\[B or 1, 1 or N, S, L\\]"),  # mask broadcasts over queries
     ({"scale_shape": (1, HEADS, 1, 1)}, None),                 # a per-head scale is not a scalar: no pattern
@@ -205,11 +249,13 @@ def test_layout_prover_regroups_and_splits_atoms():
 
 
 def gqa_model(q_heads=4, kv_heads=2, repeat="expand", mask_op="add", scale="both", rope=True, dtype=np.float32,
-              hid=HID, d=8, key_shape=False):
+              hid=HID, d=8, key_shape=False, fill=None, v_in_heads=False):
     """LLaMA's attention as TorchScript writes it: grouped K/V heads, rotary on Q and K, repeat_kv (Unsqueeze ->
     Expand -> Reshape), the scale split over Q and K^T, a causal + padding mask Where(keep, 0, finfo.min), SDPA's
     NaN guard; over x [batch, seq, HID] and keep [batch, 1, seq, seq]. `key_shape`: the repeated K's shape is
-    read outside (a Transpose and a Shape, a second output), as T5's layer 0 reads key_states.shape."""
+    read outside (a Transpose and a Shape, a second output), as T5's layer 0 reads key_states.shape. `fill`: the
+    mask's fill (finfo.min unless given); `v_in_heads`: V reaches the repeat from a Relu over its heads, not as
+    a projection's view."""
     f = lambda *s: (RNG.standard_normal(s) * 0.3).astype(dtype)  # noqa: E731
     nodes, inits = [], []
     for p, heads in (("q", q_heads), ("k", kv_heads), ("v", kv_heads)):
@@ -233,8 +279,10 @@ def gqa_model(q_heads=4, kv_heads=2, repeat="expand", mask_op="add", scale="both
                   h.make_node("Mul", [f"{p}rot", "sin"], [f"{p}s"], name=f"{p}_sin"),
                   h.make_node("Add", [f"{p}c", f"{p}s"], [f"{p}r"], name=f"{p}_rope")]
     group = q_heads // kv_heads
+    if v_in_heads:
+        nodes.append(h.make_node("Relu", ["vh"], ["vhr"], name="v_relu"))
     for p in "kv":
-        src = "kr" if p == "k" else "vh"
+        src = "kr" if p == "k" else ("vhr" if v_in_heads else "vh")
         if repeat == "expand":  # repeat_kv: [B,KV,S,D] -> [B,KV,1,S,D] -> expand [B,KV,G,S,D] -> [B,N,S,D]
             nodes += [h.make_node("Unsqueeze", [src, "ax2"], [f"{p}u"], name=f"{p}_unsq"),
                       h.make_node("Shape", [f"{p}u"], [f"{p}us"], name=f"{p}_ushape"),
@@ -259,7 +307,8 @@ def gqa_model(q_heads=4, kv_heads=2, repeat="expand", mask_op="add", scale="both
     if mask_op == "add":
         nodes += [h.make_node("Where", ["keep", "zero", "fill"], ["bias"], name="mask"),
                   h.make_node("Add", ["sc", "bias"], ["logits"], name="add_mask")]
-        inits += [tensor("zero", np.zeros((), dtype)), tensor("fill", np.array(np.finfo(dtype).min, dtype))]
+        inits += [tensor("zero", np.zeros((), dtype)),
+                  tensor("fill", np.array(np.finfo(dtype).min if fill is None else fill, dtype))]
     else:  # a 0/1 mask multiplied in: not an additive mask
         nodes += [h.make_node("Cast", ["keep"], ["keepf"], name="mask", to=h.np_dtype_to_tensor_dtype(np.dtype(dtype))),
                   h.make_node("Mul", ["sc", "keepf"], ["logits"], name="mul_mask")]

@@ -75,10 +75,20 @@ def attention(b: Builder, x: str, pool: list[str]) -> str:
     broadcast = gqa and kv == 1 and b.miss("kv_broadcast")
     if broadcast:
         b.tags.append("nm:kv_broadcast")
+    mask = b.rng.choice(("none", "where", "where", "bias"))
+    guard = b.rng.random() < 0.5
+    neg_inf = guard and mask == "where" and b.rng.random() < 0.5  # a -inf fill: fully masked rows are NaN
     proj = {}
+    # V with columns that are not finite (a Sqrt of an input that can be negative): what a guarded row of P @ V
+    # gives there (0 * NaN = NaN) is the case a kept guard must not zero (campaign 25's one wrong)
+    v_nan = b.rng.random() < (0.5 if neg_inf else 0.1)
     for p, n in (("q", heads), ("k", kv), ("v", kv)):
         w = b.weight((hid, n * d), f"W{p}", "attn_proj", scale=hid ** -0.5)
-        proj[p] = _split(b, b.node("MatMul", [x, w], (bsz, seq, n * d)), n, d)
+        y = b.node("MatMul", [x, w], (bsz, seq, n * d))
+        if p == "v" and v_nan:
+            b.tags.append("attention_v_nonfinite")
+            y = b.node("Div", [y, b.node("Sqrt", [b.input((1, 1, n * d), "vscale")], (1, 1, n * d))], b.shape(y))
+        proj[p] = _split(b, y, n, d)
         b.mark_inner(proj[p])
     q, k, v = proj["q"], proj["k"], proj["v"]
     if gqa and d % 2 == 0 and b.rng.random() < 0.6:
@@ -110,8 +120,6 @@ def attention(b: Builder, x: str, pool: list[str]) -> str:
     scores = b.node("MatMul", [q, kt], (bsz, heads, seq, seq))
     if where == "scores":
         scores = b.binary("Mul", scores, b.scalar(scale, "ss"))
-    mask = b.rng.choice(("none", "where", "where", "bias"))
-    guard = b.rng.random() < 0.5
     if mask == "where":
         keep = b.input((bsz, 1, seq, seq), "keep", dtype=np.bool_)
         b.tags.append("mask_any")
@@ -119,7 +127,7 @@ def attention(b: Builder, x: str, pool: list[str]) -> str:
             b.tags.append("nm:mask_mul")
             scores = b.binary("Mul", scores, b.node("Cast", [keep], (bsz, 1, seq, seq), to=_onnx_type(b.dtype)))
         else:
-            fill = -np.inf if guard and b.rng.random() < 0.5 else np.finfo(b.dtype).min
+            fill = -np.inf if neg_inf else np.finfo(b.dtype).min
             bias = b.node("Where", [keep, b.scalar(0.0, "zero"), b.scalar(fill, "fill")], (bsz, 1, seq, seq))
             scores = b.binary("Add", scores, bias)
     elif mask == "bias":  # a constant additive bias (T5's relative positions, Swin's window bias)

@@ -12,8 +12,11 @@ becomes MultiHeadAttention(q, k, v, attention_bias=mask, num_heads=N, scale=s1·
 (all alike); the layouts prove Q, K, V split their last axis into the same N heads of D; the mask has the shape
 MultiHeadAttention accepts ([B or 1, 1 or N, S, L]); every intermediate has one consumer. SDPA's NaN guard
 zeroes rows whose keys are all masked (-inf); MultiHeadAttention returns NaN there instead, so when the mask
-can hold -inf the guard is kept after the fused op (Where(IsNaN(out), 0, out)), which is the same for
-finite inputs. With a finite mask (finfo.min) or none, no row can be NaN and the guard is dropped.
+can hold -inf the guard is kept after the fused op as Where(IsNaN(out), F, out), where F = ReduceSum(V - V) over
+the key axis is what a zeroed row of P gives in P @ V: 0 in a column of V whose values are all finite, NaN in one
+that holds an inf or NaN (0 * inf = NaN), so a NaN that comes from V stays NaN as in the original (filling 0, as
+the graph's guard does before the MatMul, would zero it: fuzz campaign 25). With a finite mask (finfo.min) or
+none, no row can be NaN and the guard is dropped.
 
 Q, K or V may also come already split into heads, [B, N, S, D], from any producer: a rotary embedding (written
 out or com.microsoft RotaryEmbedding), or LLaMA's grouped-query repeat_kv (Unsqueeze -> Expand -> Reshape of
@@ -283,6 +286,41 @@ def _kept_views(views: list[ir.Node], members: list[ir.Node]) -> list[ir.Node]:
     return views[:last + 1]
 
 
+def _fill_kernels(four: bool, group: int) -> int:
+    """Kernels `_nan_fill` writes: Sub and ReduceSum; for grouped K/V heads a Reshape to [B, Nkv, 1, D] (none
+    when V is already in heads), the Expand over the group and the flatten; for V in heads without a group the
+    flatten alone."""
+    return 2 + ((0 if four else 1) + 2 if group > 1 else (1 if four else 0))
+
+
+def _nan_fill(cx, m: Match) -> list[ir.Node]:
+    """Nodes computing what the guarded P' @ V gives in a row P' zeroed, per output column: ReduceSum(V - V)
+    over the key axis, 0 where every value of that V column is finite, NaN where one is not (0 * inf and
+    0 * NaN are NaN). Brought to [B, 1, N*D], which broadcasts over the output's [B, S, N*D]; for grouped K/V
+    heads the flag of K/V head h // G fills output head h."""
+    d, name = m.data, m.anchor.name
+    four, kv, group, size = d["fill"]
+    v = d["v"]
+    sub = cx.node("Sub", [v, v], base=f"{name}_v_finite")
+    axis = 2 if four else 1  # the key axis: [B, Nkv, L, D] or [B, L, Nkv*D]
+    if cx.graph.opset >= 13:
+        red = cx.node("ReduceSum", [sub.outputs[0], cx.initializer(f"{name}_key_axis", np.array([axis], np.int64))],
+                      base=f"{name}_v_nan")
+    else:
+        red = cx.node("ReduceSum", [sub.outputs[0]], {"axes": [axis]}, base=f"{name}_v_nan")
+    nodes = [sub, red]  # [B, Nkv, 1, D] or [B, 1, Nkv*D]
+    if group > 1:
+        if not four:
+            shape = cx.initializer(f"{name}_fill_kv", np.array([0, kv, 1, size], np.int64))
+            nodes.append(cx.node("Reshape", [nodes[-1].outputs[0], shape], base=f"{name}_fill_kv"))
+        grow = cx.initializer(f"{name}_fill_group", np.array([1, 1, group, 1], np.int64))
+        nodes.append(cx.node("Expand", [nodes[-1].outputs[0], grow], base=f"{name}_fill_group"))
+    if group > 1 or four:
+        shape = cx.initializer(f"{name}_fill_flat", np.array([0, 1, -1], np.int64))
+        nodes.append(cx.node("Reshape", [nodes[-1].outputs[0], shape], base=f"{name}_fill"))
+    return nodes
+
+
 class Attention(Rule):
     """Q·K^T scaled, masked, Softmax, @V, with the head views -> com.microsoft MultiHeadAttention."""
 
@@ -344,6 +382,10 @@ class Attention(Rule):
         if not cx.free(*members):
             return None
         keep_guard = bool(guarded[1]) and mask is not None and not _mask_finite(cx, mask)
+        # what the kept guard fills a NaN with comes from V as the fused op reads it: (in heads, K/V heads, group,
+        # head size)
+        fill = (gqa["k4"][1], gqa["kv_heads"], nd[0] // gqa["kv_heads"], nd[1]) if gqa is not None else \
+            (k4, nd[0], 1, vd[1])
         target = gqa_target(cx.lower) if gqa is not None else attention_target(cx.lower)
         if target is None:
             raise Refused(f"no attention op for lower={cx.lower!r}")
@@ -355,14 +397,14 @@ class Attention(Rule):
                  if gqa is not None else f"{nd[0]} heads of {nd[1]}") + ", layouts proved"
         # the kernels `rewrite` writes besides the attention op: a query in heads goes back to [B, S, N*D]
         # (Transpose + Reshape), the flatten for a Gemm, the NaN guard, GQA's K/V transposed back
-        extra = (2 if q4 else 0) + (1 if out[2] else 0) + (2 if keep_guard else 0) + \
-            (gqa["extra"] if gqa is not None else 0)
+        extra = (2 if q4 else 0) + (1 if out[2] else 0) + (2 + _fill_kernels(fill[0], fill[2]) if keep_guard else 0) \
+            + (gqa["extra"] if gqa is not None else 0)
         return Match(rule, sm, members, f"{heads}; mask {'none' if mask is None else 'as attention_bias'}; "
                      f"guard {'kept' if keep_guard else 'none'}" + (f"; {gqa['note']}" if gqa and gqa["note"] else ""),
                      target.op, target.kernels + extra,
                      outputs=[out[0]],
                      data={"q": q, "k": k, "v": v, "mask": mask, "heads": nd[0], "scale": s1 * s2 * s3,
-                           "guard": keep_guard, "flatten": out[2] and nd[0] * vd[1], "q4": q4 and nd[0] * nd[1],
+                           "guard": keep_guard, "fill": fill, "flatten": out[2] and nd[0] * vd[1], "q4": q4 and nd[0] * nd[1],
                            "gqa": gqa and {x: gqa[x] for x in ("kv_heads", "k4", "head_size", "bs")}})
 
     @staticmethod
@@ -467,10 +509,10 @@ class Attention(Rule):
                            domain="com.microsoft", base=f"{m.anchor.name}_mha")]
         mha = len(out) - 1
         if d["guard"]:
-            isnan = cx.node("IsNaN", [out[-1].outputs[0]], base=f"{m.anchor.name}_isnan")
-            zero = cx.initializer(f"{m.anchor.name}_zero", np.array(0.0, cx.dtype(d["q"])))
-            out += [isnan, cx.node("Where", [isnan.outputs[0], zero, out[mha].outputs[0]],
-                                   base=f"{m.anchor.name}_guard")]
+            fill = _nan_fill(cx, m)
+            isnan = cx.node("IsNaN", [out[mha].outputs[0]], base=f"{m.anchor.name}_isnan")
+            out += fill + [isnan, cx.node("Where", [isnan.outputs[0], fill[-1].outputs[0], out[mha].outputs[0]],
+                                          base=f"{m.anchor.name}_guard")]
         if d["flatten"]:
             shape = cx.initializer(f"{m.anchor.name}_flat", np.array([-1, d["flatten"]], np.int64))
             out.append(cx.node("Reshape", [out[-1].outputs[0], shape], base=f"{m.anchor.name}_flatten"))

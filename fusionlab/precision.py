@@ -20,7 +20,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .graph import fresh_name
 
-__all__ = ["to_float64", "convert", "run_float64", "Reference"]
+__all__ = ["to_float64", "convert", "run_float64", "Reference", "ReferenceUnavailable"]
+
+
+class ReferenceUnavailable(RuntimeError):
+    """onnx.reference, the fallback where onnxruntime has no float64 kernel, cannot run the model (an op it lacks
+    or implements wrongly, e.g. its BatchNormalization-6 returning a tuple): no float64 reference for it."""
 
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
 _DTYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype", "RandomNormal": "dtype", "RandomUniform": "dtype",
@@ -225,7 +230,13 @@ class Reference:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         wide = {k: (v.astype(self.dtype) if v.dtype.kind == "f" else v) for k, v in feeds.items()}
         with np.errstate(all="ignore"):  # onnx.reference computes in numpy: overflow to inf is a result here
-            return dict(zip(self.names, self._sess.run(None, wide)))
+            if self.engine == "onnxruntime":
+                return dict(zip(self.names, self._sess.run(None, wide)))
+            try:
+                return dict(zip(self.names, self._sess.run(None, wide)))
+            except Exception as exc:  # noqa: BLE001 - a third-party evaluator's failure, named once here
+                raise ReferenceUnavailable(f"onnx.reference cannot run the float64 model: {type(exc).__name__}: "
+                                           f"{exc}") from exc
 
 
 def run_float64(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -48,21 +48,43 @@ from __future__ import annotations
 import re
 import traceback
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.inliner
 import onnx.numpy_helper
+from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
 
 from .compare import accepted as _close, deviation as _deviation, judge_output, spread as _spread, within_rounding
 from .feeds import Draw, draws, feeds_for, overridable, session as _session
 from .rounding import rounded_runs
-from ..precision import Reference
+from ..precision import Reference, ReferenceUnavailable, convert
 
-__all__ = ["PASS_SETS", "FAILURES", "Outcome", "Case", "judge", "excuse", "check_fused", "blame", "Blame", "normalize", "interface_problems"]
+__all__ = ["PASS_SETS", "Kind", "FAILURES", "REPLAYABLE", "Outcome", "class_key", "Case", "judge", "excuse", "check_fused", "blame", "Blame", "normalize", "interface_problems"]
 
 PASS_SETS = {"vertical": ("vertical",), "all": ("vertical", "horizontal", "mixed")}
-FAILURES = ("crash", "invalid", "wrong", "timeout")
+
+
+class Kind(StrEnum):
+    """What fusing one model did (the module's docstring says when each applies); `error`: the campaign could
+    not generate or run the graph at all."""
+
+    OK = "ok"
+    UNCHANGED = "unchanged"
+    REFUSED = "refused"
+    CRASH = "crash"
+    INVALID = "invalid"
+    WRONG = "wrong"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+
+#: the kinds that count as a failure of the passes
+FAILURES = (Kind.CRASH, Kind.INVALID, Kind.WRONG, Kind.TIMEOUT)
+#: the failures with a model to keep, replay and shrink (a timeout has none)
+REPLAYABLE = (Kind.CRASH, Kind.INVALID, Kind.WRONG)
 _PKG = str(Path(__file__).resolve().parent.parent)
 
 
@@ -70,7 +92,7 @@ _PKG = str(Path(__file__).resolve().parent.parent)
 class Outcome:
     """What fusing one model with one pass set did."""
 
-    kind: str
+    kind: Kind
     detail: str = ""
     symptom: str = ""
     rules: dict = field(default_factory=dict)
@@ -83,8 +105,16 @@ class Outcome:
     def same_failure(self, other: "Outcome") -> bool:
         return self.kind == other.kind and self.symptom == other.symptom
 
+    def __post_init__(self):
+        self.kind = Kind(self.kind)
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def class_key(outcome: dict) -> str:
+    """The failure class of an outcome record (`Outcome.to_dict()` plus the blame label): kind | blame | symptom."""
+    return f"{outcome['kind']} | {outcome.get('blame', '?')} | {outcome['symptom']}"
 
 
 def normalize(text: str) -> str:
@@ -309,44 +339,44 @@ def _fuse(case: Case, passes, extra: dict | None = None):
             result = fuse(case.model, passes=tuple(passes), compare=False, **options)
     except ModelError as exc:
         if "cycle" in str(exc):
-            return None, Outcome("crash", f"ModelError: {exc}", "ModelError: graph has a cycle (the input has none)",
+            return None, Outcome(Kind.CRASH, f"ModelError: {exc}", "ModelError: graph has a cycle (the input has none)",
                                  where=_where(exc))
-        return None, Outcome("refused", str(exc), normalize(exc))
+        return None, Outcome(Kind.REFUSED, str(exc), normalize(exc))
     except Exception as exc:  # noqa: BLE001 - everything else is a crash
         w = _where(exc)
         # a FusionError's symptom is its problem, not where it was blamed: blame compares failures across pass sets
         what = exc.problem if isinstance(exc, FusionError) else exc
-        return None, Outcome("crash", f"{type(exc).__name__}: {str(exc)[:300]}",
+        return None, Outcome(Kind.CRASH, f"{type(exc).__name__}: {str(exc)[:300]}",
                              f"{type(exc).__name__} in {w}: {normalize(what)}", where=w)
     rules = result.plan.rule_counts()
     try:
         fused = result.graph.to_proto()
     except Exception as exc:  # noqa: BLE001
         w = _where(exc)
-        return None, Outcome("crash", f"serialising the fused graph: {type(exc).__name__}: {exc}",
+        return None, Outcome(Kind.CRASH, f"serialising the fused graph: {type(exc).__name__}: {exc}",
                              f"serialise: {type(exc).__name__}: {normalize(exc)}", rules, where=w)
-    return (result, fused, alarm_feeds), Outcome("ok", rules=rules, detail=alarm,
+    return (result, fused, alarm_feeds), Outcome(Kind.OK, rules=rules, detail=alarm,
                                                  symptom=normalize(alarm_problem) if alarm else "")
 
 
 def _validity(case: Case, fused: onnx.ModelProto, rules: dict) -> tuple[object, Outcome | None]:
     problem = interface_problems(case.model, fused)
     if problem:
-        return None, Outcome("invalid", problem, "interface: " + normalize(problem), rules)
+        return None, Outcome(Kind.INVALID, problem, "interface: " + normalize(problem), rules)
     try:
         onnx.checker.check_model(fused, full_check=True)
     except Exception as exc:  # noqa: BLE001
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return None, Outcome("invalid", f"checker: {msg[:300]}", "checker: " + normalize(msg), rules)
+        return None, Outcome(Kind.INVALID, f"checker: {msg[:300]}", "checker: " + normalize(msg), rules)
     msg = _shape_checked(case.model, fused)
     if msg:
-        return None, Outcome("invalid", f"checker (contrib ops standing as their outputs): {msg[:300]}",
+        return None, Outcome(Kind.INVALID, f"checker (contrib ops standing as their outputs): {msg[:300]}",
                              "checker, stand-ins: " + normalize(msg), rules)
     try:
         sess = _session(fused)
     except Exception as exc:  # noqa: BLE001
         msg = str(exc).strip().splitlines()[0]
-        return None, Outcome("invalid", f"onnxruntime refuses it: {msg[:300]}", "onnxruntime load: " + normalize(msg), rules)
+        return None, Outcome(Kind.INVALID, f"onnxruntime refuses it: {msg[:300]}", "onnxruntime load: " + normalize(msg), rules)
     return sess, None
 
 
@@ -359,11 +389,11 @@ def _values(case: Case, fused: onnx.ModelProto, sess, rules: dict) -> Outcome:
             got = dict(zip(names, sess.run(None, {n: v for n, v in feeds.items() if n in wanted})))
         except Exception as exc:  # noqa: BLE001
             msg = str(exc).strip().splitlines()[0]
-            return Outcome("invalid", f"onnxruntime cannot run it (draw {k}, dims {draw.dims}): {msg[:300]}",
+            return Outcome(Kind.INVALID, f"onnxruntime cannot run it (draw {k}, dims {draw.dims}): {msg[:300]}",
                            "onnxruntime run: " + normalize(msg), rules)
         for name, o in case.outputs[k].items():
             if name not in got:
-                return Outcome("wrong", f"output {name!r} missing", "missing output", rules)
+                return Outcome(Kind.WRONG, f"output {name!r} missing", "missing output", rules)
             problem = judge_output(o, got[name])
             if problem == "integer values differ":
                 problem = judge_output(o, got[name], ignore=case.unstable(k, name))
@@ -378,10 +408,10 @@ def _values(case: Case, fused: onnx.ModelProto, sess, rules: dict) -> Outcome:
                 if ill:
                     accepted.append(f"output {name!r}, {where}: {problem} [{ill}]")
                     continue
-                return Outcome("wrong", f"output {name!r}, {where}: {problem}", symptom, rules)
+                return Outcome(Kind.WRONG, f"output {name!r}, {where}: {problem}", symptom, rules)
     if accepted:
-        return Outcome("ok", "accepted within the original's own sensitivity: " + accepted[0], "ill-conditioned", rules)
-    return Outcome("ok", rules=rules)
+        return Outcome(Kind.OK, "accepted within the original's own sensitivity: " + accepted[0], "ill-conditioned", rules)
+    return Outcome(Kind.OK, rules=rules)
 
 
 def _shape_checked(original: onnx.ModelProto, fused: onnx.ModelProto) -> str:
@@ -496,6 +526,81 @@ def _run(sess, feeds: dict) -> dict:
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
 
+#: what onnx, onnxruntime or the float64 reference raise when a part of a graph cannot be typed,
+#: inlined, loaded or run: the judge then cannot look inside and gives no note. Anything else raised while it
+#: looks is a bug of the judge and propagates.
+CANNOT_RUN = (*(e for e in vars(_ort_state).values() if isinstance(e, type) and issubclass(e, Exception)),
+              onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ReferenceUnavailable)
+
+
+@dataclass
+class _Cut:
+    """Both graphs cut at the values they share, run on draw k: the original's values there (`raw` at working
+    precision, float32 for a float16 model) and the fused graph's parts fed those values (`got`)."""
+
+    original: onnx.ModelProto  # with the shared values as outputs (float32 for a float16 model)
+    feeds: dict
+    produced: set
+    shared: list
+    raw: dict
+    got: dict
+    half: bool
+
+    def judged(self, v: np.ndarray) -> np.ndarray:
+        """A value as the judge compares it: rounded back to float16 for a float16 model."""
+        return v.astype(np.float16) if self.half and v.dtype == np.float32 else v
+
+
+def _cut(case: Case, k: int, fused: onnx.ModelProto) -> _Cut | None:
+    """The two graphs run at their shared values on draw k; None when they share none or a shared value cannot
+    be typed. Raises what `CANNOT_RUN` lists when a part cannot be inlined, loaded or run."""
+    made = {o: n for n in case.model.graph.node for o in n.output if o}
+    if fused.functions:  # a function's body is parts too: inline it, its values under their own names
+        fused = _original_names(onnx.inliner.inline_local_functions(fused), made)
+    produced = {o for n in fused.graph.node for o in n.output if o}
+    shared = [o for n in fused.graph.node for o in n.output if o in made]
+    if not shared:
+        return None
+    original, feeds = case.model, case.feeds[k]
+    half = any(v.dtype == np.float16 for v in feeds.values()) or any(
+        t.data_type == onnx.TensorProto.FLOAT16 for t in original.graph.initializer)
+    if half:
+        # onnxruntime computes a float16 chain in float32 between its own casts, so the original's values read out
+        # as float16 are not what its next op used; both graphs run in float32 here, and their values are rounded
+        # to float16 only to be judged
+        original, fused = convert(original, onnx.TensorProto.FLOAT), convert(fused, onnx.TensorProto.FLOAT)
+        feeds = {n: (v.astype(np.float32) if v.dtype == np.float16 else v) for n, v in feeds.items()}
+    original = _with_outputs(original, shared)
+    raw = _run(_session(original), feeds)
+    local, fed = _fed(_with_outputs(fused, shared, _elem_types(original)), raw, produced)
+    wanted = {i.name for i in local.graph.input}
+    local_feeds = {**{n: v for n, v in feeds.items() if n in wanted}, **{a: raw[n] for n, a in fed.items()}}
+    got = _run(_session(local), local_feeds)
+    if any(o not in raw or o not in got for o in shared):
+        return None
+    return _Cut(original, feeds, produced, shared, raw, got, half)
+
+
+def _original_parts(cut: _Cut, k: int, computed_in: dict) -> tuple[dict, dict, list[dict]]:
+    """The original's parts fed its own values at the cuts: (float64 values, working-precision values, runs with
+    the inputs moved by one ulp and, where it can be replayed, every op's own rounding replayed at random)."""
+    parts, pfed = _fed(cut.original, cut.raw, cut.produced)
+    wanted = {i.name for i in parts.graph.input}
+    pfeeds = {**{n: v for n, v in cut.feeds.items() if n in wanted}, **{a: cut.raw[n] for n, a in pfed.items()}}
+    ref_out = Reference(parts).run(pfeeds)
+    psess = _session(parts)
+    base = _run(psess, pfeeds)
+    rng = np.random.default_rng(53 + k)
+    nudged = [{n: _nudged(v, rng, dtype=np.float16 if cut.half else None) for n, v in pfeeds.items()}
+              for _ in range(4)]
+    runs = [_run(psess, f) for f in nudged]
+    try:  # where the original was lucky: its ops' rounding replayed
+        runs += rounded_runs(parts, nudged, rng, computed_in)
+    except CANNOT_RUN:  # an op the replay cannot run: the one-ulp input spread alone
+        pass
+    return ref_out, base, runs
+
+
 def _amplified_downstream(case: Case, k: int, fused: onnx.ModelProto) -> str:
     """A note when every part of the fused graph, fed the original's own values, computes what the original does.
 
@@ -511,80 +616,33 @@ def _amplified_downstream(case: Case, k: int, fused: onnx.ModelProto) -> str:
     by one ulp and epsilon 1e-12 amplifies it a million times), or when the original's part moves at least
     half as far with what it is fed moved by one ulp and each of its ops' results moved within that op's
     rounding (`rounding.rounded_runs`): a value the original's own evaluation could have produced; a shared
-    integer value must be equal. '' otherwise, also when a shared value cannot be typed or run.
+    integer value must be equal. '' otherwise, also when a shared value cannot be typed or a part cannot be run
+    (`CANNOT_RUN`).
     """
     try:
-        import onnx.inliner
-
-        made = {o: n for n in case.model.graph.node for o in n.output if o}
-        if fused.functions:  # a function's body is parts too: inline it, its values under their own names
-            fused = _original_names(onnx.inliner.inline_local_functions(fused), made)
-        produced = {o for n in fused.graph.node for o in n.output if o}
-        shared = [o for n in fused.graph.node for o in n.output if o in made]
-        if not shared:
-            return ""
-        original, feeds0 = case.model, case.feeds[k]
-        half = any(v.dtype == np.float16 for v in feeds0.values()) or any(
-            t.data_type == onnx.TensorProto.FLOAT16 for t in original.graph.initializer)
-        if half:
-            # onnxruntime computes a float16 chain in float32 between its own casts, so the original's values
-            # read out as float16 are not what its next op used; both graphs run in float32 here, and their
-            # values are rounded to float16 only to be judged
-            from ..precision import convert
-
-            original, fused = convert(original, onnx.TensorProto.FLOAT), convert(fused, onnx.TensorProto.FLOAT)
-            feeds0 = {n: (v.astype(np.float32) if v.dtype == np.float16 else v) for n, v in feeds0.items()}
-        original = _with_outputs(original, shared)
-        orig_sess = _session(original)
-        orig = _run(orig_sess, feeds0)
-        local, fed = _fed(_with_outputs(fused, shared, _elem_types(original)), orig, produced)
-        sess = _session(local)
-        wanted = {i.name for i in local.graph.input}
-        feeds = {n: v for n, v in feeds0.items() if n in wanted}
-        feeds.update({alias: orig[name] for name, alias in fed.items()})
-        got = _run(sess, feeds)
-    except Exception:  # noqa: BLE001 - cannot look inside: no note
+        cut = _cut(case, k, fused)
+    except CANNOT_RUN:
         return ""
-    raw = orig
-    judged = (lambda v: v.astype(np.float16) if v.dtype == np.float32 else v) if half else (lambda v: v)
+    if cut is None:
+        return ""
     with np.errstate(over="ignore"):
-        orig = {n: judged(v) for n, v in orig.items()}
-        got = {n: judged(v) for n, v in got.items()}
-    compared = [o for o in shared if o in orig and o in got]
-    if len(compared) != len(shared):
-        return ""
-    off = [o for o in compared if judge_output(orig[o], got[o]) is not None]
+        orig = {n: cut.judged(v) for n, v in cut.raw.items()}
+        got = {n: cut.judged(v) for n, v in cut.got.items()}
+    off = [o for o in cut.shared if judge_output(orig[o], got[o]) is not None]
     if not off:
         return (f"amplified downstream: fed the original's values, every part of the fused graph computes the "
-                f"{len(compared)} values it shares with the original within tolerance")
+                f"{len(cut.shared)} values it shares with the original within tolerance")
+    computed_in = {n: onnx.helper.tensor_dtype_to_np_dtype(t) for n, t in _elem_types(case.model).items() if t}
     try:
-        # the original's parts in float64, fed the same (original's) values at the same cuts
-        from ..precision import Reference
-
-        parts, pfed = _fed(original, raw, produced)
-        wanted = {i.name for i in parts.graph.input}
-        pfeeds = {**{n: v for n, v in feeds0.items() if n in wanted}, **{a: raw[n] for n, a in pfed.items()}}
-        ref_out = Reference(parts).run(pfeeds)
-        # the original's parts at working precision, their inputs moved by one ulp: how far rounding alone moves them
-        psess = _session(parts)
-        base = _run(psess, pfeeds)
-        rng = np.random.default_rng(53 + k)
-        nudged = [{n: _nudged(v, rng, dtype=np.float16 if half else None) for n, v in pfeeds.items()}
-                  for _ in range(4)]
-        runs = [_run(psess, f) for f in nudged]
-    except Exception:  # noqa: BLE001
+        ref_out, base, runs = _original_parts(cut, k, computed_in)
+    except CANNOT_RUN:
         return ""
-    try:  # and the same parts with every op's own rounding replayed at random: where the original was lucky
-        computed_in = {n: onnx.helper.tensor_dtype_to_np_dtype(t) for n, t in _elem_types(case.model).items() if t}
-        runs += rounded_runs(parts, nudged, rng, computed_in)
-    except Exception:  # noqa: BLE001 - no envelope: the one-ulp input spread alone
-        pass
     for o in off:  # per element: accepted against the part's float64 value, or within its rounding spread
         a, f = np.asarray(orig[o]), np.asarray(got[o])
         if a.shape != f.shape or a.dtype != f.dtype or a.dtype.kind != "f" or o not in base:
             return ""
         dev = _deviation(a, f)
-        near = np.isfinite(dev) & (dev <= 2 * _spread(judged(base[o]), [judged(r[o]) for r in runs]))
+        near = np.isfinite(dev) & (dev <= 2 * _spread(cut.judged(base[o]), [cut.judged(r[o]) for r in runs]))
         if not np.all(near | _close(a, f, ref_out.get(o))):
             return ""
     return (f"ill-conditioned part: fed the original's values, the fused graph's {', '.join(off[:3])} differ, "
@@ -602,7 +660,7 @@ def judge(case: Case | onnx.ModelProto, passes=("vertical",), **options) -> Outc
         return outcome
     result, fused, feeds = fused_pair
     if not len(result.plan) and fused.graph.SerializeToString() == case.model.graph.SerializeToString():
-        return Outcome("unchanged", rules=outcome.rules)
+        return Outcome(Kind.UNCHANGED, rules=outcome.rules)
     judged = check_fused(case, fused, outcome.rules)
     if outcome.detail and not judged.failed and feeds:
         # the net disagreed on inputs of its own: judged on those too, the judge either sees the same fault (the
@@ -613,7 +671,7 @@ def judge(case: Case | onnx.ModelProto, passes=("vertical",), **options) -> Outc
             return on_net
     if outcome.detail and not judged.failed:
         # fuse() raised on a rewrite the judge accepts: the safety net's false alarm is a failure of its own
-        return Outcome("crash", f"safety net false alarm: {outcome.detail} (the judge: {judged.kind} {judged.detail})",
+        return Outcome(Kind.CRASH, f"safety net false alarm: {outcome.detail} (the judge: {judged.kind} {judged.detail})",
                        "safety net false alarm: " + outcome.symptom, outcome.rules, where="passes.runcheck")
     return judged
 

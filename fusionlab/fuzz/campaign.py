@@ -34,7 +34,8 @@ from ..passes.vertical import RULE_NAMES
 from . import summary
 from .diagnose import diagnose
 from .generate import generate_with_tags
-from .oracle import REPLAYABLE, Case, Kind, Outcome, blame, judge
+from .judge import Case
+from .oracle import REPLAYABLE, Kind, Outcome, blame, judge
 from .shrink import same_failure, shrink
 
 __all__ = ["run_campaign", "run_one", "options_for", "pass_sets_for", "OTHER_ORDERS", "load_results",

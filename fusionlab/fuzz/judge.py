@@ -94,6 +94,7 @@ class Case:
         self.outputs = outputs if outputs is not None else [dict(zip(self.names, sess.run(None, f))) for f in self.feeds]
         self._ref: list | None = None
         self.reference_engine = ""
+        self.reference_problem = ""  # why there is no float64 reference, when there is none
         self._unstable: dict = {}
 
     def _perturbed(self, k: int, ulps: float) -> list[dict]:
@@ -155,9 +156,10 @@ class Case:
                 self.reference_engine = ref.engine
                 with np.errstate(all="ignore"):
                     self._ref = [ref.run(f) for f in self.feeds]
-            except Exception:  # noqa: BLE001 - no reference: judge against the original alone
+            except CANNOT_RUN as exc:  # no reference: judged against the original alone, and the outcome says so
                 self._ref = [None] * len(self.feeds)
                 self.reference_engine = "none"
+                self.reference_problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         return self._ref[k]
 
 

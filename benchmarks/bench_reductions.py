@@ -5,7 +5,7 @@ Softmax and LayerNorm over the rows of an 8192 x 2048 fp32 tensor (64 MiB, large
 last-level cache): the generated numba kernels of `fusionlab.lessons.reductions` against onnxruntime's
 single `Softmax` / `LayerNormalization` kernels and against the exported multi-op graphs, one thread,
 interleaved. Effective bandwidth = 2 x 64 MiB (read x, write y) / time, against this machine's
-streaming bandwidth (`fusionlab.calibrate`, one thread). Target: fused >= 70% of it.
+streaming bandwidth (`fusionlab.cost.calibrate`, one thread). Target: fused >= 70% of it.
 
 Attention: onnxruntime's `com.microsoft.MultiHeadAttention` (with and without its flash path,
 ORT_DISABLE_FLASH_ATTENTION) against the decomposed graph (MatMul, Mul, Softmax, MatMul, at level ALL),
@@ -94,7 +94,7 @@ def main() -> int:
     att = attention(seqs, min_time / 2)
     text = "\n\n".join([
         "# Fused reductions and attention",
-        f"{machine_line()}; streaming bandwidth (one thread, `fusionlab.calibrate`) {bw:.1f} GB/s. "
+        f"{machine_line()}; streaming bandwidth (one thread, `fusionlab.cost.calibrate`) {bw:.1f} GB/s. "
         f"Softmax and LayerNorm over {m} x {n} fp32 rows; GB/s = 2 x {m * n * 4 / 2**20:.0f} MiB / time; one thread, "
         "interleaved runs, medians, speedup = median of paired ratios (95% CI). The machine is shared: "
         "absolute numbers move with its load, paired ratios much less; the percentages in the table are against the "

@@ -20,7 +20,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .graph import fresh_name
 
-__all__ = ["to_float64", "convert", "run_float64", "Reference"]
+__all__ = ["to_float64", "convert", "run_float64", "Reference", "ReferenceUnavailable"]
+
+
+class ReferenceUnavailable(RuntimeError):
+    """onnx.reference, the fallback where onnxruntime has no float64 kernel, cannot run the model (an op it lacks
+    or implements wrongly, e.g. its BatchNormalization-6 returning a tuple): no float64 reference for it."""
 
 _FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
 _DTYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype", "RandomNormal": "dtype", "RandomUniform": "dtype",
@@ -93,6 +98,24 @@ def convert(model: onnx.ModelProto, elem_type: int) -> onnx.ModelProto:
 def to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` computing in float64 throughout."""
     return convert(model, TensorProto.DOUBLE)
+
+
+def _batchnorm64():
+    """Inference BatchNormalization for onnx.reference at every opset: its BatchNormalization_6, which also serves
+    opsets 7 and 8, takes the training path when `is_test` is absent (it is, from opset 7 on) and returns a tuple
+    (seed 26's one 'wrong' was this: no float64 reference for an opset-7 BN, the judge fell back to the original)."""
+    from onnx.reference.op_run import OpRun
+    from onnx.reference.ops.op_batch_normalization import BatchNormalization_14, _batchnorm_test_mode
+
+    class BatchNormalization(OpRun):
+        def _run(self, x, scale, bias, mean, var, epsilon=None, momentum=None, spatial=None, is_test=None,
+                 training_mode=None):
+            if training_mode:
+                return BatchNormalization_14._run(self, x, scale, bias, mean, var, epsilon=epsilon,
+                                                  momentum=momentum, training_mode=training_mode)
+            return (_batchnorm_test_mode(x, scale, bias, mean, var, epsilon=1e-5 if epsilon is None else epsilon),)
+
+    return BatchNormalization
 
 
 def _erf64():
@@ -219,13 +242,23 @@ class Reference:
             from onnx.reference import ReferenceEvaluator
 
             _explicit_maxpool_pads(self.model, elem_type)
-            self._sess = ReferenceEvaluator(self.model, new_ops=[_erf64()])
+            try:
+                self._sess = ReferenceEvaluator(self.model, new_ops=[_erf64(), _batchnorm64()])
+            except Exception as exc:  # noqa: BLE001 - a third-party evaluator's failure, named once here
+                raise ReferenceUnavailable(f"onnx.reference cannot load the float64 model: {type(exc).__name__}: "
+                                           f"{exc}") from exc
             self.engine = "onnx.reference"
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         wide = {k: (v.astype(self.dtype) if v.dtype.kind == "f" else v) for k, v in feeds.items()}
         with np.errstate(all="ignore"):  # onnx.reference computes in numpy: overflow to inf is a result here
-            return dict(zip(self.names, self._sess.run(None, wide)))
+            if self.engine == "onnxruntime":
+                return dict(zip(self.names, self._sess.run(None, wide)))
+            try:
+                return dict(zip(self.names, self._sess.run(None, wide)))
+            except Exception as exc:  # noqa: BLE001 - a third-party evaluator's failure, named once here
+                raise ReferenceUnavailable(f"onnx.reference cannot run the float64 model: {type(exc).__name__}: "
+                                           f"{exc}") from exc
 
 
 def run_float64(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

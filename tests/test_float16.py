@@ -249,7 +249,8 @@ def test_generator_writes_float16_skip_layernorm_with_the_projection_bias_and_it
     import random
 
     from fusionlab.fuzz.generate import build, generate_with_tags
-    from fusionlab.fuzz.oracle import Case, judge
+    from fusionlab.fuzz.judge import Case
+    from fusionlab.fuzz.oracle import judge
     from fusionlab.passes.vertical import RULES
 
     for i in range(4000):

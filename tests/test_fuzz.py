@@ -25,8 +25,9 @@ from fusionlab.fuzz.campaign import options_for, pass_sets_for, run_campaign
 from fusionlab.fuzz.compare import judge_output
 from fusionlab.fuzz.diagnose import diagnose
 from fusionlab.fuzz.feeds import draws
-from fusionlab.fuzz import oracle
-from fusionlab.fuzz.oracle import PASS_SETS, Case, Outcome, check_fused, interface_problems, judge, normalize
+from fusionlab.fuzz import judge as judge_mod, oracle
+from fusionlab.fuzz.judge import Case
+from fusionlab.fuzz.oracle import PASS_SETS, Outcome, check_fused, interface_problems, judge, normalize
 from fusionlab.precision import Reference, to_float64
 from fusionlab.fuzz.shrink import same_failure, shrink
 from fusionlab.plan import VERTICAL, FusionGroup, FusionPlan
@@ -233,7 +234,7 @@ def test_a_difference_that_starts_in_an_unchanged_op_is_rounding_one_in_a_rewrit
     fused = fuse(model, passes=("vertical",), lower="onnx", rules=["conv_bn"]).graph.to_proto()
     out = check_fused(case, fused, {"conv_bn": 1})
     assert out.kind == "ok" and out.symptom == "ill-conditioned"
-    notes = [oracle._amplified_downstream(case, k, fused) for k in range(3)]
+    notes = [judge_mod._amplified_downstream(case, k, fused) for k in range(3)]
     assert any("amplified downstream" in n for n in notes), notes
     # the same fusion with one folded weight 2% off: the rewritten Conv's own output differs, no excuse
     bad = _copy(fused)
@@ -275,7 +276,7 @@ def test_a_layernorm_of_a_row_constant_to_rounding_is_judged_against_the_origina
     case, fused, ln = _fused_layernorm_case("layernorm_of_a_row_constant_to_rounding.onnx")
     out = check_fused(case, fused, {"layernorm": 1})
     assert out.kind == "ok" and out.symptom == "ill-conditioned", out.detail
-    notes = [oracle._amplified_downstream(case, k, fused) for k in range(3)]
+    notes = [judge_mod._amplified_downstream(case, k, fused) for k in range(3)]
     assert all("ill-conditioned part" in n for n in notes), notes
     # epsilon 1e-5 instead of 1e-12, or gamma 0.1% off: another function, no excuse
     assert check_fused(case, _layernorm_changed(fused, ln, epsilon=1e-5), {"layernorm": 1}).kind == "wrong"
@@ -334,7 +335,7 @@ def test_the_rounding_envelope_moves_each_op_by_one_ulp_of_its_dtype_and_exact_o
                         h.make_node("Sub", ["x", "m__exact"], ["d"], name="sub"),
                         h.make_node("Relu", ["d"], ["y"], name="relu")],
                        [value_info("x", shape=[3, 16])], [value_info("y", shape=[3, 16])], opset=17)
-    plain = oracle._run(oracle._session(oracle._with_outputs(model, ["m", "d"])), {"x": x})
+    plain = judge_mod._run(judge_mod._session(judge_mod._with_outputs(model, ["m", "d"])), {"x": x})
     eps32, eps16 = np.finfo(np.float32).eps, np.finfo(np.float16).eps
     runs = rounded_runs(model, [{"x": x}] * 8, np.random.default_rng(1))
     for run in runs:
@@ -619,7 +620,7 @@ def test_a_division_by_a_mean_near_zero_amplifies_rounding_and_is_not_blamed_on_
     fused = fuse(model, passes=("vertical",)).graph.to_proto()
     out = check_fused(case, fused, {})
     assert out.kind == "ok" and out.symptom == "ill-conditioned"
-    assert any("amplified downstream" in oracle._amplified_downstream(case, k, fused) for k in range(3))
+    assert any("amplified downstream" in judge_mod._amplified_downstream(case, k, fused) for k in range(3))
 
 
 def test_a_difference_amplified_inside_a_mixed_function_is_rounding():
@@ -634,7 +635,7 @@ def test_a_difference_amplified_inside_a_mixed_function_is_rounding():
     assert fused.functions  # the case is about a function's body
     out = check_fused(case, fused, {})
     assert out.kind == "ok"
-    assert any("amplified downstream" in oracle._amplified_downstream(case, k, fused) for k in range(3))
+    assert any("amplified downstream" in judge_mod._amplified_downstream(case, k, fused) for k in range(3))
 
 
 # planted bugs behind reductions, from the review of the first rounding envelope (sqrt(n) ulps per reduction,
@@ -705,7 +706,7 @@ def test_an_infinite_sensitivity_excuses_no_finite_deviation():
     """A one-ulp change that drives the original to Inf (a parameter at a singularity) is no bound: a planted
     bug (Sigmoid -> Tanh) on a generated graph whose BatchNorm sits there was once judged 'ok, ill-conditioned'
     and the safety net's right refusal counted as a false alarm (test_shrinker_cuts_a_planted_failure_down).
-    The judge and the safety net share `within_rounding` (through `oracle.excuse`), so both refuse it."""
+    The judge and the safety net share `within_rounding` (through `judge_mod.excuse`), so both refuse it."""
     from fusionlab.fuzz.compare import within_rounding
 
     o = np.array([2.07, 1.0, 3.0], np.float32)

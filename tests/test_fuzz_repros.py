@@ -18,7 +18,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from fusionlab.fuzz.oracle import Case, judge
+from fusionlab.fuzz.judge import Case
+from fusionlab.fuzz.oracle import judge
 
 DATA = Path(__file__).resolve().parent / "data" / "fuzz_repros"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())

@@ -307,7 +307,8 @@ def test_a_nan_where_the_original_is_finite_by_a_rounding_residue_is_no_alarm_in
     it exactly (NaN). One-ulp parameter changes make the original give NaN there too: the net and the fuzzer's judge
     both accept it (`compare.within_rounding`, one function), and the class is really exercised: on some of the
     random instances the fused model has NaN where the original is finite (the old net raised on those)."""
-    from fusionlab.fuzz.oracle import Case, judge
+    from fusionlab.fuzz.judge import Case
+    from fusionlab.fuzz.oracle import judge
     from fusionlab.runtime import make_feeds
 
     nan_where_finite = 0
@@ -331,7 +332,8 @@ def test_a_nan_no_run_of_the_original_shows_is_still_wrong_for_net_and_judge():
     input or parameter change of the original produces outside the padded rows. Both the net and the judge reject it."""
     from onnx import numpy_helper
 
-    from fusionlab.fuzz.oracle import Case, check_fused
+    from fusionlab.fuzz.judge import Case
+    from fusionlab.fuzz.oracle import check_fused
 
     m = _padded_row_norm(8)
     fused = fuse(m, rules=["conv_bn"]).graph.to_proto()
@@ -364,7 +366,8 @@ def test_net_and_judge_excuse_by_one_function_on_the_nets_inputs():
     calls the judge's `oracle.excuse` on the inputs it ran, and says which excuse held."""
     from pathlib import Path
 
-    from fusionlab.fuzz.oracle import Case, judge
+    from fusionlab.fuzz.judge import Case
+    from fusionlab.fuzz.oracle import judge
 
     path = Path(__file__).parent / "data" / "fuzz_repros" / "fuzz_safety_net_fp16_concat_conv_amplified_downstream.onnx"
     m = onnx.load(path)
@@ -380,6 +383,7 @@ def test_a_net_alarm_is_judged_on_the_nets_inputs_too(monkeypatch):
     values above 50, which no standard-normal draw reaches and the net's (planted) inputs do."""
     import fusionlab.passes as passes_mod
     from fusionlab.fuzz import oracle
+    from fusionlab.fuzz.judge import Case
 
     x, y = value_info("x", np.float32, [2, 3]), value_info("y", np.float32, [2, 3])
     original = make_model([h.make_node("Relu", ["x"], ["y"])], [x], [y], [], opset=17)
@@ -399,10 +403,10 @@ def test_a_net_alarm_is_judged_on_the_nets_inputs_too(monkeypatch):
         return res
 
     monkeypatch.setattr(passes_mod, "fuse", fake)
-    out = oracle.judge(oracle.Case(original), ("vertical",))
+    out = oracle.judge(Case(original), ("vertical",))
     assert out.kind == "wrong" and out.detail.startswith("on the safety net's inputs"), (out.kind, out.detail)
     net_feeds["x"] = np.full((2, 3), 1.0, np.float32)  # inputs where the planted model is right: the net's fault
-    out = oracle.judge(oracle.Case(original), ("vertical",))
+    out = oracle.judge(Case(original), ("vertical",))
     assert out.kind == "crash" and "false alarm" in out.detail, (out.kind, out.detail)
 
 
@@ -432,7 +436,8 @@ def test_an_argmax_that_ties_to_rounding_is_no_alarm_and_a_wrong_index_still_is(
     still be an error."""
     from pathlib import Path
 
-    from fusionlab.fuzz.oracle import Case, judge
+    from fusionlab.fuzz.judge import Case
+    from fusionlab.fuzz.oracle import judge
 
     path = Path(__file__).parent / "data" / "fuzz_repros" / "fuzz_safety_net_maxpool_indices_tie.onnx"
     m = onnx.load(str(path))

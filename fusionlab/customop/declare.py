@@ -29,6 +29,7 @@ the CANN Conv2D documentation, broadcasting for element-wise ops, matmul rules).
 from __future__ import annotations
 
 import difflib
+import json
 import keyword
 import re
 from dataclasses import dataclass, field
@@ -102,6 +103,25 @@ def canonical_dtype(t) -> str:
     if t.lower() in _DTYPE_ALIASES:
         return _DTYPE_ALIASES[t.lower()]
     raise ValueError(f"unknown tensor type {t!r} (use CANN names such as DT_FLOAT16, DT_FLOAT)")
+
+
+#: the REG_OP macro of an input or output by its param type
+_MACRO_IN = {"required": "INPUT", "optional": "OPTIONAL_INPUT", "dynamic": "DYNAMIC_INPUT"}
+_MACRO_OUT = {"required": "OUTPUT", "optional": "OUTPUT", "dynamic": "DYNAMIC_OUTPUT"}
+
+
+def cpp_value(type_: str, v) -> str:
+    """A default value as C++ source for its CANN attr type (Bool, Float, Int, String, List*)."""
+    if type_ == "Bool":
+        return "true" if v else "false"
+    if type_ == "Float":
+        return repr(float(v))
+    if type_ == "Int":
+        return str(int(v))
+    if type_ == "String":
+        return json.dumps(str(v))
+    inner = type_[4:]
+    return "{" + ", ".join(cpp_value(inner, x) for x in v) + "}"
 
 
 @dataclass(frozen=True)
@@ -218,10 +238,19 @@ class OpDecl:
         return (self.name, tuple(self.inputs), tuple(self.outputs), tuple(self.attrs), tuple(self.body))
 
     def reg_op(self) -> str:
-        """The C++ `REG_OP(...)...OP_END_FACTORY_REG(...)` chain."""
-        from .cann import reg_op_chain
-
-        return reg_op_chain(self)
+        """The C++ `REG_OP(Name) ... .OP_END_FACTORY_REG(Name)` chain (4-space indented, as in CANN headers)."""
+        lines = [f"REG_OP({self.name})"]
+        for t in self.inputs:
+            lines.append(f"    .{_MACRO_IN[t.param_type]}({t.name}, TensorType({{{', '.join(t.types)}}}))")
+        for t in self.outputs:
+            lines.append(f"    .{_MACRO_OUT[t.param_type]}({t.name}, TensorType({{{', '.join(t.types)}}}))")
+        for a in self.attrs:
+            if a.required:
+                lines.append(f"    .REQUIRED_ATTR({a.name}, {a.type})")
+            else:
+                lines.append(f"    .ATTR({a.name}, {a.type}, {cpp_value(a.type, a.default)})")
+        lines.append(f"    .OP_END_FACTORY_REG({self.name})")
+        return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.reg_op()

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .campaign import run_campaign
+from .oracle import Kind
+
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run the campaign, print where the summary is; exit 1 if anything failed."""
@@ -18,15 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-shrink", action="store_true", help="do not shrink one example per failure class")
     ap.add_argument("--shrink-budget", type=float, default=90.0, help="seconds to shrink each class's example")
     args = ap.parse_args(argv)
-    from .campaign import run_campaign
-
     s = run_campaign(args.n, args.seed, args.out, workers=args.workers, timeout=args.timeout, n_draws=args.draws,
                      shrink=not args.no_shrink, shrink_budget=args.shrink_budget)
     o = s["outcomes"]
     for name in ("vertical", "all", "other"):
         counts = o.get(name, {})
-        print(f"{name:9s} " + "  ".join(f"{k} {counts.get(k, 0)}" for k in ("ok", "unchanged", "refused", "crash",
-                                                                           "invalid", "wrong", "timeout")))
+        print(f"{name:9s} " + "  ".join(f"{k} {counts.get(k, 0)}" for k in Kind if k != Kind.ERROR))
     print(f"{len(s['classes'])} failure classes; summary: {args.out}/summary.md")
     return 1 if s["graphs_failing"] else 0
 

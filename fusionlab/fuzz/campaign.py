@@ -18,15 +18,27 @@ interrupts itself (SIGALRM), and a worker stuck in native code is killed by the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing as mp
 import queue
 import random
 import signal
 import time
+import warnings
 from pathlib import Path
 
-__all__ = ["run_campaign", "run_one", "options_for", "pass_sets_for", "OTHER_ORDERS", "class_key", "load_results",
+import onnx
+
+from ..passes.vertical import RULE_NAMES
+from . import summary
+from .diagnose import diagnose
+from .generate import generate_with_tags
+from .judge import Case
+from .oracle import REPLAYABLE, Kind, Outcome, blame, judge
+from .shrink import same_failure, shrink
+
+__all__ = ["run_campaign", "run_one", "options_for", "pass_sets_for", "OTHER_ORDERS", "load_results",
            "shrink_classes"]
 
 OTHER_ORDERS = (("horizontal",), ("mixed",), ("horizontal", "vertical"), ("horizontal", "mixed"),
@@ -40,13 +52,11 @@ class _Timeout(Exception):
 
 def options_for(model_id: str) -> dict:
     """The fuse() options model `model_id` is fused with (deterministic)."""
-    from fusionlab.passes.vertical import RULES
-
     rng = random.Random(f"fusionlab.fuzz.options/{model_id}")
     r = rng.random()
     options: dict = {"lower": "runtime" if r < 0.7 else "onnx" if r < 0.85 else "functions"}
     if rng.random() < 0.25:
-        options["rules"] = list(RULES)
+        options["rules"] = list(RULE_NAMES)
     return options
 
 
@@ -55,18 +65,12 @@ def pass_sets_for(model_id: str) -> dict[str, tuple]:
     return {"vertical": ("vertical",), "all": ("vertical", "horizontal", "mixed"), "other": rng.choice(OTHER_ORDERS)}
 
 
-def class_key(outcome: dict) -> str:
-    return f"{outcome['kind']} | {outcome.get('blame', '?')} | {outcome['symptom']}"
-
-
 def _alarm(_sig, _frame):
     raise _Timeout()
 
 
 def run_one(model_id: str, out_dir: str | None = None, *, n_draws: int = 3, do_blame: bool = True) -> dict:
     """Generate model `model_id`, judge it with every pass set, blame failures; one result record."""
-    from .generate import generate_with_tags
-    from .oracle import Case, Outcome, blame, judge
 
     t0 = time.monotonic()
     model, tags = generate_with_tags(model_id)
@@ -79,7 +83,7 @@ def run_one(model_id: str, out_dir: str | None = None, *, n_draws: int = 3, do_b
         except _Timeout:
             raise
         except Exception as exc:  # noqa: BLE001 - the oracle itself failed: record, do not stop the campaign
-            o = Outcome("error", f"oracle: {type(exc).__name__}: {exc}", f"oracle error: {type(exc).__name__}")
+            o = Outcome(Kind.ERROR, f"oracle: {type(exc).__name__}: {exc}", f"oracle error: {type(exc).__name__}")
         d = {**o.to_dict(), "passes": list(passes)}
         if o.failed and do_blame:
             b = blame(case, passes, o)
@@ -87,7 +91,7 @@ def run_one(model_id: str, out_dir: str | None = None, *, n_draws: int = 3, do_b
             d["blame_passes"] = list(b.passes)
             d["blame_options"] = b.options()
         rec["outcomes"][name] = d
-    if out_dir and any(o["kind"] in ("crash", "invalid", "wrong") for o in rec["outcomes"].values()):
+    if out_dir and any(o["kind"] in REPLAYABLE for o in rec["outcomes"].values()):
         folder = Path(out_dir) / "failures"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{model_id}.onnx").write_bytes(model.SerializeToString())
@@ -96,8 +100,6 @@ def run_one(model_id: str, out_dir: str | None = None, *, n_draws: int = 3, do_b
 
 
 def _worker(tasks, results, out_dir: str, timeout: float, n_draws: int) -> None:
-    import warnings
-
     warnings.simplefilter("ignore")
     signal.signal(signal.SIGALRM, _alarm)
     while True:
@@ -192,19 +194,12 @@ def load_results(out_dir: Path) -> dict[str, dict]:
 
 
 def _slug(key: str) -> str:
-    import hashlib
-
     kind, blame_label = key.split(" | ")[:2]
     clean = "".join(c if c.isalnum() else "_" for c in f"{kind}_{blame_label}")[:60]
     return f"{clean}_{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
 def _shrink_task(payload: dict, out_dir: str, n_draws: int) -> dict:
-    import onnx
-
-    from .oracle import Case, judge
-    from .shrink import same_failure, shrink
-
     model = onnx.load(payload["path"])
     options = {**payload["options"], **payload["blame_options"]}
     passes = tuple(payload["blame_passes"])
@@ -217,8 +212,6 @@ def _shrink_task(payload: dict, out_dir: str, n_draws: int) -> dict:
     small = shrink(model, same_failure(passes, outcome, options=options, n_draws=n_draws),
                    budget_s=payload["budget"])
     final = judge(Case(small, n_draws, options), passes)
-    from .diagnose import diagnose
-
     rec["diagnosis"] = diagnose(small, passes, final, options=options, n_draws=n_draws) if final.failed else []
     dest = Path(out_dir) / "classes" / f"{payload['slug']}.onnx"
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -240,7 +233,7 @@ def shrink_classes(out_dir: Path, results: dict[str, dict], *, workers: int, bud
     examples: dict[str, dict] = {}
     for rec in sorted(results.values(), key=lambda r: (r.get("nodes", 1e9), r["id"])):
         for o in rec.get("outcomes", {}).values():
-            if o["kind"] in ("crash", "invalid", "wrong") and "blame" in o:
+            if o["kind"] in REPLAYABLE and "blame" in o:
                 key = class_key(o)
                 examples.setdefault(key, {"slug": _slug(key), "key": key, "example": rec["id"],
                                           "path": str(Path(out_dir) / "failures" / f"{rec['id']}.onnx"),
@@ -263,8 +256,6 @@ def run_campaign(n: int, seed: int, out_dir, *, workers: int = 2, timeout: float
 
     `workers` is 1 or 2 processes; 0 runs the graphs in this process (no timeout: for tests).
     """
-    from . import summary
-
     workers = max(0, min(int(workers), 2))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,7 @@ def judge_output(o: np.ndarray, f: np.ndarray, r: np.ndarray | None = None, *,
                  ignore: np.ndarray | None = None) -> str | None:
     """None when `f` is an acceptable result for original output `o` (reference `r`); else what is wrong.
 
-    `ignore` masks integer-output elements that are not stable under rounding (see `oracle.Case.unstable`).
+    `ignore` masks integer-output elements that are not stable under rounding (see `judge.Case.unstable`).
     """
     o, f = np.asarray(o), np.asarray(f)
     if f.shape != o.shape:
@@ -134,7 +134,7 @@ def spread(base, runs) -> np.ndarray:
 def within_rounding(o, f, runs: list, factor: float = FACTOR) -> np.ndarray:
     """Per element, whether fused `f` is what the original could compute with its rounding moved: `runs` are the
     original's outputs with its float inputs (or stored parameters) moved by a few ulps. The one excuse both the
-    fuzzer's judge (`oracle._ill_conditioned`) and `fuse()`'s safety net (`passes.runcheck._rounding`) give for
+    fuzzer's judge (`judge._ill_conditioned`) and `fuse()`'s safety net (`passes.runcheck._rounding`) give for
     an ill-conditioned output, so the two cannot disagree on it. Accepted where
 
     - `f` deviates from `o` by a finite amount at most `factor` times the farthest finite run (backward

@@ -131,7 +131,8 @@ PROBES = {
 def diagnose(model: onnx.ModelProto, passes, outcome, *, options: dict | None = None, n_draws: int = 3) -> list[str]:
     """The probes after which `model` is still valid but fusing it with `passes` no longer fails as `outcome` did."""
     from .generate import validate
-    from .oracle import Case, judge
+    from .judge import Case
+    from .oracle import judge
     from .shrink import _finish
 
     found: list[str] = []

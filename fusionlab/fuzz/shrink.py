@@ -255,7 +255,8 @@ def shrink(model: onnx.ModelProto, still_fails: Callable[[onnx.ModelProto], bool
 def same_failure(passes, outcome, *, options: dict | None = None, n_draws: int = 3) -> Callable[[onnx.ModelProto], bool]:
     """A predicate: the model is valid and fusing it with `passes` fails as `outcome` did."""
     from .generate import validate
-    from .oracle import Case, judge
+    from .judge import Case
+    from .oracle import judge
 
     def still_fails(m: onnx.ModelProto) -> bool:
         if validate(m, n_draws) is not None:

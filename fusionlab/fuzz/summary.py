@@ -10,14 +10,18 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from ..passes.vertical import RULE_NAMES
+from .oracle import REPLAYABLE, Kind, class_key
+
 __all__ = ["summarize", "write", "markdown"]
 
-_KINDS = ("ok", "ok (ill-conditioned)", "unchanged", "refused", "crash", "invalid", "wrong", "timeout", "error")
+#: the rows of the outcome table: every kind, with the ill-conditioned oks apart
+_KINDS = (Kind.OK, "ok (ill-conditioned)", *(k for k in Kind if k != Kind.OK))
+#: the kinds whose records form failure classes (an oracle error too: it is a bug of the judge)
+_CLASSED = (*REPLAYABLE, Kind.ERROR)
 
 
 def _fire_rates(records: list[dict], names: list[str]) -> dict:
-    from fusionlab.passes.vertical import RULES
-
     out: dict = {}
     n = max(1, len(records))
     for name in names:
@@ -30,7 +34,7 @@ def _fire_rates(records: list[dict], names: list[str]) -> dict:
             rules = o.get("rules") or {}
             fired.update(rules.keys())
             anyr += bool(rules)
-            anyv += any(r in RULES for r in rules)
+            anyv += any(r in RULE_NAMES for r in rules)
         out[name] = {"any rule": anyr / n, "any vertical rule": anyv / n,
                      "per rule": {r: c / n for r, c in sorted(fired.items())}}
     return out
@@ -44,15 +48,13 @@ def summarize(results: dict[str, dict], shrunk: dict | None = None, **meta) -> d
     outcomes = {name: Counter() for name in names}
     classes: dict = defaultdict(lambda: {"graphs": 0, "pass_sets": Counter(), "examples": []})
     refusals: Counter = Counter()
-    from .campaign import class_key
-
     for rec in records:
         for name, o in rec["outcomes"].items():
-            label = "ok (ill-conditioned)" if o["kind"] == "ok" and o.get("symptom") == "ill-conditioned" else o["kind"]
+            label = "ok (ill-conditioned)" if o["kind"] == Kind.OK and o.get("symptom") == "ill-conditioned" else o["kind"]
             outcomes.setdefault(name, Counter())[label] += 1
-            if o["kind"] == "refused":
+            if o["kind"] == Kind.REFUSED:
                 refusals[o["symptom"]] += 1
-            if o["kind"] in ("crash", "invalid", "wrong", "error"):
+            if o["kind"] in _CLASSED:
                 c = classes[class_key(o)]
                 c["pass_sets"][name] += 1
                 if rec["id"] not in c["examples"]:
@@ -70,7 +72,7 @@ def summarize(results: dict[str, dict], shrunk: dict | None = None, **meta) -> d
                            "shrunk": s.get("path", ""), "shrunk_nodes": s.get("after_nodes"),
                            "shrunk_from": s.get("before_nodes"), "shrunk_detail": s.get("detail", s.get("note", "")),
                            "vanishes_with": s.get("diagnosis", [])})
-    failing = sum(1 for r in records if any(o["kind"] in ("crash", "invalid", "wrong") for o in r["outcomes"].values()))
+    failing = sum(1 for r in records if any(o["kind"] in REPLAYABLE for o in r["outcomes"].values()))
     dtypes = Counter(t for r in records for t in r.get("tags", []) if t.startswith("float"))
     return {
         **meta,
@@ -109,7 +111,7 @@ def markdown(s: dict) -> str:
     lines += ["", "## Outcomes per pass set", "", "| outcome | vertical | all passes | other |", "|---|---|---|---|"]
     for kind in _KINDS:
         row = [s["outcomes"].get(n, {}).get(kind, 0) for n in ("vertical", "all", "other")]
-        if any(row) or kind in ("crash", "invalid", "wrong"):
+        if any(row) or kind in REPLAYABLE:
             lines.append(f"| {kind} | " + " | ".join(f"{v:,}" for v in row) + " |")
     lines += ["", f"`other` is one of these pass orders per graph: {s.get('other_orders', {})}", "",
               "## Failure classes", "",

@@ -10,7 +10,7 @@ Four parts, in the order the notebook uses them:
    `flash_attention` (FlashAttention's tiling: the score matrix is never built). Each is checked
    against the unfused computation in tests/test_reductions.py.
 3. **Generated kernels.** `softmax_kernel` / `layernorm_kernel` write the source of a fused row
-   kernel (numba, one thread), as `fusionlab.elementwise` does for elementwise chains: one read of
+   kernel (numba, one thread), as `fusionlab.lessons.codegen` does for elementwise chains: one read of
    each row from memory, every intermediate in registers or the L1 cache, one write.
 4. **Attention traffic and tiles.** `attention_bytes` models the memory traffic of unfused and
    tiled attention as a function of sequence length; `ascend_flash_tile` chooses a FlashAttention
@@ -22,7 +22,7 @@ reorder it: the kernels use LLVM's ``reassoc`` (and ``nsz``) fast-math flags on 
 ``contract``, as every parallel softmax does by summing in lanes. The row max does not vectorise
 from a single accumulator in numba's LLVM even so, so the generator unrolls it over `LANES`
 independent accumulators. ``exp`` is the branch-free helper below (Cody-Waite reduction and the
-Cephes polynomial, as in `fusionlab.elementwise`, specialised for the arguments ``x - max <= 0`` of a
+Cephes polynomial, as in `fusionlab.lessons.codegen`, specialised for the arguments ``x - max <= 0`` of a
 softmax: no overflow branch, and 2**n built in one step because results below 2**-126 are flushed
 to zero, which changes a softmax output by less than 1e-38). Its measured maximum relative error
 over [-87, 0] under these flags is 3.0e-7 (8.4e-8 with ``contract`` alone); tests assert 5e-7.

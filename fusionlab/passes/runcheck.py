@@ -235,7 +235,7 @@ def _rounding(original: Graph, fused: Graph, check: RunCheck, expected: dict, go
 
     The fuzzer's judge's excuses, on the very inputs this check ran: every element is no further from a float64
     run of the original than the original is (`compare.accepted`: up to a factor 2 and the tolerance; 10 where the
-    original itself misses float64); else `oracle.excuse`, the judge's own function: the output deviates from the
+    original itself misses float64); else `fuzz.judge.excuse`, the judge's own function: the output deviates from the
     original by at most twice what moving the original's float inputs by two ulps, or its stored float parameters
     by one ulp of their dtype, does to it (an ill-conditioned output; a weight fold rounds the folded weights once
     more), a NaN/Inf counting only where one of those runs holds it; or every rewritten part, fed the original's
@@ -246,7 +246,7 @@ def _rounding(original: Graph, fused: Graph, check: RunCheck, expected: dict, go
     model 3976).
     """
     from ..fuzz.compare import accepted, judge_output
-    from ..fuzz.oracle import Case, excuse
+    from ..fuzz.judge import Case, excuse
     from ..precision import Reference
 
     proto = original.to_proto()

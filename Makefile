@@ -69,7 +69,7 @@ notebook: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench,oracle]'
 	$(PY) benchmarks/run_all.py
-	$(PY) benchmarks/update_readme.py
+	$(PY) benchmarks/update_docs.py
 
 ## make fuzz N=30000 SEED=0: a differential fuzzing campaign over the passes (docs/fuzz.md); resumable.
 N     ?= 1000
@@ -88,13 +88,13 @@ corpus-survey: $(STAMP)
 	$(PY) tools/corpus_survey.py
 
 ## make bench-exports: benchmarks/bench_exports.py on full-size exports (made once into .cache/corpus-full/ by
-## tools/export_corpus.py --full, ~4.5 GB); results in benchmarks/results/exports.md and the README.
+## tools/export_corpus.py --full, ~4.5 GB); results in benchmarks/results/exports.md and docs/benchmarks.md.
 FULL_EXPORTS := .cache/corpus-full
 bench-exports: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	@test -f $(FULL_EXPORTS)/manifest.json || $(PYTHON) tools/export_corpus.py --full $(FULL_EXPORTS)
 	$(PY) benchmarks/bench_exports.py --full-dir $(FULL_EXPORTS)
-	$(PY) benchmarks/update_readme.py
+	$(PY) benchmarks/update_docs.py
 
 ## make bench-new-exports: the same benchmark on the small exports issue 19 added to tests/corpus/ (LLaMA, T5,
 ## Whisper, Swin, float16 ResNet and BERTs), in .bench-venv/; benchmarks/results/new_exports.md.

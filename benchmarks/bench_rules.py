@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per-rule micro-benchmarks: is each vertical rule's rewrite faster than what it replaces?
 
-A rule is on by default only if its rewrite measures faster (README, "Working on fusionlab"). Each case is
+A rule is on by default only if its rewrite measures faster (docs/contributing.md). Each case is
 a small model holding one instance of the pattern at a realistic size; the fused model is verified against
 the original, then both run interleaved at the same onnxruntime level: `disable` (the rewrite alone) and
 `extended` (does onnxruntime already do it itself?). One thread, medians of paired ratios with 95% CIs.

@@ -1,24 +1,31 @@
-"""The README's Python example runs as written, and its commands exist."""
+"""README.md and docs/: the Python example runs, the commands exist, every link resolves, the README is short."""
 
 import re
 from pathlib import Path
 
 from fusionlab.cli import build_parser
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+MODULES_DOC = (ROOT / "docs" / "modules.md").read_text()
+RULES_DOC = (ROOT / "docs" / "rules.md").read_text()
+WORKBOOK_DOC = (ROOT / "docs" / "workbook.md").read_text()
+MAX_README_LINES = 150
 
 
 def test_python_examples_run(capsys):
-    blocks = re.findall(r"```python\n(.*?)```", README, re.S)
+    blocks = re.findall(r"```python\n(.*?)```", MODULES_DOC, re.S)
     assert blocks
     for code in blocks:
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "docs/modules.md", "exec"), {})
     out = capsys.readouterr().out
     assert "equivalent" in out and "groups" in out
 
 
 def test_every_documented_command_exists():
-    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", README, re.S))
+    texts = [README] + [doc.read_text() for doc in DOCS]
+    blocks = "\n".join(b for text in texts for b in re.findall(r"```bash\n(.*?)```", text, re.S))
     documented = set(re.findall(r"^fusionlab (\w+) ", blocks, re.M))
     parser = build_parser()
     available = set(parser._subparsers._group_actions[0].choices)
@@ -28,7 +35,7 @@ def test_every_documented_command_exists():
 def test_every_vertical_rule_is_listed():
     from fusionlab.passes.vertical import RULES
 
-    listed = set(re.findall(r"`(\w+)`", README.split("### The vertical rules", 1)[1].split("\n## ", 1)[0]))
+    listed = set(re.findall(r"`(\w+)`", RULES_DOC.split("# The vertical rules", 1)[1].split("\n## ", 1)[0]))
     assert set(RULES) <= listed, set(RULES) - listed
 
 
@@ -45,7 +52,7 @@ def _modules() -> set[str]:
 
 def test_every_module_is_in_the_module_table():
     """Each module appears by its dotted name, or by its short name in the row of its package."""
-    table = README.split("| stage | module | holds |", 1)[1].split("\n\n", 1)[0]
+    table = MODULES_DOC.split("| stage | module | holds |", 1)[1].split("\n\n", 1)[0]
     rows = table.splitlines()
     missing = []
     for name in sorted(_modules()):
@@ -57,3 +64,47 @@ def test_every_module_is_in_the_module_table():
     assert not missing, missing
     listed = set(re.findall(r"`(fusionlab(?:\.\w+)*)`", table))
     assert listed <= _modules(), listed - _modules()  # nothing listed that does not exist
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def broken_links(path: Path) -> list[str]:
+    """The relative link targets of a Markdown file (code blocks and spans aside) that do not exist."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    missing = []
+    for target in LINK.findall(text):
+        file = target.split("#", 1)[0]
+        if not file or re.match(r"[a-z][a-z0-9+.-]*:", file):  # an anchor in the page, or a URL
+            continue
+        if not (path.parent / file).exists():
+            missing.append(target)
+    return missing
+
+
+def test_every_relative_link_resolves():
+    broken = {p.relative_to(ROOT).as_posix(): b for p in [ROOT / "README.md", *DOCS] if (b := broken_links(p))}
+    assert not broken, broken
+
+
+def test_a_broken_link_is_found(tmp_path):
+    (tmp_path / "there.md").write_text("")
+    page = tmp_path / "page.md"
+    page.write_text("[ok](there.md) [ok](there.md#a) [in page](#x) [web](https://x.org/y) `[code](gone.md)`\n"
+                    "```\n[fenced](gone.md)\n```\n[gone](gone.md) and [gone too](../nowhere/gone.md#s)\n")
+    assert broken_links(page) == ["gone.md", "../nowhere/gone.md#s"]
+
+
+def test_the_readme_is_short():
+    lines = len(README.splitlines())
+    assert lines <= MAX_README_LINES, f"README.md has {lines} lines; more than {MAX_README_LINES} goes to docs/"
+
+
+def test_every_notebook_is_listed():
+    """Each notebook a learner opens is in the README's table and in docs/workbook.md's."""
+    stems = {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
+    assert stems
+    for name, text in (("README.md", README), ("docs/workbook.md", WORKBOOK_DOC)):
+        missing = {s for s in stems if f"[`{s}`]" not in text}
+        assert not missing, (name, sorted(missing))

@@ -28,7 +28,7 @@ VERTICAL_RULES = (Attention(), Rotary(), DecomposedLayerNorm(), SkipLayerNorm(),
                   TanhGelu(), TransposeCancel(), ConvChain(), PadPool(), LinearChain(), FusedMatMul(), LayerScale(),
                   SiLU(), HardActivation(), SliceSplit())
 
-#: every rule name, in the order the README lists them
+#: every rule name, in the order docs/rules.md lists them
 RULE_NAMES = (
     "pad_conv", "pad_pool", "conv_bn", "convtranspose_bn", "conv_scale_bias", "conv_act", "conv_bn_act", "conv_add_act",
     "matmul_add_gemm", "matmul_bn", "gemm_bn", "gemm_act", "fused_matmul", "layer_scale", "transpose_cancel",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Copy benchmarks/results/*.md into README.md between the results markers (numbers come from the scripts)."""
+"""Copy benchmarks/results/*.md into docs/benchmarks.md between the results markers (numbers come from the scripts)."""
 
 import re
 import sys
@@ -13,22 +13,22 @@ ORDER = ["vertical.md", "rules.md", "horizontal.md", "elementwise.md", "reductio
 
 
 def main() -> int:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    doc = ROOT / "docs" / "benchmarks.md"
+    text = doc.read_text()
     if BEGIN not in text or END not in text:
-        print("README.md has no results markers", file=sys.stderr)
+        print("docs/benchmarks.md has no results markers", file=sys.stderr)
         return 1
     parts = []
     for name in ORDER:
         path = ROOT / "benchmarks" / "results" / name
         if path.exists():
             body = path.read_text().strip()
-            body = re.sub(r"^# ", "### ", body, count=1, flags=re.M)  # demote the title under "Benchmarks"
+            body = re.sub(r"^# ", "## ", body, count=1, flags=re.M)  # demote the title under the page's "# Benchmarks"
             parts.append(body + f"\n\n(from `benchmarks/results/{name}`)")
     block = BEGIN + "\n" + "\n\n".join(parts) + "\n" + END
     text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    readme.write_text(text)
-    print(f"README.md: {len(parts)} result tables")
+    doc.write_text(text)
+    print(f"docs/benchmarks.md: {len(parts)} result tables")
     return 0
 
 

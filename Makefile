@@ -20,7 +20,7 @@ export JUPYTER_CONFIG_PATH := $(CURDIR)/jupyter
 export JUPYTER_PLATFORM_DIRS := 1
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=900
 
-.PHONY: env lab lab-reset test test-unit test-notebooks test-browser browser-deps notebooks notebook bench bench-exports bench-new-exports bench-reference corpus corpus-survey fuzz clean
+.PHONY: env lab lab-reset check test test-unit test-notebooks test-browser browser-deps notebooks notebook bench bench-exports bench-new-exports bench-reference corpus corpus-survey fuzz clean
 
 env: $(STAMP)
 
@@ -39,6 +39,11 @@ lab: $(STAMP)
 ## make lab-reset: copy the stored notebooks/ over my-notebooks/ again (your outputs and edits there go).
 lab-reset: $(STAMP)
 	$(PY) tools/lab.py --reset
+
+## make check: the contributor's loop (under 2 min): the unit tests without those marked slow (pyproject.toml: the
+## corpora, the fuzz CI budget, the tests of seconds), without the browser and without nbval.
+check: $(STAMP)
+	$(PY) -m pytest -q tests --ignore=tests/browser -m "not slow"
 
 ## make test: unit tests, the browser test (installs Debian's chromium once) and strict nbval over every notebook.
 test: $(STAMP) browser-deps

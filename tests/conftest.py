@@ -34,3 +34,11 @@ def _environment_unchanged(request):
                 os.environ.pop(k, None)
         pytest.fail(f"{request.node.nodeid} left os.environ changed: {', '.join(changed)} (a child process, such "
                     "as nbval's notebook kernels, would inherit it)", pytrace=False)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A rule's test on the real exports of tests/corpus/ is named test_corpus_* (in whichever file holds the rule's
+    tests): marked slow here, by its name, so it stays slow when its tests move between files."""
+    for item in items:
+        if getattr(item, "originalname", item.name).startswith("test_corpus_"):
+            item.add_marker(pytest.mark.slow)

@@ -14,6 +14,7 @@ def test_stream_arrays_are_at_least_four_times_the_last_level_cache():
     assert calibrate.stream_elements(min_elements=10**9) == 10**9
 
 
+@pytest.mark.slow
 def test_quick_and_full_calibration_measure_the_same_quantities():
     quick = calibrate.calibrate(quick=True)
     assert quick.stream_elements == calibrate.stream_elements()  # same arrays: DRAM, never cache
@@ -27,6 +28,7 @@ def test_quick_and_full_calibration_measure_the_same_quantities():
     assert f"it adds {quick.profiler_cost_us:.2f} us per node" in lines[2]
 
 
+@pytest.mark.slow
 def test_this_machine_takes_bandwidth_and_launch_from_the_calibration():
     c = calibrate.calibrate(quick=True)
     me = devices.this_machine()

@@ -91,6 +91,7 @@ def test_refuses_to_overwrite_input(model_file, capsys):
     assert model_file.read_bytes() == before
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not VENV_FUSIONLAB.exists(), reason="fusionlab console script not installed")
 def test_console_script(model_file, tmp_path):
     out = tmp_path / "out.onnx"

@@ -205,6 +205,7 @@ def test_loop_vs_loop_counts_exactly_reads_plus_writes():
         r.gbs()
 
 
+@pytest.mark.slow
 def test_loop_vs_loop_constant_operands_count_once_and_default_size_leaves_the_cache():
     from fusionlab.cost import calibrate
 

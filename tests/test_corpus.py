@@ -35,6 +35,8 @@ from corpus_cases import corpus_feeds, norm_weights_into_mul, norms_at_one
 from fusionlab.passes import fuse
 from fusionlab.runtime import run, session
 
+pytestmark = pytest.mark.slow  # every export, every check: `make check` leaves it to `make test`
+
 CORPUS = Path(__file__).resolve().parent / "corpus"
 MANIFEST = json.loads((CORPUS / "manifest.json").read_text())
 ENTRIES = {e["file"]: e for e in MANIFEST["models"]}

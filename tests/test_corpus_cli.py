@@ -19,6 +19,8 @@ import pytest
 from fusionlab.cli import main
 from fusionlab.text import MAX_WIDTH
 
+pytestmark = pytest.mark.slow  # every command on every export: `make check` leaves it to `make test`
+
 CORPUS = Path(__file__).resolve().parent / "corpus"
 FILES = sorted(e["file"] for e in json.loads((CORPUS / "manifest.json").read_text())["models"])
 EXPECT = CORPUS / "expect"

@@ -149,6 +149,7 @@ def _tree_digest(folder: Path) -> dict:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_cli_output_is_byte_identical_across_runs(tmp_path):
     model = tmp_path / "cbr.onnx"
     onnx.save(zoo.conv_bn_relu(3, 8, 3, image_size=8), model)

@@ -126,6 +126,7 @@ def _onnx_conv_shape(x_shape, w_shape, strides, pads, dilations, group):
     return tuple(d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim)
 
 
+@pytest.mark.slow
 @given(h=st.integers(5, 12), w=st.integers(5, 12), k=st.sampled_from([1, 3]), s=st.integers(1, 3),
        pt=st.integers(0, 2), pb=st.integers(0, 2), pl=st.integers(0, 2), pr=st.integers(0, 2),
        d=st.integers(1, 2), g=st.sampled_from([1, 2]))

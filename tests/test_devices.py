@@ -66,6 +66,7 @@ def test_roofline_helpers():
     assert pro.peak_flops("int8") == 140e12
 
 
+@pytest.mark.slow
 def test_calibration_returns_positive_numbers_and_is_cached():
     c = calibrate.calibrate(quick=True)
     assert c.matmul_gflops > 0 and c.copy_gbs > 0 and c.add_gbs > 0 and c.launch_overhead_us > 0

@@ -96,7 +96,7 @@ def _strip_names(proto: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-@pytest.mark.parametrize("name", ["resnet_small", "inception", "yolo"])
+@pytest.mark.parametrize("name", ["resnet_small", "inception", pytest.param("yolo", marks=pytest.mark.slow)])
 def test_unnamed_nodes_fuse_explain_and_show_like_their_named_twin(name):
     named = MODELS[name]
     unnamed = _strip_names(named)

@@ -279,6 +279,7 @@ def test_generator_writes_float16_skip_layernorm_with_the_projection_bias_and_it
 # ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", corpus_files("resnet_fp16.dynamo", "resnet_fp16.ts-fold", "resnet_fp16.ts-nofold"))
 def test_every_relu_of_the_float16_resnets_is_refused_by_name(name):
     from fusionlab import load
@@ -293,6 +294,7 @@ def test_every_relu_of_the_float16_resnets_is_refused_by_name(name):
         assert res.after.get("Conv") == 20 and "BatchNormalization" not in res.after  # the BNs fold
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", corpus_files("bert_fp16.dynamo", "bert_eager_fp16.dynamo", "bert_eager_fp16.ts-fold",
                                               "bert_eager_fp16.ts-nofold"))
 def test_every_gelu_and_the_pooler_of_the_float16_berts_are_refused_by_name(name):

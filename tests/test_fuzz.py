@@ -124,6 +124,7 @@ def test_generator_writes_what_exporters_write():
 _ONES_FIRST = ("neutral_mul_first", "ln_fresh_weights", "int_add_first", "int_mul_first")
 
 
+@pytest.mark.slow
 def test_the_generator_sees_the_noop_fold_bug_class(monkeypatch):
     """Issue 19's no-op fold, planted back (the bypass forwards input 0 whatever the no-op test found): the extended
     generator makes graphs that expose it, and blame names preparation (no pass, no rule)."""
@@ -160,6 +161,7 @@ def test_a_safety_net_alarm_the_judge_does_not_share_is_a_failure(monkeypatch):
     assert out.kind == "crash" and out.symptom.startswith("safety net false alarm"), out
 
 
+@pytest.mark.slow
 def test_most_generated_models_trigger_a_rule():
     fired = Counter()
     for seed in range(40):
@@ -519,6 +521,7 @@ CI_GRAPHS = 300
 #: The budget once found 53 failures in 38 graphs (issue 14's classes 1, 2, 3, 6); the engine rewrite fixed them.
 
 
+@pytest.mark.slow
 def test_ci_budget_no_crash_invalid_or_wrong():
     failures: Counter = Counter()
     examples: dict = {}

@@ -17,6 +17,8 @@ from fusionlab import ModelError, load, verify
 from fusionlab.passes import fuse
 from fusionlab.runtime import make_feeds, run, session
 
+pytestmark = pytest.mark.slow  # 440 models, five sweeps: `make check` leaves it to `make test`
+
 PEER = next((p for p in (Path(__file__).resolve().parents[2] / "shared" / "peer-tests", Path("/work/shared/peer-tests"))
              if p.exists()), Path(__file__).resolve().parents[2] / "shared" / "peer-tests")  # a worktree sits deeper
 MODELS = PEER / "ort-transform" / "models"

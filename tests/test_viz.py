@@ -207,6 +207,7 @@ def test_draw_refuses_big_graphs_with_a_hint():
     assert len(_gids(fig, "node:")) > 0
 
 
+@pytest.mark.slow
 def test_draw_sixty_nodes():
     fig = viz.draw(residual(8), residual_plan(8), direction="LR")
     assert len(_gids(fig, "group:")) == 17

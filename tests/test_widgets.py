@@ -74,6 +74,7 @@ def yolo():
     return load(zoo.yolov5s(image_size=64, width_mult=0.25, depth_mult=0.33))
 
 
+@pytest.mark.slow
 def test_every_control_changes_the_plan_from_the_default_state(yolo):
     """Each threshold governs a pass where it makes sense: from the defaults with every kind selected (the
     thresholds govern the mixed pass), moving any control changes the plan."""
@@ -102,6 +103,7 @@ def test_every_control_changes_the_plan_from_the_default_state(yolo):
     assert default.plan.counts().left_over == 8
 
 
+@pytest.mark.slow
 def test_dropping_a_group_feeds_the_executable_plan(yolo):
     from fusionlab import verify
     from fusionlab.passes import apply

@@ -93,6 +93,7 @@ def test_exporter_conventions(small, name):
     assert dims and all(d == "batch" for d in dims)
 
 
+@pytest.mark.slow
 def test_resnet50_full_size():
     model = zoo.build("resnet50")
     counts = ops(model)

@@ -55,7 +55,8 @@ test-unit: $(STAMP)
 test-notebooks: $(STAMP)
 	$(PY) -m pytest -q notebooks $(NBVAL)
 
-## make test-browser: JupyterLab in headless Chromium: every notebook Run All, the explorer driven by input.
+## make test-browser: JupyterLab in headless Chromium: every notebook opened and saved unchanged, the widget and
+## netron notebooks (05, 02) Run All (nbval runs every notebook), the explorer driven by input, the report page.
 test-browser: $(STAMP) browser-deps
 	$(PY) -m pytest -q tests/browser
 

@@ -13,7 +13,7 @@ import pytest
 from harness import CHROMEDRIVER, CHROMIUM, Lab, Page, chrome
 
 SHOTS = Path(os.environ.get("FUSIONLAB_SCREENSHOTS", tempfile.gettempdir())) / "fusionlab-browser"
-# The whole browser session normally takes 5-10 minutes. A stuck lab or browser would otherwise make every
+# The whole browser session normally takes a few minutes. A stuck lab or browser would otherwise make every
 # remaining test wait out its own timeouts (minutes each) and CI would hit its wall clock before reporting.
 BUDGET_S = float(os.environ.get("FUSIONLAB_BROWSER_BUDGET_S", 2400))
 _STARTED: list[float] = []

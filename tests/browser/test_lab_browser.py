@@ -20,6 +20,7 @@ from harness import ROOT
 
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
 EXPLORER = "05_fusion_thresholds.ipynb"
+NETRON = "02_vertical_fusion.ipynb"
 CELL_TIMEOUT = 300  # seconds one cell may run in the browser (the slowest cell takes ~60 s alone)
 
 
@@ -31,6 +32,12 @@ def _ignored(cell: dict) -> bool:
     src = "".join(cell["source"])
     tags = set(cell.get("metadata", {}).get("tags", []))
     return "NBVAL_IGNORE_OUTPUT" in src or "NBVAL_SKIP" in src or bool(tags & {"nbval-ignore-output", "nbval-skip"})
+
+
+WIDGET_NOTEBOOKS = sorted(n for n in NOTEBOOKS if "widgets" in _stored(n)["metadata"])
+#: the notebooks run here (Run All): those with outputs only a live kernel and the front end make, the widgets and
+#: netron's frame. nbval executes every notebook and compares its outputs; the others are opened and saved here.
+RUN_ALL = sorted({*WIDGET_NOTEBOOKS, EXPLORER, NETRON})
 
 
 # -- landing ------------------------------------------------------------------------------------------
@@ -199,9 +206,20 @@ def test_untrusted_copy_still_shows_the_explorer_summary(page, lab):
         copy.unlink()
 
 
-# -- every notebook: stored == saved, Run All without errors or warnings, saved == stored ---------------
+# -- every notebook: opens with no error shown, saving the stored notebook changes no byte --------------
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
+def test_opens_and_saves_unchanged_in_the_browser(page, lab, name):
+    page.open(name)
+    page.save()  # Ctrl+S on the stored notebook: not one byte may change
+    assert (lab.root / name).read_bytes() == (ROOT / "notebooks" / name).read_bytes(), "saving rewrote it"
+    assert page.problems() == []
+    assert lab.git_status() == "", f"opening and a save changed the checkout:\n{lab.git_status()}"
+
+
+# -- the live notebooks: stored == saved, Run All without errors or warnings, saved == stored -----------
+
+@pytest.mark.parametrize("name", RUN_ALL)
 def test_run_all_in_the_browser(page, lab, name):
     page.open(name)
     page.save()  # Ctrl+S on the stored notebook: not one byte may change
@@ -399,8 +417,6 @@ def _reopen(page, name: str) -> None:
 _JS_PATH = """const app = window.jupyterapp;
 for (const w of app.shell.widgets('main')) { if (w.isVisible && w.context) return w.context.path; } return null;"""
 
-WIDGET_NOTEBOOKS = sorted(n for n in NOTEBOOKS if "widgets" in _stored(n)["metadata"])
-
 
 @pytest.mark.after_run(EXPLORER)
 @pytest.mark.parametrize("name", WIDGET_NOTEBOOKS)
@@ -441,9 +457,9 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.mark.after_run("02_vertical_fusion.ipynb")
+@pytest.mark.after_run(NETRON)
 def test_netron_frame_loads_after_run_all_and_stops_with_the_kernel(page):
-    name = "02_vertical_fusion.ipynb"
+    name = NETRON
     page.open(name)
     if name not in page.live:
         page.ran[name] = page.run_all(cell_timeout=CELL_TIMEOUT)

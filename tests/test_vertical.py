@@ -11,9 +11,9 @@ from onnx import helper as h
 from fusionlab import load, verify
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.zoo import tanh_gelu
-from fusionlab.passes import fuse, plan_only
+from fusionlab.passes import fuse, plan
 from fusionlab.passes import vertical
-from fusionlab.passes.vertical import RULES
+from fusionlab.passes.vertical import RULE_NAMES
 from fusionlab.plan import FusionPlan
 
 RNG = np.random.default_rng(7)
@@ -327,7 +327,7 @@ def test_conv_output_that_is_graph_output_is_not_folded():
 
 def test_training_mode_bn_is_not_folded():
     m = conv_model([bn_node("c", "y", training_mode=1)], bn_params(8), opset=15, out_shape=["batch", 8, 8, 8])
-    p = vertical.plan(load(m))  # (passes.plan_only drops notes)
+    p = vertical.plan(load(m))  # (passes.plan drops notes)
     assert len(p) == 0
     assert any("training" in n for n in p.notes)
 
@@ -335,7 +335,7 @@ def test_training_mode_bn_is_not_folded():
 def test_bn_with_optional_outputs_is_not_folded():
     bn = h.make_node("BatchNormalization", ["c", "bn_g", "bn_b", "bn_m", "bn_v"], ["y", "rm", "rv"], name="bn")
     m = conv_model([bn], bn_params(8), opset=14, out_shape=["batch", 8, 8, 8])
-    assert len(plan_only(m)) == 0
+    assert len(plan(m)) == 0
 
 
 def test_overridable_bn_parameter_is_not_folded():
@@ -593,9 +593,9 @@ def test_skip_layernorm_and_onnx_lowering():
     m = mk([h.make_node("Add", ["x", "skip"], ["s"], name="resid")] + nodes,
                    [value_info("x", shape=["batch", 8, 16]), value_info("skip", shape=["batch", 8, 16])],
                    [value_info("y", shape=None)], inits)
-    res = check(m, {"com.microsoft:SkipLayerNormalization": 1}, rules=RULES)  # opt-in rule
+    res = check(m, {"com.microsoft:SkipLayerNormalization": 1}, rules=RULE_NAMES)  # opt-in rule
     assert res.plan.rule_counts() == {"skip_layernorm": 1}
-    check(m, {"Add": 1, "LayerNormalization": 1}, lower="onnx", rules=RULES)
+    check(m, {"Add": 1, "LayerNormalization": 1}, lower="onnx", rules=RULE_NAMES)
     default = check(m, {"Add": 1, "LayerNormalization": 1})  # by default: measured slower, not fused
     assert default.plan.rule_counts() == {"layernorm": 1}
 
@@ -605,7 +605,7 @@ def test_skip_layernorm_needs_same_shapes():
     m = mk([h.make_node("Add", ["x", "skip"], ["s"], name="resid")] + nodes,
                    [value_info("x", shape=["batch", 8, 16]), value_info("skip", shape=[8, 16])],
                    [value_info("y", shape=None)], inits)
-    check(m, {"Add": 1, "LayerNormalization": 1}, rules=RULES)
+    check(m, {"Add": 1, "LayerNormalization": 1}, rules=RULE_NAMES)
 
 
 def test_standalone_silu_to_quickgelu():
@@ -716,7 +716,7 @@ def test_zoo_models_fuse_and_verify(name):
         assert rules["bias_gelu"] == layers and "Erf" not in res.after
         assert "skip_layernorm" not in rules  # opt-in (measured slower on CPU)
         assert rules["layernorm"] == graph.op_counts()["Sqrt"]  # every decomposed LayerNorm
-        opted = fuse(graph, passes=("vertical",), rules=RULES).plan.rule_counts()
+        opted = fuse(graph, passes=("vertical",), rules=RULE_NAMES).plan.rule_counts()
         assert opted["skip_layernorm"] >= layers  # the FFN residual of every layer
         assert opted["skip_layernorm"] + opted.get("layernorm", 0) == graph.op_counts()["Sqrt"]
 
@@ -772,7 +772,7 @@ def test_residual_add_with_itself_or_as_graph_output_is_left_alone():
 def test_residual_add_not_in_onnx_lowering_and_opt_out():
     res = check(residual_model(), lower="onnx")
     assert "FusedConv" not in str(res.after) and res.after.get("Add") == 1
-    res = check(residual_model(), rules=[r for r in RULES if r != "conv_add_act"])
+    res = check(residual_model(), rules=[r for r in RULE_NAMES if r != "conv_add_act"])
     assert res.after == {"Add": 1, "Conv": 1, "Relu": 1}  # BN folded; the Relu follows the Add, not the conv
 
 

@@ -40,13 +40,13 @@ class _Timeout(Exception):
 
 def options_for(model_id: str) -> dict:
     """The fuse() options model `model_id` is fused with (deterministic)."""
-    from fusionlab.passes.vertical import RULES
+    from fusionlab.passes.vertical import RULE_NAMES
 
     rng = random.Random(f"fusionlab.fuzz.options/{model_id}")
     r = rng.random()
     options: dict = {"lower": "runtime" if r < 0.7 else "onnx" if r < 0.85 else "functions"}
     if rng.random() < 0.25:
-        options["rules"] = list(RULES)
+        options["rules"] = list(RULE_NAMES)
     return options
 
 

@@ -16,7 +16,7 @@ _KINDS = ("ok", "ok (ill-conditioned)", "unchanged", "refused", "crash", "invali
 
 
 def _fire_rates(records: list[dict], names: list[str]) -> dict:
-    from fusionlab.passes.vertical import RULES
+    from fusionlab.passes.vertical import RULE_NAMES
 
     out: dict = {}
     n = max(1, len(records))
@@ -30,7 +30,7 @@ def _fire_rates(records: list[dict], names: list[str]) -> dict:
             rules = o.get("rules") or {}
             fired.update(rules.keys())
             anyr += bool(rules)
-            anyv += any(r in RULES for r in rules)
+            anyv += any(r in RULE_NAMES for r in rules)
         out[name] = {"any rule": anyr / n, "any vertical rule": anyv / n,
                      "per rule": {r: c / n for r, c in sorted(fired.items())}}
     return out

@@ -27,6 +27,7 @@ import onnx_ir as ir
 from ..graph import Graph
 from ..plan import FusionGroup, PlanError, Refusal
 from ..shapes import ShapeInfo
+from .options import Lowering
 
 __all__ = ["Refused", "StaleGroup", "Match", "Rule", "Context", "is_op", "attr", "sole_consumer", "consumers",
            "other_input", "only_read_by", "readers_text", "next_reader", "scalar", "exact", "escapes", "find",
@@ -210,14 +211,14 @@ def exact(c: np.ndarray | None, target: float, ulps: int = 1) -> bool:
 class Context:
     """One pass run over one graph: shapes, names, options, claimed nodes and the refusals met."""
 
-    def __init__(self, graph: Graph, *, rules: Iterable[str] = (), lower: str = "runtime",
+    def __init__(self, graph: Graph, *, rules: Iterable[str] = (), lower: str = Lowering.RUNTIME,
                  dims: dict | None = None, max_group_ops: int | None = None, info: ShapeInfo | None = None):
         self.graph = graph
         self.g = graph.graph
         self.info = info if info is not None else ShapeInfo.of(graph, dims)
         self.names = graph.names()
         self.rules = set(rules)
-        self.lower = lower
+        self.lower = Lowering(lower)
         self.max_ops = max_group_ops
         self.claimed: set[int] = set()
         self.relied: set[int] = set()  # nodes a planned group reads through (Match.reads): no group may take them

@@ -54,7 +54,7 @@ from ..plan import MIXED, FusionGroup, FusionPlan
 from ..shapes import ShapeInfo
 from ..cost import working_set as ws_model
 from ..cost.working_set import Member as WSMember
-from . import engine
+from . import engine, functions
 from .fold import is_host_side
 from .options import check_options
 
@@ -605,8 +605,6 @@ def _materialise_recompute(graph: Graph, group: FusionGroup, index: dict, names)
 
 def apply(graph: Graph, fplan: FusionPlan, **options) -> None:
     """Lower every mixed group of the plan to one ONNX local-function call (in place), each re-checked first."""
-    from . import functions
-
     groups = [g for g in fplan if g.kind == MIXED]
     if not groups:
         return

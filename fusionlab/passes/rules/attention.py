@@ -43,6 +43,7 @@ import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, scalar, sole_consumer
 from ..lowering import attention_target, gqa_target
+from ..options import Lowering
 from ..shape_values import ShapeValues
 from .common import F32
 from .layout import Atom, base_layout, names, shape_branch, step, trace_back, trace_forward
@@ -388,7 +389,7 @@ class Attention(Rule):
             (k4, nd[0], 1, vd[1])
         target = gqa_target(cx.lower) if gqa is not None else attention_target(cx.lower)
         if target is None:
-            raise Refused(f"no attention op for lower={cx.lower!r}")
+            raise Refused(f"no attention op for lower={cx.lower.value!r}")
         if gqa is None and "attention" not in cx.rules:
             return None
         rule = "gqa" if gqa is not None else "attention"

@@ -22,6 +22,7 @@ from ... import derive
 from ...legality import conv_bn_legal, range_edge_input
 from ..engine import Match, Refused, Rule, attr, copy_attrs, is_op, next_reader, other_input, sole_consumer
 from ..lowering import FUSED_CONV_ACTIVATIONS, conv_activations, conv_target, float16_refusal
+from ..options import Lowering
 from .activation import hard_sigmoid_after
 from .common import FLOATS, F16, F32, activation, bn_scale_shift, channel_affine, consumers, folded_pads
 
@@ -106,7 +107,7 @@ def _affine_steps(cx, conv: ir.Node, head: dict, nodes: list) -> tuple[list, str
 
 def _residual_step(cx, cur: ir.Value, head: dict, nodes: list):
     """(Add, Z, activation) when `cur` feeds only Add(cur, Z) whose only reader is a FusedConv activation."""
-    if "conv_add_act" not in cx.rules or cx.lower == "onnx" or head["transpose"] or head["dtype"] not in (F32, F16) \
+    if "conv_add_act" not in cx.rules or cx.lower == Lowering.ONNX or head["transpose"] or head["dtype"] not in (F32, F16) \
             or not cx.room(nodes + [None]):
         return None
     add = sole_consumer(cur)
@@ -117,7 +118,7 @@ def _residual_step(cx, cur: ir.Value, head: dict, nodes: list):
         return None
     if float16_refusal("com.microsoft:FusedConv", head["dtype"]):
         after = sole_consumer(add.outputs[0])
-        if after is not None and activation(cx, after, FUSED_CONV_ACTIVATIONS) is not None and cx.lower == "runtime":
+        if after is not None and activation(cx, after, FUSED_CONV_ACTIVATIONS) is not None and cx.lower == Lowering.RUNTIME:
             cx.refuse("conv_add_act", _conv_of(nodes), float16_refusal(
                 "com.microsoft:FusedConv", F16, f"float16 Add {add.name} + {after.op_type} {after.name}"))
         return None
@@ -137,19 +138,19 @@ def _residual_step(cx, cur: ir.Value, head: dict, nodes: list):
 def _activation_step(cx, cur: ir.Value, head: dict, nodes: list, has_steps: bool):
     """(member nodes, (op, params)) of a trailing activation the target can take, or None."""
     allowed = ("conv_bn_act" in cx.rules) if has_steps else ("conv_act" in cx.rules or "conv_bn_act" in cx.rules)
-    if not allowed or cx.lower == "onnx" or not cx.room(nodes):
+    if not allowed or cx.lower == Lowering.ONNX or not cx.room(nodes):
         return None
     silu = _silu_tail(cur)
-    if silu is not None and head["dtype"] == F16 and cx.lower == "runtime":
+    if silu is not None and head["dtype"] == F16 and cx.lower == Lowering.RUNTIME:
         cx.refuse("conv_bn_act" if has_steps else "conv_act", _conv_of(nodes),
                   float16_refusal("com.microsoft:QuickGelu", F16, f"float16 SiLU at {silu[0].name}"))
     if silu is not None and cx.free(*silu) and head["dtype"] == F32 and cx.room(nodes + [None]):
         return list(silu), ("SiLU", {})
     hard = hard_sigmoid_after(cx, cur) if "hard_sigmoid" in cx.rules and head["dtype"] == F32 else None
-    if hard is not None and not head["transpose"] and cx.lower != "onnx" and cx.room(nodes + hard["nodes"][1:]):
+    if hard is not None and not head["transpose"] and cx.lower != Lowering.ONNX and cx.room(nodes + hard["nodes"][1:]):
         return hard["nodes"], ("HardSigmoid", {"alpha": hard["alpha"], "beta": hard["beta"]})
     table = conv_activations(head["dtype"], head["transpose"], cx.lower)
-    if not head["transpose"] and cx.lower == "runtime" and float16_refusal("com.microsoft:FusedConv", head["dtype"]):
+    if not head["transpose"] and cx.lower == Lowering.RUNTIME and float16_refusal("com.microsoft:FusedConv", head["dtype"]):
         act = next((n for n in consumers(cur) if activation(cx, n, FUSED_CONV_ACTIVATIONS) is not None), None)
         if act is not None and len(consumers(cur)) == 1 and not cur.is_graph_output():
             cx.refuse("conv_bn_act" if has_steps else "conv_act", _conv_of(nodes), float16_refusal(

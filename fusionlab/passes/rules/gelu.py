@@ -13,6 +13,7 @@ import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, attr, exact, is_op, only_read_by, other_input, sole_consumer
 from ..lowering import contrib_target, fast_gelu_target, float16_refusal, gelu_target
+from ..options import Lowering
 from .common import FLOATS, F16, F32
 from .poly import prove_tanh_gelu
 
@@ -81,7 +82,7 @@ def bias_before(cx, x: ir.Value, readers: list[ir.Node]) -> tuple[ir.Node, ir.Va
 def _refuse_float16(cx, anchor: ir.Node, x: ir.Value, nodes: list[ir.Node], what: str, op: str = "") -> None:
     """A float16 GELU: no GELU op has a float16 CPU kernel (lowering.FLOAT16_CPU_KERNELS), so Refused, naming
     the op the group would have become (BiasGelu / FastGelu with the bias Add before it, else Gelu)."""
-    bias = bias_before(cx, x, nodes) if cx.lower != "onnx" else None
+    bias = bias_before(cx, x, nodes) if cx.lower != Lowering.ONNX else None
     if not op:
         op = "com.microsoft:BiasGelu" if bias is not None else str(gelu_target(F32, cx.graph.opset, cx.lower) or "Gelu")
     where = "float16 " + (f"bias Add {bias[0].name} + " if bias is not None else "") + f"{what} at {anchor.name}"
@@ -124,7 +125,7 @@ class ErfGelu(_BiasOp):
             return None
         target = gelu_target(dt, cx.graph.opset, cx.lower)
         if target is None:
-            raise Refused(f"no Gelu op for opset {cx.graph.opset} with lower={cx.lower!r} and dtype {dt}")
+            raise Refused(f"no Gelu op for opset {cx.graph.opset} with lower={cx.lower.value!r} and dtype {dt}")
         op, dom = target.op.split(":")[-1], ("com.microsoft" if target.op.startswith("com.microsoft") else "")
         return Match("gelu", erf, nodes, "x * 0.5 * (1 + erf(x / sqrt 2)) with single-consumer intermediates",
                      target.op, data={"op": (op, dom, {}), "x": x})
@@ -139,7 +140,7 @@ class GeluAfterBias(_BiasOp):
     fixed = True
 
     def match(self, cx, gelu: ir.Node) -> Match | None:
-        if cx.lower == "onnx":
+        if cx.lower == Lowering.ONNX:
             return None
         approx = str(attr(gelu, "approximate", "none")) if gelu.domain != "com.microsoft" else "none"
         if approx not in ("none", "tanh"):
@@ -173,9 +174,9 @@ class TanhGelu(_BiasOp):
             return None
         nodes, x = proof
         if cx.dtype(tanh.inputs[0]) == F16:
-            _refuse_float16(cx, tanh, x, nodes, "tanh-GELU", op="com.microsoft:FastGelu" if cx.lower != "onnx"
+            _refuse_float16(cx, tanh, x, nodes, "tanh-GELU", op="com.microsoft:FastGelu" if cx.lower != Lowering.ONNX
                             else "Gelu(tanh)")
-        bias = bias_before(cx, x, nodes) if cx.lower != "onnx" else None
+        bias = bias_before(cx, x, nodes) if cx.lower != Lowering.ONNX else None
         if bias is not None:
             return Match("fast_gelu", tanh, [bias[0]] + nodes,
                          "Add of a 1-D bias over the last axis, then tanh-GELU (polynomials multiplied out)",

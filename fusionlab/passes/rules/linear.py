@@ -14,6 +14,7 @@ from ... import derive
 from ...legality import matmul_bn_legal
 from ..engine import Match, Refused, Rule, attr, consumers, copy_attrs, is_op, next_reader, sole_consumer
 from ..lowering import FUSED_GEMM_ACTIVATIONS, float16_refusal, gemm_target
+from ..options import Lowering
 from .common import FLOATS, F32, activation, bn_scale_shift
 
 __all__ = ["LinearChain"]
@@ -139,7 +140,7 @@ class LinearChain(Rule):
 
     @staticmethod
     def _activation(cx, nodes: list, head: dict):
-        if "gemm_act" not in cx.rules or cx.lower == "onnx" or not cx.room(nodes):
+        if "gemm_act" not in cx.rules or cx.lower == Lowering.ONNX or not cx.room(nodes):
             return None
         if float16_refusal("com.microsoft:FusedGemm", head["dtype"]):
             after = next((n for n in consumers(nodes[-1].outputs[0])

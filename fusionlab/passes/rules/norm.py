@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, only_read_by, other_input, sole_consumer
 from ..lowering import contrib_target, layernorm_target
+from ..options import Lowering
 from .common import F16, F32
 
 __all__ = ["DecomposedLayerNorm", "SkipLayerNorm", "residual_add", "skip_inputs", "skip_node", "skip_outputs",
@@ -239,7 +240,7 @@ class SkipLayerNorm(Rule):
     fixed = True
 
     def match(self, cx, ln: ir.Node) -> Match | None:
-        if cx.lower == "onnx" or len(ln.inputs) < 2 or \
+        if cx.lower == Lowering.ONNX or len(ln.inputs) < 2 or \
                 any(o.name and (o.uses() or o.is_graph_output()) for o in ln.outputs[1:]):
             return None
         x, gamma = ln.inputs[0], ln.inputs[1]

@@ -49,6 +49,7 @@ import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, attr, consumers, is_op, sole_consumer
 from ..lowering import contrib_target
+from ..options import Lowering
 from .common import F32
 
 __all__ = ["Rotary"]
@@ -284,7 +285,7 @@ class Rotary(Rule):
         cos_v = cos_mul.inputs[1] if cos_mul.inputs[0] is x else cos_mul.inputs[0]
         target = contrib_target("RotaryEmbedding", cx.lower)
         if target is None:
-            raise Refused(f"RotaryEmbedding is a com.microsoft op: none for lower={cx.lower!r}")
+            raise Refused(f"RotaryEmbedding is a com.microsoft op: none for lower={cx.lower.value!r}")
         dims, dt = cx.shape(x), cx.dtype(x)
         if dims is None or len(dims) != 4 or not isinstance(dims[3], int):
             raise Refused(f"{x.name} is not 4-D heads with D known (shape {dims})")

@@ -4,8 +4,9 @@ A pass module exposes `OPTIONS` (the options it takes, with defaults) and two fu
 
 - ``plan(graph, **options) -> FusionPlan``: pure analysis, the graph is not touched; the plan records the
   options that made it;
-- ``apply(graph, plan) -> None``: rewrites `graph` in place, re-checking each of the plan's groups with its own
-  rule on its anchor (a group that no longer matches raises `StaleGroup`, naming it).
+- ``apply(graph, plan) -> FusionPlan``: rewrites `graph` in place, re-checking each of the plan's groups with its
+  own rule on its anchor (a group that no longer matches raises `StaleGroup`, naming it); returns the groups as
+  written (copies: what each was lowered to), and never changes the plan it is given.
 
 Module-level:
 
@@ -18,7 +19,8 @@ Module-level:
 - `plan(model, passes, **options)` is the one planner every view uses (explain, show, customop, the
   explorer): the plan `fuse` would make, without the fused graph;
 - `apply(model, plan)` rewrites a copy of the model exactly as a plan says — one read from JSON, possibly
-  edited (a deleted group leaves its nodes unfused).
+  edited (a deleted group leaves its nodes unfused); the result's plan is the plan as written, the caller's is
+  unchanged.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import importlib
 from dataclasses import dataclass, field
 
 from ..graph import Graph, as_graph
-from ..plan import KINDS, FusionPlan, PlanError
+from ..plan import KINDS, VERTICAL, FusionGroup, FusionPlan, PlanError
 from ..shapes import ShapeInfo
 from .engine import StaleGroup
 from .fold import is_host_side
@@ -157,8 +159,11 @@ def fuse(model, passes=("vertical",), *, prepare: bool = True, fold: bool = True
         if select == "measured" and len(part):
             part, _ = by_measurement(graph, part, level=select_level)
         before = {n.name for n in graph.nodes()}
-        _apply_part(graph, module, part, name)
+        part = _apply_part(graph, module, part, name)
         made.update(_made(graph, part, before))
+        for group in part:
+            if group.kind == VERTICAL:
+                group.extra["fused_nodes"] = made[group.id]
         _merge(combined, part)
     _count_runs(graph, combined, made, options.get("dims"))
     if select:
@@ -183,9 +188,10 @@ def _prepare(graph: Graph, fplan: FusionPlan, *, fold: bool) -> None:
         fplan.notes.append(f"prepare: graph output {name!r} {why}: declared as computed")
 
 
-def _apply_part(graph: Graph, module, part: FusionPlan, name: str) -> None:
+def _apply_part(graph: Graph, module, part: FusionPlan, name: str) -> FusionPlan:
+    """The pass's `apply` of `part` to `graph`: the groups as written; a crash is a FusionError naming the pass."""
     try:
-        module.apply(graph, part)
+        return module.apply(graph, part)
     except (StaleGroup, FusionError, PlanError):
         raise
     except Exception as exc:  # a rewrite that crashes is our bug: say where
@@ -205,11 +211,14 @@ def apply(model, fplan: FusionPlan, *, validate: bool = True, compare: bool = Tr
     unknown = [p for p in order if p not in PASSES]
     if unknown:
         raise PlanError(f"the plan names an unknown pass {unknown[0]!r}")
+    written: dict[str, FusionGroup] = {}
     for name in order:
         part = FusionPlan([g for g in fplan if g.kind == name], model=fplan.model,
                           options={k: v for k, v in fplan.options.items() if k == name})
-        _apply_part(graph, get_pass(name), part, name)
-    result = FusionResult(graph, fplan, original.op_counts(), graph.op_counts())
+        written.update((g.id, g) for g in _apply_part(graph, get_pass(name), part, name))
+    done = FusionPlan([written.get(g.id, g) for g in fplan], model=fplan.model, notes=list(fplan.notes),
+                      options=dict(fplan.options), refusals=list(fplan.refusals))
+    result = FusionResult(graph, done, original.op_counts(), graph.op_counts())
     if validate:
         _check(original, result, compare=compare, dims=_plan_dims(fplan))
     return result

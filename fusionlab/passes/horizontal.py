@@ -311,11 +311,12 @@ def plan(graph: Graph, **options) -> FusionPlan:
     return result
 
 
-def apply(graph: Graph, fplan: FusionPlan, **options) -> None:
-    """Rewrite every horizontal group of the plan into one wide op (+ followers) and a Split, in place."""
-    groups = [g for g in fplan if g.kind == HORIZONTAL]
-    if not groups:
-        return
+def apply(graph: Graph, fplan: FusionPlan, **options) -> FusionPlan:
+    """Rewrite every horizontal group of the plan into one wide op (+ followers) and a Split, in place; returns
+    the groups as written (`engine.written`: what each was lowered to), the plan itself unchanged."""
+    groups = engine.written(fplan, [g for g in fplan if g.kind == HORIZONTAL])
+    if not len(groups):
+        return groups
     opts = _resolve({**fplan.options.get("horizontal", {}), **options})
     cx = engine.Context(graph, dims=opts["dims"], rules=Siblings.names)
     rule = Siblings(opts["min_branches"])
@@ -330,3 +331,4 @@ def apply(graph: Graph, fplan: FusionPlan, **options) -> None:
         index.update((n.name, n) for n in new_nodes)
         group.lowered_to = m.lowered_to
     engine.import_domains(graph)
+    return groups

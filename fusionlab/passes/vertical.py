@@ -148,25 +148,26 @@ def plan(graph: Graph, **options) -> FusionPlan:
     result = FusionPlan(model=graph.name, options={"vertical": opts})
     for i, m in enumerate(engine.find(cx, VERTICAL_RULES)):
         group = engine.to_group(cx, m, f"v{i}", VERTICAL)
-        kernel = m.data.get("kernel", True)
-        if opts["lower"] == Lowering.FUNCTIONS and not kernel:
+        if opts["lower"] == Lowering.FUNCTIONS and not m.kernel:
             group.lowered_to = "function"
-        group.extra = {"kernel": kernel, **({"activation": m.data["act"][0]} if m.data.get("act") else {})}
+        group.extra = {"kernel": m.kernel, **({"activation": m.activation} if m.activation else {})}
         result.add(group)
     result.refusals = sorted(set(cx.refusals), key=lambda r: (r.node, r.rule, r.reason))
     result.notes.extend(f"vertical: not fused: {r}" for r in result.refusals)
     return result
 
 
-def apply(graph: Graph, plan: FusionPlan, **options) -> None:
-    """Rewrite `graph` in place: each vertical group re-checked with its own rule on its anchor, then rewritten.
+def apply(graph: Graph, plan: FusionPlan, **options) -> FusionPlan:
+    """Rewrite `graph` in place: each vertical group re-checked with its own rule on its anchor, then rewritten;
+    returns the groups as written (`engine.written`: a group lowered to a function says which).
 
     The options are the plan's own (`plan.options["vertical"]`) unless given here. A group whose nodes no
-    longer match raises `engine.StaleGroup` naming the group; nothing outside the plan is touched.
+    longer match raises `engine.StaleGroup` naming the group; nothing outside the plan is touched, and the plan
+    itself is not changed.
     """
-    groups = [g for g in plan if g.kind == VERTICAL]
-    if not groups:
-        return
+    groups = engine.written(plan, [g for g in plan if g.kind == VERTICAL])
+    if not len(groups):
+        return groups
     opts = _resolve({**plan.options.get("vertical", {}), **options})
     cleanup.clean(graph)
     cx = _context(graph, opts)
@@ -185,11 +186,11 @@ def apply(graph: Graph, plan: FusionPlan, **options) -> None:
         for old in m.nodes:
             index.pop(old.name, None)
         index.update((n.name, n) for n in new_nodes)
-        group.extra["fused_nodes"] = [n.name for n in new_nodes]
-        if opts["lower"] == Lowering.FUNCTIONS and not m.data.get("kernel", True):
+        if opts["lower"] == Lowering.FUNCTIONS and not m.kernel:
             functions[group.id] = [n.name for n in new_nodes]
     cleanup.remove_dead(graph)
     engine.import_domains(graph)
     if functions:
-        to_functions(graph, plan, groups=list(functions), members=functions)
+        to_functions(graph, groups, groups=list(functions), members=functions)
+    return groups
 

@@ -92,6 +92,8 @@ class _Found:
     stopped_at: bool  # `stop` is a refused step (the group's reason then says where it stopped)
     tail: _Tail | None
     tail_refusals: tuple[tuple[Refused, int], ...]  # (refusal, members it needs room for after the steps)
+    #: the tail when the steps are cut before step k: a written-out hard sigmoid can begin with the Add step k is
+    cut_tails: tuple[_Tail | None, ...]
     edge: str | None  # why folding into the weights is unsafe here (`legality.range_edge_input`)
     lower: Lowering
 
@@ -222,9 +224,9 @@ def _activation_step(cx, conv: ir.Node, cur: ir.Value, head: _Head, has_steps: b
                          0))
     if silu is not None and cx.free(*silu) and head.dtype == F32:
         return _Tail(silu, ("SiLU", {}))
-    hard = hard_sigmoid_after(cx, cur) if head.dtype == F32 and not head.transpose else None
+    hard = _hard_tail(cx, cur, head)
     if hard is not None:
-        return _Tail(tuple(hard["nodes"]), ("HardSigmoid", {"alpha": hard["alpha"], "beta": hard["beta"]}))
+        return hard
     table = conv_activations(head.dtype, head.transpose, cx.lower)
     if not head.transpose and cx.lower == Lowering.RUNTIME and float16_refusal("com.microsoft:FusedConv", head.dtype):
         act = next((n for n in consumers(cur) if activation(cx, n, FUSED_CONV_ACTIVATIONS) is not None), None)
@@ -239,6 +241,13 @@ def _activation_step(cx, conv: ir.Node, cur: ir.Value, head: _Head, has_steps: b
         return None
     found = activation(cx, nxt, table)
     return _Tail((nxt,), found) if found is not None else None
+
+
+def _hard_tail(cx, cur: ir.Value, head: _Head) -> _Tail | None:
+    """A written-out hard sigmoid of `cur` (FusedConv takes it as HardSigmoid), or None."""
+    hard = hard_sigmoid_after(cx, cur) if head.dtype == F32 and not head.transpose and cx.lower != Lowering.ONNX \
+        else None
+    return None if hard is None else _Tail(tuple(hard.nodes), ("HardSigmoid", {"alpha": hard.alpha, "beta": hard.beta}))
 
 
 def _silu_tail(value: ir.Value) -> tuple[ir.Node, ir.Node] | None:
@@ -316,7 +325,10 @@ class ConvChain(Rule):
         if tail is None:
             tail = _activation_step(cx, conv, cur, head, bool(steps), before + len(steps), tail_refusals)
         edge = range_edge_input(cx.graph, conv.inputs[0]) if steps else None
-        found = _Found(head, pad, pad_refusal, tuple(steps), stop, stopped_at, tail, tuple(tail_refusals), edge, cx.lower)
+        cut_tails = tuple(_hard_tail(cx, conv.outputs[0] if k == 0 else steps[k - 1].node.outputs[0], head)
+                          for k in range(len(steps)))
+        found = _Found(head, pad, pad_refusal, tuple(steps), stop, stopped_at, tail, tuple(tail_refusals), cut_tails,
+                       edge, cx.lower)
         return Match("", conv, [conv], data=found)
 
     def cut(self, m: Match, rules: frozenset[str], limit: int | None) -> Match | None:
@@ -344,7 +356,7 @@ class ConvChain(Rule):
             refusals.append(f.stop)
             why = str(f.stop) if f.stopped_at else ""
         nodes += [s.node for s in steps]
-        tail = f.tail if whole else None
+        tail = f.tail if whole else f.cut_tails[len(steps)]
         if tail is not None and not (tail.allowed(rules, bool(steps)) and room(len(nodes), len(tail.nodes) - 1)):
             tail = None
         if whole:

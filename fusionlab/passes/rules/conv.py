@@ -91,7 +91,7 @@ class _Found:
     stop: Refused | None  # why the affine steps stopped: a refused step, or a near miss (a second reader)
     stopped_at: bool  # `stop` is a refused step (the group's reason then says where it stopped)
     tail: _Tail | None
-    tail_refusals: tuple[tuple[Refused, int], ...]  # (refusal, members it needs room for after the steps)
+    tail_refusals: tuple[tuple[Refused, int], ...]  # (refusal, members beyond one it needs room for after the steps)
     #: the tail when the steps are cut before step k: a written-out hard sigmoid can begin with the Add step k is
     cut_tails: tuple[_Tail | None, ...]
     edge: str | None  # why folding into the weights is unsafe here (`legality.range_edge_input`)
@@ -198,11 +198,11 @@ def _residual_step(cx, conv: ir.Node, cur: ir.Value, head: _Head, refusals: list
         if after is not None and activation(cx, after, FUSED_CONV_ACTIVATIONS) is not None and \
                 cx.lower == Lowering.RUNTIME:
             refusals.append((float16_refusal("com.microsoft:FusedConv", F16, f"float16 Add {add.name} + {after.op_type} "
-                                             f"{after.name}").at("conv_add_act", conv), 2))
+                                             f"{after.name}").at("conv_add_act", conv), 1))
         return None
     a, b = cx.shape(cur), cx.shape(z)
     if a is None or b is None or len(a) != len(b) or any(x is None or y is None or x != y for x, y in zip(a, b)):
-        refusals.append((Refused("cannot prove the residual has the conv output's shape").at("conv_add_act", add), 2))
+        refusals.append((Refused("cannot prove the residual has the conv output's shape").at("conv_add_act", add), 1))
         return None
     if cx.dtype(z) != head.dtype:
         return None
@@ -277,6 +277,20 @@ def _affine(head: _Head, steps) -> tuple[np.ndarray, np.ndarray]:
 
 def _fold(head: _Head, steps) -> derive.Folded:
     return derive.fold_affine(head.w, head.bias, *_affine(head, steps), group=head.group, transpose=head.transpose)
+
+
+def _unsafe_fold(f: _Found, steps: list[_Step]) -> Refused | None:
+    """Why folding `steps` into the weights would not compute the same, or None."""
+    if not steps:
+        return None
+    if f.edge is not None:
+        return Refused(f.edge)
+    if _overflows(f.head, steps):
+        return Refused(f"folded weights overflow {f.head.w.dtype}")
+    if _underflows(f.head, steps):
+        return Refused(f"a folded weight underflows to 0 in {f.head.w.dtype} (its term would be lost, and an "
+                       "infinite input would give NaN or 0 where Conv then the scale gives ±inf)")
+    return None
 
 
 def _overflows(head: _Head, steps) -> bool:
@@ -360,12 +374,12 @@ class ConvChain(Rule):
         if tail is not None and not (tail.allowed(rules, bool(steps)) and room(len(nodes), len(tail.nodes) - 1)):
             tail = None
         if whole:
-            for exc, extra in f.tail_refusals:
+            for exc, more in f.tail_refusals:
                 if exc.rule == "conv_add_act":
                     on = "conv_add_act" in rules
                 else:
                     on = ("conv_bn_act" in rules) if steps else bool({"conv_act", "conv_bn_act"} & rules)
-                if on and room(len(nodes), extra - 1 if extra else 0):
+                if on and room(len(nodes), more):
                     refusals.append(exc)
         if tail is not None:
             nodes += list(tail.nodes)
@@ -373,13 +387,11 @@ class ConvChain(Rule):
         data = ConvChainData(f.head, pad, tuple(steps), tail.z if tail is not None else None, act)
         if len(nodes) == 1:
             return replace(m, refusals=refusals)
-        if steps and f.edge is not None:
-            raise Refused(f.edge)
-        if steps and _overflows(f.head, steps):
-            raise Refused(f"folded weights overflow {f.head.w.dtype}")
-        if steps and _underflows(f.head, steps):
-            raise Refused(f"a folded weight underflows to 0 in {f.head.w.dtype} (its term would be lost, and "
-                          "an infinite input would give NaN or 0 where Conv then the scale gives ±inf)")
+        unsafe = _unsafe_fold(f, steps)
+        if unsafe is not None:  # the whole chain refused, with what was refused on the way
+            if refusals:
+                return replace(m, refusals=refusals + [unsafe])
+            raise unsafe
         target = conv_target(act[0] if act else None, f.head.dtype, f.head.transpose, f.lower)
         reason = why or ("single-consumer chain; constant parameters; per-channel affine steps fold into the "
                          "weights" if steps else "single-consumer chain")

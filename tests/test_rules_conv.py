@@ -354,3 +354,11 @@ def test_resnet_residual_blocks_fuse_their_adds():
     res = check(m)
     adds = load(m).op_counts()["Add"]
     assert res.plan.rule_counts()["conv_add_act"] == adds and "Add" not in res.after and "Relu" not in res.after
+
+
+def test_a_bn_after_a_per_channel_mul_folds_too():
+    """Conv -> Mul(per channel) -> BN: the BN's legality is its own, not "reads the conv directly" (issue 22)."""
+    scale = tensor("s", np.abs(r(8, 1, 1)) + 0.5)
+    m = conv_model([h.make_node("Mul", ["c", "s"], ["cm"], name="mul"), bn_node("cm", "y")], [scale] + bn_params(8))
+    res = check(m, {"Conv": 1}, rules=["conv_bn", "conv_scale_bias"])
+    assert res.plan.rule_counts() == {"conv_bn": 1}

@@ -25,12 +25,12 @@ from fusionlab import runtime, timing, zoo
 from fusionlab.compilers import MODELS, iree, ort
 from fusionlab.graph import load
 from fusionlab.lessons import reductions as R
-from fusionlab.passes import plan_only
+from fusionlab.passes import plan
 
 
 def fusionlab_kernels(graph) -> int:
-    plan = plan_only(graph, passes=("vertical", "horizontal", "mixed"))
-    return len([n for n in graph if n.op_type != "Constant"]) - sum(g.size - 1 for g in plan)
+    fplan = plan(graph, passes=("vertical", "horizontal", "mixed"))
+    return len([n for n in graph if n.op_type != "Constant"]) - sum(g.size - 1 for g in fplan)
 
 
 def layernorm_gelu(min_time: float) -> tuple[list, list]:

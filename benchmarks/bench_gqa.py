@@ -2,7 +2,7 @@
 """GroupQueryAttention (rule `gqa`) against MultiHeadAttention after LLaMA's explicit repeat_kv (rule `attention`).
 
 For the corpus LLaMA exports (tests/corpus/llama.*.onnx, 4 Q / 2 K/V heads of 16, batch 1, sequence 32 and 128)
-and hand-built LLaMA attention blocks (tests/test_attention.py's `gqa_model`: 8 Q / 2 K/V heads of 64, hidden 512,
+and hand-built LLaMA attention blocks (tests/test_rules_attention.py's `gqa_model`: 8 Q / 2 K/V heads of 64, hidden 512,
 rotary written out, causal + padding mask; sequence 128 and 512): both fused models are verified against the
 original (fusionlab.verify: rtol 1e-4, atol 1e-5, also with a padded attention_mask for the corpus exports), then
 timed against each other, interleaved (fusionlab.timing.compare), one intra-op thread, at ORT_DISABLE_ALL and at
@@ -35,7 +35,7 @@ def fused(model, gqa: bool):
 
 
 def cases(quick: bool):
-    from test_attention import gqa_model
+    from test_rules_attention import gqa_model
 
     for name in ("llama.ts-fold", "llama.ts-nofold", "llama.dynamo"):
         path = ROOT / "tests" / "corpus" / f"{name}.onnx"

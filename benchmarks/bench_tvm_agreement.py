@@ -5,7 +5,7 @@ For each model of `fusionlab.compilers.MODELS` this runs TVM's own pipeline (Dec
 CanonicalizeBindings, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR; see
 `fusionlab.compilers.tvm`), traces every fused function back to ONNX node names, and writes them to
 `data/tvm_groups.json` (committed: notebook 08 reads it, so the default environment needs no TVM).
-It then compares them with fusionlab's mixed pass (`plan_only(model, passes=("mixed",))`): edge
+It then compares them with fusionlab's mixed pass (`plan(model, passes=("mixed",))`): edge
 agreement and pair Jaccard (`fusionlab.compilers.grouping`), and every disagreeing edge by pattern,
 into `benchmarks/results/tvm_agreement.md`. Needs the oracle extra: pip install -e '.[oracle]'.
 """
@@ -22,7 +22,7 @@ from fusionlab import zoo
 from fusionlab.compilers import MODELS, grouping
 from fusionlab.compilers import tvm as tvm_groups
 from fusionlab.graph import load
-from fusionlab.passes import plan_only
+from fusionlab.passes import plan
 
 DATA = ROOT / "data" / "tvm_groups.json"
 
@@ -47,10 +47,10 @@ def main() -> int:
         covered = [n for g in result.groups for n in g]
         compute = len([n for n in graph if n.op_type != "Constant"])
         for label, opts in (("default (max 5 ops)", {}), ("unlimited, as TVM (max_depth 256)", {"max_group_ops": None})):
-            plan = plan_only(graph, passes=("mixed",), **opts)
-            agree = grouping.compare_groupings(graph, result.groups, grouping.plan_groups(plan), name_a="TVM",
+            fplan = plan(graph, passes=("mixed",), **opts)
+            agree = grouping.compare_groupings(graph, result.groups, grouping.plan_groups(fplan), name_a="TVM",
                                                name_b="fusionlab", covered_a=covered)
-            fl_kernels = compute - sum(g.size - 1 for g in plan)
+            fl_kernels = compute - sum(g.size - 1 for g in fplan)
             rows.append([name, label, str(len(graph)), f"{result.functions_before} → {result.functions_after}",
                          str(len(result.groups)), str(fl_kernels), f"{agree.edge_agreement:.1%}",
                          f"{agree.pair_jaccard:.2f}", str(len(agree.disagreements)), f"{seconds:.0f} s"])

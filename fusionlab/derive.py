@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "bn_scale_shift", "fold_conv_bn", "fold_matmul_bn", "fold_gemm_bn", "Folded",
+    "bn_scale_shift", "fold_affine", "fold_conv_bn", "fold_matmul_bn", "fold_gemm_bn", "Folded",
     "conv_nd", "conv_transpose_nd", "batch_norm",
     "Fp16FoldReport", "fold_fp16_report",
     "Work", "conv_bn_work", "work_table",
@@ -78,6 +78,16 @@ def _scale_weight(w: np.ndarray, scale: np.ndarray, group: int, transpose: bool)
     wg = w.reshape((group, c_in // group, per_group) + w.shape[2:])
     sg = scale.reshape(group, 1, per_group, *([1] * (w.ndim - 2)))
     return (wg * sg).reshape(w.shape)
+
+
+def fold_affine(weight, bias, scale, shift, *, group: int = 1, transpose: bool = False) -> Folded:
+    """Fold a per-output-channel affine map `scale · y + shift` after a Conv (or ConvTranspose) into its weight
+    and bias: W' = scale·W, b' = scale·b + shift (`bias` may be None). Weights are laid out as in `fold_conv_bn`."""
+    w = np.asarray(weight)
+    scale, shift = np.asarray(scale, dtype=np.float64), np.asarray(shift, dtype=np.float64)
+    b64 = np.zeros(scale.shape[0]) if bias is None else np.asarray(bias, dtype=np.float64)
+    w_new = _scale_weight(w.astype(np.float64), scale, group, transpose)
+    return _cast_back(w_new, scale * b64 + shift, w.dtype)
 
 
 def fold_conv_bn(weight, bias, gamma, beta, mean, var, eps: float = 1e-5, *, group: int = 1,

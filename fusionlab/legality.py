@@ -23,7 +23,8 @@ import onnx_ir as ir
 
 from .graph import Graph
 
-__all__ = ["Verdict", "conv_bn_legal", "matmul_bn_legal", "single_consumer", "constant_inputs", "bn_inference_mode"]
+__all__ = ["Verdict", "conv_bn_legal", "matmul_bn_legal", "bn_foldable", "constant_inputs", "bn_inference_mode",
+           "range_edge_input", "fold_rounding"]
 
 _DEFAULT = ("", "ai.onnx")
 
@@ -47,11 +48,6 @@ def _no(code: str, reason: str) -> Verdict:
 
 def _present(value: ir.Value | None) -> bool:
     return value is not None and value.name != ""
-
-
-def single_consumer(graph: Graph, value: ir.Value) -> bool:
-    """True when exactly one node reads `value` and it is not a graph output."""
-    return len(graph.consumers(value)) == 1 and not graph.is_graph_output(value)
 
 
 def constant_inputs(graph: Graph, node: ir.Node, *idx: int) -> list[np.ndarray | None] | None:
@@ -144,6 +140,10 @@ def _bn_params(graph: Graph, bn: ir.Node, channels: int) -> Verdict | list[np.nd
             return _no("channel_mismatch", f"BN {what} has {p.shape[0]} channels, the producer has {channels}")
         if p.dtype.kind != "f":
             return _no("dtype", f"BN {what} has dtype {p.dtype}, not floating point")
+    attr = bn.attributes.get("epsilon")
+    eps = float(attr.value) if attr is not None else 1e-5
+    if not np.all(params[3].astype(np.float64) + eps > 0) or not all(np.all(np.isfinite(p)) for p in params):
+        return _no("not_finite", "BatchNormalization variance + epsilon is not positive (or parameters not finite)")
     return params
 
 
@@ -160,8 +160,7 @@ def _common(graph: Graph, producer: ir.Node, bn: ir.Node, kinds: tuple[str, ...]
     if len(graph.consumers(y)) != 1:
         return _no("multi_consumer", f"{producer.op_type} output {y.name!r} has "
                                      f"{len(graph.consumers(y))} consumers; folding would change the others")
-    mode = bn_inference_mode(graph, bn)
-    return None if mode.ok else mode
+    return None
 
 
 def _weights(graph: Graph, node: ir.Node, what: str) -> Verdict | tuple[np.ndarray, np.ndarray | None, bool]:
@@ -239,9 +238,14 @@ def fold_rounding(w: np.ndarray, b: np.ndarray | None, params: list[np.ndarray],
                             f"weights' rounding (~{error[c]:.2g}) exceeds the tolerance (~{budget[c]:.2g})")
 
 
-def _with_bn(graph: Graph, bn_node: ir.Node, channels: int, shared: bool, w: np.ndarray | None = None,
-             b: np.ndarray | None = None) -> Verdict:
-    """The verdict once the producer is fine: BN's parameters decide, and a shared weight means a copy."""
+def bn_foldable(graph: Graph, bn_node: ir.Node, channels: int, w: np.ndarray | None = None,
+                b: np.ndarray | None = None) -> Verdict:
+    """May `bn_node` fold into a producer's per-channel weights (`channels` of them; `w`, `b`: the producer's
+    weight and bias, for the float16 rounding check)? Inference mode, constant finite per-channel parameters, and
+    a fold that keeps the dtype's precision; what lies between the producer and the BN is the caller's to check."""
+    mode = bn_inference_mode(graph, bn_node)
+    if not mode.ok:
+        return mode
     params = _bn_params(graph, bn_node, channels)
     if isinstance(params, Verdict):
         return params
@@ -250,6 +254,15 @@ def _with_bn(graph: Graph, bn_node: ir.Node, channels: int, shared: bool, w: np.
         rounding = fold_rounding(w, b, params, float(attr.value) if attr is not None else 1e-5)
         if not rounding.ok:
             return rounding
+    return Verdict(True, "legal")
+
+
+def _with_bn(graph: Graph, bn_node: ir.Node, channels: int, shared: bool, w: np.ndarray | None = None,
+             b: np.ndarray | None = None) -> Verdict:
+    """The verdict once the producer is fine: BN's parameters decide, and a shared weight means a copy."""
+    verdict = bn_foldable(graph, bn_node, channels, w, b)
+    if not verdict.ok:
+        return verdict
     if shared:
         return Verdict(True, "legal; the weight is shared with other nodes, so fold into a copy", "ok", True)
     return Verdict(True, "legal")

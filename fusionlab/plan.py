@@ -215,7 +215,7 @@ class FusionPlan:
     groups: list[FusionGroup] = field(default_factory=list)
     model: str = ""
     notes: list[str] = field(default_factory=list)
-    #: how the plan was made: {"passes": [...], "prepare": [...], "<pass>": {option: value}}; `apply` reuses it
+    #: how the plan was made: {"passes": [...], "prepare": bool, "fold": bool, "<pass>": {option: value}}; `apply` reuses it
     options: dict = field(default_factory=dict)
     #: every candidate a rule refused, with the reason ("why was this not fused?")
     refusals: list[Refusal] = field(default_factory=list)

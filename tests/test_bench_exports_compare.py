@@ -46,7 +46,7 @@ def test_comparison_names_where_the_other_tool_fuses_more_and_why():
 
 
 def test_every_opt_in_rule_has_a_reason_and_every_fused_op_a_family():
-    assert set(vertical.OPT_IN_REASONS) == set(vertical.RULES) - set(vertical.DEFAULT_RULES)
+    assert set(vertical.OPT_IN_REASONS) == set(vertical.RULE_NAMES) - set(vertical.DEFAULT_RULES)
     assert set(B.FUSED_OP_FAMILY.values()) <= set(B.FAMILY_RULES)
     for rules in B.FAMILY_RULES.values():
-        assert set(rules) <= set(vertical.RULES)
+        assert set(rules) <= set(vertical.RULE_NAMES)

@@ -5,7 +5,7 @@ import json
 from fusionlab import zoo
 from fusionlab.compilers import cann
 from fusionlab.graph import load
-from fusionlab.passes import plan_only
+from fusionlab import passes
 from fusionlab.plan import FusionGroup, FusionPlan
 
 
@@ -39,7 +39,7 @@ def test_reads_atcs_published_example():
 
 def test_a_real_plan_round_trips_and_counts_every_group():
     g = load(zoo.get("resnet_small"))
-    plan = plan_only(g, passes=("vertical", "horizontal", "mixed"))
+    plan = passes.plan(g, passes=("vertical", "horizontal", "mixed"))
     parsed = cann.read_fusion_result(cann.fusion_result_json(plan))
     counted = sum(effect for stage in parsed.values() for _, effect in stage.values())
     assert counted == sum(len(cann.pass_for(grp)) for grp in plan) and counted >= len(plan) > 0

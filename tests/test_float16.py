@@ -251,7 +251,7 @@ def test_generator_writes_float16_skip_layernorm_with_the_projection_bias_and_it
     from fusionlab.fuzz.generate import build, generate_with_tags
     from fusionlab.fuzz.judge import Case
     from fusionlab.fuzz.oracle import judge
-    from fusionlab.passes.vertical import RULES
+    from fusionlab.passes.vertical import RULE_NAMES
 
     for i in range(4000):
         seed = f"fp16-skipln/{i}"
@@ -264,11 +264,11 @@ def test_generator_writes_float16_skip_layernorm_with_the_projection_bias_and_it
         model, tags = generate_with_tags(seed)
         if not {"float16", "add_layernorm", "skip_bias"} <= set(tags):
             continue
-        res = fuse(model, ("vertical",), rules=list(RULES))
+        res = fuse(model, ("vertical",), rules=list(RULE_NAMES))
         fused = [n for n in res.graph.to_proto().graph.node if n.op_type == "SkipLayerNormalization"]
         if not any(len(n.input) == 5 for n in fused):
             continue  # a near miss of the bias (higher rank, overridable): keep looking
-        outcome = judge(Case(model, 3, {"lower": "runtime", "rules": list(RULES)}), ("vertical",))
+        outcome = judge(Case(model, 3, {"lower": "runtime", "rules": list(RULE_NAMES)}), ("vertical",))
         assert outcome.kind == "ok", outcome.detail
         return
     pytest.fail("no float16 Add + bias + LayerNormalization graph that fuses in 4000 seeds")

@@ -454,6 +454,7 @@ def _buggy_pass():
         for n in graph.graph:
             if n.op_type == "Sigmoid":
                 n.op_type = "Tanh"
+        return plan
 
     mod.plan, mod.apply, mod.OPTIONS = plan, apply, {}
     return mod
@@ -487,7 +488,7 @@ def test_diagnosis_names_what_a_planted_failure_depends_on(monkeypatch):
             raise IndexError("a made-up node name")
         return FusionPlan(model=graph.name)
 
-    mod.plan, mod.apply, mod.OPTIONS = plan, lambda graph, plan, **_: None, {}
+    mod.plan, mod.apply, mod.OPTIONS = plan, lambda graph, plan, **_: plan, {}
     monkeypatch.setitem(sys.modules, "fusionlab_test_name_pass", mod)
     monkeypatch.setitem(passes.PASSES, "byname", "fusionlab_test_name_pass")
     model = _gelu_model(half=0.4996)                   # its nodes are unnamed

@@ -6,8 +6,7 @@ import pytest
 from onnx import helper
 
 from fusionlab import build, derive, load, verify
-from fusionlab.legality import (conv_bn_legal, constant_inputs, matmul_bn_legal, single_consumer,
-                                bn_inference_mode)
+from fusionlab.legality import conv_bn_legal, constant_inputs, matmul_bn_legal, bn_inference_mode
 
 RNG = np.random.default_rng(0)
 F = np.float32
@@ -267,15 +266,6 @@ def test_gemm_channel_mismatch():
 # --------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------
-
-def test_single_consumer():
-    relu = helper.make_node("Relu", ["c"], ["r"], name="relu")
-    g = load(conv_bn_model(extra_nodes=[relu], extra_outputs=("r",)), check=False)
-    assert not single_consumer(g, g.value("c"))
-    g = load(conv_bn_model(), check=False)
-    assert single_consumer(g, g.value("c"))
-    assert not single_consumer(g, g.value("y"))  # graph output, no consumer
-
 
 def test_constant_inputs():
     g = load(conv_bn_model(bias=False), check=False)

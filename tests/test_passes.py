@@ -1,9 +1,10 @@
-"""fuse() never changes the caller's model, whatever the passes do."""
+"""fuse() never changes the caller's model, and apply() never the caller's plan, whatever the passes do."""
 
 import pytest
 
 from fusionlab import load, zoo
-from fusionlab.passes import fuse
+from fusionlab.passes import apply, fuse, get_pass, plan
+from fusionlab.passes.prepare import graph_of as prepared_graph_of
 
 MODELS = {
     "resnet_small": lambda: zoo.resnet_small(),
@@ -25,3 +26,19 @@ def test_fuse_leaves_the_input_model_byte_identical(name):
     # and the fused graph owns its nodes: changing it does not reach the original
     result.graph.graph.remove(list(result.graph.graph)[-1], safe=False)
     assert graph.to_proto().SerializeToString() == before
+
+
+@pytest.mark.parametrize("kind, name", [("vertical", "resnet_small"), ("horizontal", "inception"),
+                                        ("mixed", "mobilenet_v2"), ("mixed", "bert_tiny")])
+def test_apply_never_changes_the_callers_plan(kind, name):
+    """`apply` (the public one, and the pass's own) rewrites the model as the plan says; the plan stays as it was."""
+    graph = load(MODELS[name]())
+    fplan = plan(graph, passes=(kind,))
+    assert any(g.kind == kind for g in fplan)
+    before = fplan.to_json()
+    result = apply(graph, fplan)
+    assert fplan.to_json() == before
+    assert result.plan is not fplan and [g.id for g in result.plan] == [g.id for g in fplan]
+    work = prepared_graph_of(graph, fplan).copy()
+    get_pass(kind).apply(work, fplan)
+    assert fplan.to_json() == before

@@ -14,6 +14,7 @@ from onnx import helper as h
 from fusionlab.build import tensor, value_info
 from fusionlab.passes import fuse
 
+from chainkit import check as chain_check
 from rulekit import check, mk, r, refused
 
 SHAPE = [2, 8, 5, 5]
@@ -120,3 +121,14 @@ def test_relu6_alone_and_a_per_channel_offset_are_left_alone_quietly():
     m = model([h.make_node("Clip", ["x", "zero", "six"], ["y"], name="clip")])
     assert refused(m, ("hard_sigmoid", "hard_swish"), "clip") == []
     assert refused(_not_hard("per-channel offset"), ("hard_sigmoid", "hard_swish"), "clip") == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# (from tests/test_vertical.py)
+# ---------------------------------------------------------------------------------------------------
+
+def test_standalone_silu_to_quickgelu():
+    m = mk([h.make_node("Add", ["x", "x"], ["a"], name="add"), h.make_node("Sigmoid", ["a"], ["s"], name="sig"),
+                    h.make_node("Mul", ["s", "a"], ["y"], name="mul")],
+                   [value_info("x", shape=[2, 16])], [value_info("y", shape=None)])
+    chain_check(m, {"Add": 1, "com.microsoft:QuickGelu": 1})

@@ -14,7 +14,9 @@ from onnx import helper as h
 
 from fusionlab.build import tensor, value_info
 from fusionlab.passes import fuse
+from fusionlab.passes.vertical import RULE_NAMES
 
+from chainkit import check as chain_check, unchanged as chain_unchanged
 from rulekit import CORPUS, check, mk, r, refused
 
 H = 16
@@ -263,3 +265,55 @@ def test_a_plan_handing_the_sum_on_round_trips_through_json(norm, rule):
     res = fuse(m, ("vertical",), rules=(rule,))
     again = apply(m, FusionPlan.from_json(res.plan.to_json()))
     assert again.graph.to_proto().SerializeToString() == res.graph.to_proto().SerializeToString()
+
+
+# ---------------------------------------------------------------------------------------------------
+# (from tests/test_vertical.py)
+# ---------------------------------------------------------------------------------------------------
+
+def ln_nodes(x, y, *, with_affine=True):
+    nodes = [h.make_node("ReduceMean", [x], ["mu"], name="mean", axes=[-1]),
+             h.make_node("Sub", [x, "mu"], ["d"], name="sub"),
+             h.make_node("Pow", ["d", "two"], ["d2"], name="pow"),
+             h.make_node("ReduceMean", ["d2"], ["var"], name="mean2", axes=[-1]),
+             h.make_node("Add", ["var", "eps"], ["ve"], name="addeps"),
+             h.make_node("Sqrt", ["ve"], ["std"], name="sqrt"),
+             h.make_node("Div", ["d", "std"], ["nrm"], name="div"),
+             h.make_node("Mul", ["nrm", "gamma"], ["sc"], name="mulg"),
+             h.make_node("Add", ["sc", "beta"], [y], name="addb")]
+    inits = [tensor("two", np.float32(2.0)), tensor("eps", np.float32(1e-5)), tensor("gamma", r(16)), tensor("beta", r(16))]
+    return nodes, inits
+
+
+def test_decomposed_layernorm_opset17():
+    nodes, inits = ln_nodes("x", "y")
+    m = mk(nodes, [value_info("x", shape=["batch", 8, 16])], [value_info("y", shape=None)], inits)
+    res = chain_check(m, {"LayerNormalization": 1})
+    assert res.plan.rule_counts() == {"layernorm": 1}
+
+
+def test_layernorm_opset13_has_no_standard_op_left_alone():
+    nodes, inits = ln_nodes("x", "y")
+    m = mk(nodes, [value_info("x", shape=["batch", 8, 16])], [value_info("y", shape=None)], inits, opset=13)
+    res = chain_unchanged(m)
+    assert any("opset 17" in n for n in res.plan.notes)
+
+
+def test_skip_layernorm_and_onnx_lowering():
+    nodes, inits = ln_nodes("s", "y")
+    m = mk([h.make_node("Add", ["x", "skip"], ["s"], name="resid")] + nodes,
+                   [value_info("x", shape=["batch", 8, 16]), value_info("skip", shape=["batch", 8, 16])],
+                   [value_info("y", shape=None)], inits)
+    res = chain_check(m, {"com.microsoft:SkipLayerNormalization": 1}, rules=RULE_NAMES)  # opt-in rule
+    assert res.plan.rule_counts() == {"skip_layernorm": 1}
+    chain_check(m, {"Add": 1, "LayerNormalization": 1}, lower="onnx", rules=RULE_NAMES)
+    default = chain_check(m, {"Add": 1, "LayerNormalization": 1})  # by default: measured slower, not fused
+    assert default.plan.rule_counts() == {"layernorm": 1}
+
+
+def test_skip_layernorm_needs_same_shapes():
+    nodes, inits = ln_nodes("s", "y")
+    m = mk([h.make_node("Add", ["x", "skip"], ["s"], name="resid")] + nodes,
+                   [value_info("x", shape=["batch", 8, 16]), value_info("skip", shape=[8, 16])],
+                   [value_info("y", shape=None)], inits)
+    chain_check(m, {"Add": 1, "LayerNormalization": 1}, rules=RULE_NAMES)

@@ -45,21 +45,21 @@ def _input_shape(graph) -> str | None:
 def run(args) -> int:
     from ..cli import UsageError
     from ..graph import save_model
-    from ..passes import plan as plan_only
+    from ..passes import plan
     from ..customop import UnsupportedGroup, declare_group, library_path, package_files, replace_groups, write_package
 
     graph = load_input(args.model)
     passes = tuple(parse_passes(args.passes))
     try:
-        plan = plan_only(graph, passes)
+        fplan = plan(graph, passes)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.list:
         from ..passes.prepare import graph_of
         from ..text import MAX_WIDTH, wrap
 
-        work = graph_of(graph, plan)  # the graph the plan's groups name
-        for g in plan:
+        work = graph_of(graph, fplan)  # the graph the plan's groups name
+        for g in fplan:
             try:
                 op = declare_group(work, g)
                 verdict = f"-> {op.decl.name}"
@@ -77,7 +77,7 @@ def run(args) -> int:
     if out.exists() and any(out.iterdir()) and not args.force:
         raise UsageError(f"{out} is not empty; pass --force to write into it")
     try:
-        result = replace_groups(graph, plan, args.group)
+        result = replace_groups(graph, fplan, args.group)
     except UnsupportedGroup as exc:
         raise UsageError(str(exc)) from None
     if not args.no_verify:

@@ -36,7 +36,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..cli import UsageError
-    from ..passes import fuse, plan as plan_only
+    from ..passes import fuse, plan
     from ..viz import save_picture
 
     out = check_output(args.output, [args.model])
@@ -49,10 +49,10 @@ def run(args) -> int:
     if args.hops < 0:
         raise UsageError("--hops must be >= 0")
     graph = load_input(args.model)
-    plan, drawn, source = None, graph, None
+    fplan, drawn, source = None, graph, None
     try:
         if args.plan:
-            plan = plan_only(graph, passes=parse_passes(args.passes))
+            fplan = plan(graph, passes=parse_passes(args.passes))
         elif args.fused:
             result = fuse(graph, passes=parse_passes(args.passes))
             drawn, source = result.graph, graph
@@ -65,11 +65,11 @@ def run(args) -> int:
     nodes = [n.strip() for n in args.nodes.split(",")] if args.nodes else None
     bands = "auto" if args.columns == "auto" else int(args.columns)
     try:
-        save_picture(drawn, out, plan=plan, nodes=nodes, hops=args.hops if nodes else 0, max_nodes=args.max_nodes,
+        save_picture(drawn, out, plan=fplan, nodes=nodes, hops=args.hops if nodes else 0, max_nodes=args.max_nodes,
                      wrap=bands, source=source)
     except (ValueError, KeyError) as exc:
         raise UsageError(str(exc).strip("'\"")) from None
-    what = f", {len(plan)} fusion groups highlighted" if plan is not None else ""
+    what = f", {len(fplan)} fusion groups highlighted" if fplan is not None else ""
     if source is not None:
         fused = sum(1 for n in drawn if len(drawn.covers(n.name)) > 1 or n.domain not in ("", "ai.onnx"))
         what = f" after fusion (from {len(graph)}), {fused} fused ops marked"

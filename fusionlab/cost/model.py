@@ -37,6 +37,7 @@ from ..graph import Graph, as_graph
 from ..opclass import OpKind, classify
 from ..plan import FusionPlan
 from ..passes.fold import is_host_side
+from ..passes.prepare import graph_of, settings
 from ..shapes import ShapeInfo
 from ..text import text_table
 
@@ -112,7 +113,7 @@ class Analysis:
     def __init__(self, graph: Graph, dims: dict | None, precision: str | None):
         self.graph = graph
         self.dims = dims
-        #: {prepare setting: the Analysis of the graph a plan made with it names} (see `for_plan`)
+        #: {(prepare, fold) of a plan: the Analysis of the graph a plan made with it names} (see `for_plan`)
         self._planned: dict = {}
         self.info = ShapeInfo.of(graph, dims)
         self.shapes = self.info.concrete_shapes
@@ -150,14 +151,12 @@ class Analysis:
 
         A plan made by `fusionlab.passes.plan` names nodes of the prepared model (`passes.prepare.graph_of`);
         laid over the loaded model its groups can form cycles with the nodes preparation removed.
-        `prepared` ({prepare setting: graph}) shares prepared copies between analyses of one graph.
+        `prepared` ({(prepare, fold): graph}) shares prepared copies between analyses of one graph.
         """
-        how = plan.options.get("prepare", False) if plan is not None else False
-        if not how or self._planned.get("self") == how:
+        how = settings(plan)
+        if not how[0] or self._planned.get("self") == how:
             return self
         if how not in self._planned:
-            from ..passes.prepare import graph_of
-
             cache = prepared if prepared is not None else {}
             if how not in cache:
                 cache[how] = graph_of(self.graph, plan)

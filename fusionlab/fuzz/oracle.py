@@ -363,11 +363,11 @@ def blame(case: Case, passes, outcome: Outcome) -> Blame:
                 chosen = sub
                 break
     if "vertical" in chosen:
-        from fusionlab.passes.vertical import RULES
+        from fusionlab.passes.vertical import RULE_NAMES
 
-        fired = [r for r in (outcome.rules or {}) if r in RULES]
+        fired = [r for r in (outcome.rules or {}) if r in RULE_NAMES]
         if not fired:
-            fired = list(RULES)
+            fired = list(RULE_NAMES)
         for rule in fired:
             if judge(case, chosen, rules=[rule]).same_failure(outcome):
                 return Blame(chosen, (rule,))

@@ -4,8 +4,9 @@ A pass module exposes `OPTIONS` (the options it takes, with defaults) and two fu
 
 - ``plan(graph, **options) -> FusionPlan``: pure analysis, the graph is not touched; the plan records the
   options that made it;
-- ``apply(graph, plan) -> None``: rewrites `graph` in place, re-checking each of the plan's groups with its own
-  rule on its anchor (a group that no longer matches raises `StaleGroup`, naming it).
+- ``apply(graph, plan) -> FusionPlan``: rewrites `graph` in place, re-checking each of the plan's groups with its
+  own rule on its anchor (a group that no longer matches raises `StaleGroup`, naming it); returns the groups as
+  written (copies: what each was lowered to), and never changes the plan it is given.
 
 Module-level:
 
@@ -18,7 +19,8 @@ Module-level:
 - `plan(model, passes, **options)` is the one planner every view uses (explain, show, customop, the
   explorer): the plan `fuse` would make, without the fused graph;
 - `apply(model, plan)` rewrites a copy of the model exactly as a plan says — one read from JSON, possibly
-  edited (a deleted group leaves its nodes unfused).
+  edited (a deleted group leaves its nodes unfused); the result's plan is the plan as written, the caller's is
+  unchanged.
 """
 
 from __future__ import annotations
@@ -27,23 +29,21 @@ import importlib
 from dataclasses import dataclass, field
 
 from ..graph import Graph, as_graph
-from ..plan import HORIZONTAL, MIXED, VERTICAL, FusionPlan, PlanError
+from ..plan import KINDS, VERTICAL, FusionGroup, FusionPlan, PlanError
+from ..shapes import ShapeInfo
 from .engine import StaleGroup
+from .fold import is_host_side
 from .options import split_options
+from .prepare import prepare as run_prepare, settings
 from .runcheck import RunCheck, RunFailure, run_check
+from .select import select as by_measurement
 from .validate import FusionError, problems
 
-__all__ = ["PASSES", "FusionResult", "FusionError", "StaleGroup", "PlanError", "fuse", "plan", "plan_only", "apply",
+__all__ = ["PASSES", "FusionResult", "FusionError", "StaleGroup", "PlanError", "fuse", "plan", "apply",
            "get_pass", "options_of", "options_for"]
 
-#: pass name -> module (imported lazily)
-PASSES = {
-    "cleanup": "fusionlab.passes.cleanup",
-    "vertical": "fusionlab.passes.vertical",
-    "horizontal": "fusionlab.passes.horizontal",
-    "mixed": "fusionlab.passes.mixed",
-}
-_KIND_PASS = {VERTICAL: "vertical", HORIZONTAL: "horizontal", MIXED: "mixed"}
+#: pass name -> its module's import path; the pass that makes groups of a kind (`plan.KINDS`) is named as the kind
+PASSES = {"cleanup": "fusionlab.passes.cleanup", **{kind: f"fusionlab.passes.{kind}" for kind in KINDS}}
 
 
 @dataclass
@@ -65,6 +65,7 @@ class FusionResult:
 
 
 def get_pass(name: str):
+    """The module of the pass `name`; ValueError naming the passes for an unknown one."""
     if name not in PASSES:
         raise ValueError(f"unknown pass {name!r}; choose from {', '.join(PASSES)}")
     return importlib.import_module(PASSES[name])
@@ -124,9 +125,6 @@ def _count_runs(graph: Graph, combined: FusionPlan, made: dict[str, list[str]], 
     """Set each group's `runs`: the kernels of its rewrite still in the fused model, after every pass (a later
     group may have taken some of them in). Host-side shape arithmetic launches no kernel and is not counted,
     as the cost model does not count it (`fold.is_host_side`)."""
-    from ..shapes import ShapeInfo
-    from .fold import is_host_side
-
     index = {n.name: n for n in graph.nodes()}
     info = ShapeInfo.of(graph, dims or {})
     for group in combined:
@@ -134,12 +132,12 @@ def _count_runs(graph: Graph, combined: FusionPlan, made: dict[str, list[str]], 
         group.runs = sum(1 for n in alive if not is_host_side(n, info))
 
 
-def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = True, compare: bool = True,
-         select: str | None = None, select_level: str = "disable", **options) -> FusionResult:
+def fuse(model, passes=("vertical",), *, prepare: bool = True, fold: bool = True, validate: bool = True,
+         compare: bool = True, select: str | None = None, select_level: str = "disable", **options) -> FusionResult:
     """Run the named passes in order on a copy of `model`; returns the fused graph and the combined plan.
 
-    The copy is first prepared (`fusionlab.passes.prepare`: clean-up and constant folding) unless
-    `prepare=False`. With `validate` (the default) the result is checked statically and by running it once
+    The copy is first prepared (`fusionlab.passes.prepare`: clean-up, then constant folding unless `fold=False`)
+    unless `prepare=False`. With `validate` (the default) the result is checked statically and by running it once
     (`runcheck`; `compare=False` runs it without comparing it with the original), and a broken rewrite
     raises `FusionError`; a model onnxruntime cannot load at all is refused (`ModelError` naming it).
     `select="measured"` keeps only the groups that measure faster than the ops they replace, timed on the
@@ -151,20 +149,21 @@ def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = 
     original = as_graph(model)
     per_pass = split_options([(p, get_pass(p).OPTIONS) for p in passes], options)
     graph = original.copy()
-    combined = FusionPlan(model=original.name, options={"passes": passes, "prepare": prepare})
+    combined = FusionPlan(model=original.name, options={"passes": passes, "prepare": prepare, "fold": fold})
     if prepare:
-        _prepare(graph, combined)
+        _prepare(graph, combined, fold=fold)
     made: dict[str, list[str]] = {}
     for name in passes:
         module = get_pass(name)
         part = module.plan(graph, **per_pass[name])
         if select == "measured" and len(part):
-            from .select import select as by_measurement
-
             part, _ = by_measurement(graph, part, level=select_level)
         before = {n.name for n in graph.nodes()}
-        _apply_part(graph, module, part, name)
+        part = _apply_part(graph, module, part, name)
         made.update(_made(graph, part, before))
+        for group in part:
+            if group.kind == VERTICAL:
+                group.extra["fused_nodes"] = made[group.id]
         _merge(combined, part)
     _count_runs(graph, combined, made, options.get("dims"))
     if select:
@@ -175,18 +174,13 @@ def fuse(model, passes=("vertical",), *, prepare: bool = True, validate: bool = 
     return result
 
 
-def plan(model, passes=("vertical",), *, prepare: bool = True, **options) -> FusionPlan:
+def plan(model, passes=("vertical",), *, prepare: bool = True, fold: bool = True, **options) -> FusionPlan:
     """The plan `fuse` makes for these passes and options (groups of later passes see earlier rewrites)."""
-    return fuse(model, passes, prepare=prepare, validate=False, **options).plan
+    return fuse(model, passes, prepare=prepare, fold=fold, validate=False, **options).plan
 
 
-#: the planner's old name
-plan_only = plan
 
-
-def _prepare(graph: Graph, fplan: FusionPlan, fold: bool = True) -> None:
-    from .prepare import prepare as run_prepare
-
+def _prepare(graph: Graph, fplan: FusionPlan, *, fold: bool) -> None:
     done = run_prepare(graph, fold=fold)
     if done:
         fplan.notes.append("prepare: " + ", ".join(f"{k} {v}" for k, v in done.items()))
@@ -194,9 +188,10 @@ def _prepare(graph: Graph, fplan: FusionPlan, fold: bool = True) -> None:
         fplan.notes.append(f"prepare: graph output {name!r} {why}: declared as computed")
 
 
-def _apply_part(graph: Graph, module, part: FusionPlan, name: str) -> None:
+def _apply_part(graph: Graph, module, part: FusionPlan, name: str) -> FusionPlan:
+    """The pass's `apply` of `part` to `graph`: the groups as written; a crash is a FusionError naming the pass."""
     try:
-        module.apply(graph, part)
+        return module.apply(graph, part)
     except (StaleGroup, FusionError, PlanError):
         raise
     except Exception as exc:  # a rewrite that crashes is our bug: say where
@@ -209,19 +204,21 @@ def apply(model, fplan: FusionPlan, *, validate: bool = True, compare: bool = Tr
     checks (`validate`, `compare`)."""
     original = as_graph(model)
     graph = original.copy()
-    if fplan.options.get("prepare", False):
-        # "no-fold": plans written by fuse's former retry without folding (issue 19 removed it) replay as written
-        _prepare(graph, FusionPlan(), fold=fplan.options["prepare"] != "no-fold")
-    order = fplan.options.get("passes") or [p for p in ("vertical", "horizontal", "mixed")
-                                           if any(_KIND_PASS[g.kind] == p for g in fplan)]
+    prepared, fold = settings(fplan)
+    if prepared:
+        _prepare(graph, FusionPlan(), fold=fold)
+    order = fplan.options.get("passes") or [kind for kind in KINDS if any(g.kind == kind for g in fplan)]
     unknown = [p for p in order if p not in PASSES]
     if unknown:
         raise PlanError(f"the plan names an unknown pass {unknown[0]!r}")
+    written: dict[str, FusionGroup] = {}
     for name in order:
-        part = FusionPlan([g for g in fplan if _KIND_PASS[g.kind] == name], model=fplan.model,
+        part = FusionPlan([g for g in fplan if g.kind == name], model=fplan.model,
                           options={k: v for k, v in fplan.options.items() if k == name})
-        _apply_part(graph, get_pass(name), part, name)
-    result = FusionResult(graph, fplan, original.op_counts(), graph.op_counts())
+        written.update((g.id, g) for g in _apply_part(graph, get_pass(name), part, name))
+    done = FusionPlan([written.get(g.id, g) for g in fplan], model=fplan.model, notes=list(fplan.notes),
+                      options=dict(fplan.options), refusals=list(fplan.refusals))
+    result = FusionResult(graph, done, original.op_counts(), graph.op_counts())
     if validate:
         _check(original, result, compare=compare, dims=_plan_dims(fplan))
     return result
@@ -270,7 +267,7 @@ def _blamed(original: Graph, fplan: FusionPlan, problem: str, broken) -> FusionE
             return FusionError(problem, pass_name="prepare", rule="cleanup")
         return FusionError(problem, pass_name="prepare", rule="fold")
     culprit = fplan[step - 1]
-    return FusionError(problem, pass_name=_KIND_PASS[culprit.kind], rule=culprit.rule, group=culprit.id)
+    return FusionError(problem, pass_name=culprit.kind, rule=culprit.rule, group=culprit.id)
 
 
 def _first_bad_prefix(original: Graph, fplan: FusionPlan, broken) -> int | None:
@@ -285,7 +282,7 @@ def _first_bad_prefix(original: Graph, fplan: FusionPlan, broken) -> int | None:
             return True
         return broken(partial.graph)
 
-    if fplan.options.get("prepare", False) and bad(0):
+    if settings(fplan)[0] and bad(0):
         return 0
     if not groups or not bad(len(groups)):
         return None

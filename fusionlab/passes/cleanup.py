@@ -23,6 +23,7 @@ import onnx_ir as ir
 
 from ..graph import Graph, name_nodes
 from ..plan import FusionPlan
+from . import engine
 from .options import check_options
 
 __all__ = ["clean", "needed", "ensure_node_names", "remove_dead", "lift_constants", "bypass", "plan", "apply", "OPTIONS"]
@@ -189,9 +190,11 @@ def plan(graph: Graph, **options) -> FusionPlan:
     return FusionPlan(model=graph.name, notes=notes)
 
 
-def apply(graph: Graph, plan: FusionPlan, **options) -> None:
-    """Clean the graph in place and record what was done in the plan's notes."""
+def apply(graph: Graph, plan: FusionPlan, **options) -> FusionPlan:
+    """Clean the graph in place; returns the plan as written, what was done in its notes (the plan is unchanged)."""
     check_options("cleanup", options, OPTIONS)
     done = clean(graph)
-    plan.notes.append("cleanup: " + ", ".join(f"{k} {v}" for k, v in done.items() if v) if any(done.values())
+    written = engine.written(plan, plan)
+    written.notes.append("cleanup: " + ", ".join(f"{k} {v}" for k, v in done.items() if v) if any(done.values())
                       else "cleanup: nothing to do")
+    return written

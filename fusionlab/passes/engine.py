@@ -2,11 +2,16 @@
 
 A rule is a small unit, shaped after onnxscript's rewriter (pattern, condition, replacement):
 
-- `Rule.match(cx, anchor)` looks for the rule's pattern anchored on one node and checks that rewriting it is
-  legal. It returns a `Match`, returns None when the pattern is simply not there, or raises `Refused(reason)`
-  when the pattern is there but the rewrite would not compute the same thing (the reason is kept: "why was
-  this not fused?").
-- `Rule.rewrite(cx, match)` builds the replacement nodes over the group's external inputs.
+- `Rule.match(cx, anchor)` looks for the rule's whole pattern anchored on one node, whichever rules are on, and
+  checks that rewriting it is legal. It returns a `Match`, returns None when the pattern is simply not there, or
+  raises `Refused(reason)` when the pattern is there but the rewrite would not compute the same thing (the reason
+  is kept: "why was this not fused?"). A part of the pattern that is refused while the rest stands (a chain
+  stopped at an illegal step) travels as a `Refused` in `Match.refusals`: one channel for every refusal.
+- `Rule.cut(match, rules, limit)` cuts the whole pattern to the enabled rules (and a chain to the group-size
+  limit); the engine calls it, so no matcher asks which rules are on. By default a match of a rule that is off
+  falls back to `Match.fallback` (the same pattern without the part that rule adds).
+- `Rule.rewrite(cx, match)` builds the replacement nodes over the group's external inputs, from the rule's own
+  typed `Match.data`.
 
 Everything generic lives here, once: which nodes a rule may take (`Context.free`: while planning, nodes no
 earlier group claimed; while applying a plan, exactly the members of the group being applied, so a
@@ -25,12 +30,13 @@ import numpy as np
 import onnx_ir as ir
 
 from ..graph import Graph
-from ..plan import FusionGroup, PlanError, Refusal
+from ..plan import FusionGroup, FusionPlan, PlanError, Refusal
 from ..shapes import ShapeInfo
+from .options import Lowering
 
 __all__ = ["Refused", "StaleGroup", "Match", "Rule", "Context", "is_op", "attr", "sole_consumer", "consumers",
            "other_input", "only_read_by", "readers_text", "next_reader", "scalar", "exact", "escapes", "find",
-           "recheck", "replace",
+           "recheck", "replace", "written",
            "import_domains", "annotate", "node_index", "copy_attrs", "DEFAULT_DOMAIN"]
 
 DEFAULT_DOMAIN = ("", "ai.onnx")
@@ -44,11 +50,20 @@ class Refused(Exception):
     <found>" unless one is given.
     """
 
-    def __init__(self, reason: str = "", *, condition: str = "", found: str = "", matched: int = 0):
+    def __init__(self, reason: str = "", *, condition: str = "", found: str = "", matched: int = 0, rule: str = "",
+                 node: ir.Node | None = None):
         if not reason and condition:
             reason = f"needs {condition}" + (f"; found {found}" if found else "")
         super().__init__(reason)
         self.condition, self.found, self.matched = condition, found, matched
+        #: the rule refused and the node it is recorded at (defaults: the rule family's first name, the anchor); a
+        #: refusal naming a rule counts only while that rule is on
+        self.rule, self.node = rule, node
+
+    def at(self, rule: str, node: ir.Node) -> "Refused":
+        """This refusal, recorded under `rule` at `node`."""
+        self.rule, self.node = rule, node
+        return self
 
 
 class StaleGroup(PlanError):
@@ -74,7 +89,17 @@ class Match:
     #: nodes the rewrite relies on without taking them (an operand's Transpose it reads through): no other
     #: group of the pass may take them, and the match is refused if another group already has
     reads: list[ir.Node] = field(default_factory=list)
-    data: dict = field(default_factory=dict)
+    #: what the rule's rewrite needs: the rule's own frozen dataclass
+    data: object = None
+    #: whether the target is one fused runtime kernel (False: a function-lowering candidate)
+    kernel: bool = True
+    #: the activation the group ends with, by name ("Relu", "SiLU"), when it has one
+    activation: str | None = None
+    #: parts of the pattern refused while the rest stands (recorded when the match is planned; `Rule.cut` keeps
+    #: those of the part it keeps)
+    refusals: list[Refused] = field(default_factory=list)
+    #: the same pattern without the part this rule adds, for when this rule is off (a Refused: refused then)
+    fallback: "Match | Refused | None" = None
 
     def handed_on(self) -> list[ir.Value]:
         return self.outputs if self.outputs is not None else [self.nodes[-1].outputs[0]]
@@ -95,6 +120,20 @@ class Rule:
 
     def enabled(self, cx: "Context") -> bool:
         return any(n in cx.rules for n in self.names)
+
+    def cut(self, m: Match, rules: frozenset[str], limit: int | None) -> Match | None:
+        """The whole pattern `m` cut to the enabled `rules` (and chains to `limit` ops); None: nothing of it is on.
+
+        By default the match, or its fallback while its rule is off; a Refused fallback whose rule is on is raised.
+        """
+        found: Match | Refused | None = m
+        while isinstance(found, Match) and found.rule not in rules:
+            found = found.fallback
+        if isinstance(found, Refused):
+            if found.rule in rules:
+                raise found
+            return None
+        return found
 
     def anchored_on(self, node: ir.Node) -> bool:
         return node.op_type in self.anchors and node.domain in self.domains
@@ -158,21 +197,21 @@ def readers_text(value: ir.Value, besides: ir.Node | None = None) -> str:
     return f"{value.name} is also read by {others[0].op_type} {others[0].name}{more}"
 
 
-def next_reader(cx: "Context", value: ir.Value, rule: str, anchor: ir.Node, wanted, matched: int) -> ir.Node | None:
+def next_reader(cx: "Context", value: ir.Value, rule: str, anchor: ir.Node, wanted,
+                matched: int) -> "ir.Node | Refused | None":
     """The only node reading `value` (`sole_consumer`); when there is none but a reader is the node the pattern
-    takes next (`wanted(node)`), the near miss is recorded under `rule`: the value is a graph output or has
-    another reader, so fusing would lose it (`matched`: pattern nodes in place before this step)."""
+    takes next (`wanted(node)`), the near miss as a Refused of `rule` at `anchor`: the value is a graph output or
+    has another reader, so fusing would lose it (`matched`: pattern nodes in place before this step)."""
     n = sole_consumer(value)
     if n is not None:
         return n
     fits = [r for r in consumers(value) if cx.free(r) and wanted(r)]
-    if fits:
-        producer = value.producer()
-        what = producer.op_type if producer is not None else "value"
-        cx.refuse(rule, anchor, "", condition=f"the {what}'s output read by the {fits[0].op_type} alone (fusing "
-                                              "removes it)",
-                  found=readers_text(value, fits[0]), matched=matched)
-    return None
+    if not fits:
+        return None
+    producer = value.producer()
+    what = producer.op_type if producer is not None else "value"
+    return Refused(condition=f"the {what}'s output read by the {fits[0].op_type} alone (fusing removes it)",
+                   found=readers_text(value, fits[0]), matched=matched, rule=rule, node=anchor)
 
 
 def only_read_by(value: ir.Value, nodes: Iterable[ir.Node]) -> bool:
@@ -210,14 +249,14 @@ def exact(c: np.ndarray | None, target: float, ulps: int = 1) -> bool:
 class Context:
     """One pass run over one graph: shapes, names, options, claimed nodes and the refusals met."""
 
-    def __init__(self, graph: Graph, *, rules: Iterable[str] = (), lower: str = "runtime",
+    def __init__(self, graph: Graph, *, rules: Iterable[str] = (), lower: str = Lowering.RUNTIME,
                  dims: dict | None = None, max_group_ops: int | None = None, info: ShapeInfo | None = None):
         self.graph = graph
         self.g = graph.graph
         self.info = info if info is not None else ShapeInfo.of(graph, dims)
         self.names = graph.names()
-        self.rules = set(rules)
-        self.lower = lower
+        self.rules = frozenset(rules)
+        self.lower = Lowering(lower)
         self.max_ops = max_group_ops
         self.claimed: set[int] = set()
         self.relied: set[int] = set()  # nodes a planned group reads through (Match.reads): no group may take them
@@ -245,6 +284,13 @@ class Context:
         elif not reason and condition:
             reason = f"needs {condition}" + (f"; found {found}" if found else "")
         self.refusals.append(Refusal(rule, node.name, reason, condition, found, matched))
+
+    def refused(self, exc: Refused, rule: str, anchor: ir.Node) -> None:
+        """Record `exc`, met by `rule`'s family at `anchor`, under its own rule and node if it names them; a
+        refusal of a rule that is off is not recorded."""
+        if exc.rule and exc.rule not in self.rules:
+            return
+        self.refuse(exc.rule or rule, exc.node if exc.node is not None else anchor, exc)
 
     # -- facts about values ------------------------------------------------------------------------
     def constant(self, value: ir.Value | None) -> np.ndarray | None:
@@ -308,12 +354,24 @@ def escapes(m: Match) -> str | None:
     return None
 
 
+def _cut_match(cx: Context, rule: Rule, node: ir.Node) -> Match | None:
+    """The rule's whole pattern at `node` cut to the enabled rules; raises Refused."""
+    m = rule.match(cx, node)
+    return None if m is None else rule.cut(m, cx.rules, cx.max_ops)
+
+
 def _try(cx: Context, rule: Rule, node: ir.Node) -> Match | None:
+    """The match at `node`, its refusals recorded; None when there is none, or only the anchor is left of it."""
     try:
-        return rule.match(cx, node)
+        m = _cut_match(cx, rule, node)
     except Refused as exc:
-        cx.refuse(rule.names[0], node, exc)
+        cx.refused(exc, rule.names[0], node)
         return None
+    if m is None:
+        return None
+    for exc in m.refusals:  # the cut kept these: they count
+        cx.refuse(exc.rule or rule.names[0], exc.node if exc.node is not None else node, exc)
+    return m if len(m.nodes) > 1 else None
 
 
 def find(cx: Context, rules: Sequence[Rule]) -> list[Match]:
@@ -398,6 +456,13 @@ def node_index(graph: Graph) -> dict[str, ir.Node]:
     return {n.name: n for n in graph.graph}
 
 
+def written(plan: FusionPlan, groups: Iterable[FusionGroup]) -> FusionPlan:
+    """What a pass's `apply` returns: `plan` with copies of `groups`, in which the rewrite records what it decided
+    (what each group was lowered to); the caller's plan is never changed."""
+    return FusionPlan([FusionGroup.from_dict(g.to_dict()) for g in groups], model=plan.model, notes=list(plan.notes),
+                      options=dict(plan.options), refusals=list(plan.refusals))
+
+
 def recheck(cx: Context, rule: Rule, group: FusionGroup, index: dict[str, ir.Node]) -> Match:
     """The group's rule matched again on its anchor, over exactly the group's nodes; StaleGroup otherwise."""
     where = f"group {group.id} ({group.rule} at {group.anchor})"
@@ -407,12 +472,12 @@ def recheck(cx: Context, rule: Rule, group: FusionGroup, index: dict[str, ir.Nod
     members = [index[n] for n in group.nodes]
     cx.only = {id(n) for n in members}
     try:
-        m = rule.match(cx, index[group.anchor])
+        m = _cut_match(cx, rule, index[group.anchor])
     except Refused as exc:
         raise StaleGroup(f"{where}: no longer legal: {exc}") from None
     finally:
         cx.only = None
-    if m is None:
+    if m is None or len(m.nodes) < 2:
         raise StaleGroup(f"{where}: its nodes no longer form the pattern")
     if m.rule != group.rule:
         raise StaleGroup(f"{where}: its nodes now match {m.rule}, not {group.rule}")

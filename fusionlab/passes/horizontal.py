@@ -22,6 +22,8 @@ set from that anchor over exactly the group's nodes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 import onnx_ir as ir
 
@@ -185,6 +187,19 @@ def _chains(cx, anchors: list[ir.Node], family: str, rank: int | None, sizes: li
             c.append(n)
 
 
+@dataclass(frozen=True, eq=False)
+class SiblingsData:
+    """The branches (anchor + common followers each), their family, output rank and sizes, the shared input, and
+    the id of the group being written (names its new nodes; set when applying)."""
+
+    chains: tuple[tuple[ir.Node, ...], ...]
+    family: str
+    rank: int | None
+    sizes: tuple[int, ...]
+    input: ir.Value
+    gid: str = ""
+
+
 class Siblings(Rule):
     """Siblings reading one tensor with constant weights and equal attributes -> one wide op (+ followers) + Split."""
 
@@ -232,21 +247,21 @@ class Siblings(Rule):
                      # the shared input is read once instead of n times; the Split writes and reads the outputs once more
                      saved_bytes=(len(anchors) - 1) * in_bytes - 2 * out_bytes,
                      outputs=[c[-1].outputs[0] for c in chains],
-                     data={"chains": chains, "family": family, "rank": rank, "sizes": sizes, "input": v})
+                     data=SiblingsData(tuple(tuple(c) for c in chains), family, rank, tuple(sizes), v))
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
-        chains, family = m.data["chains"], m.data["family"]
+        d: SiblingsData = m.data
+        chains, family, gid = d.chains, d.family, d.gid
         anchors = [c[0] for c in chains]
-        gid = m.data["gid"]
         new_nodes = [self._wide_anchor(cx, anchors, family, gid)]
         for pos in range(1, len(chains[0])):
             new_nodes.append(self._wide_follower(cx, [c[pos] for c in chains], new_nodes[-1].outputs[0], m, pos))
         split_in = [new_nodes[-1].outputs[0]]
         attrs = {"axis": 1 if family == "conv" else -1}
         if cx.graph.opset >= 13:
-            split_in.append(cx.initializer(f"{gid}_split", np.array(m.data["sizes"], dtype=np.int64)))
+            split_in.append(cx.initializer(f"{gid}_split", np.array(d.sizes, dtype=np.int64)))
         else:
-            attrs["split"] = list(m.data["sizes"])
+            attrs["split"] = list(d.sizes)
         new_nodes.append(cx.node("Split", split_in, attrs, base=f"{gid}/Split", num_outputs=len(chains)))
         m.lowered_to = "+".join(n.op_type for n in new_nodes)
         return new_nodes
@@ -269,12 +284,13 @@ class Siblings(Rule):
     @staticmethod
     def _wide_follower(cx, ops: list[ir.Node], x: ir.Value, m: Match, pos: int) -> ir.Node:
         f0 = ops[0]
-        gid, family, rank, sizes = m.data["gid"], m.data["family"], m.data["rank"], m.data["sizes"]
+        d: SiblingsData = m.data
+        gid, family, rank, sizes = d.gid, d.family, d.rank, d.sizes
         if f0.op_type == "BatchNormalization":
             params = [np.concatenate([cx.constant(n.inputs[j]).reshape(-1) for n in ops]) for j in range(1, 5)]
             ins = [x] + [cx.initializer(f"{gid}_bn{pos}_{j}", p) for j, p in enumerate(params)]
         elif f0.op_type == "Add":
-            prev = {id(c[pos - 1].outputs[0]) for c in m.data["chains"]}
+            prev = {id(c[pos - 1].outputs[0]) for c in d.chains}
             arrays = [cx.constant(n.inputs[1] if id(n.inputs[0]) in prev else n.inputs[0]) for n in ops]
             c = np.concatenate([_per_channel(a, rank, family, size) for a, size in zip(arrays, sizes)])
             if family == "conv":  # channels on axis 1 of the rank-`rank` output: shape (C, 1, ..., 1)
@@ -302,27 +318,28 @@ def plan(graph: Graph, **options) -> FusionPlan:
     result = FusionPlan(model=graph.name, options={"horizontal": opts})
     for k, m in enumerate(engine.find(cx, [Siblings(opts["min_branches"])])):
         group = engine.to_group(cx, m, f"horizontal{k}", HORIZONTAL)
-        chains = m.data["chains"]
-        group.extra = {"input": m.data["input"].name, "branches": [[n.name for n in c] for c in chains],
-                       "split": m.data["sizes"], "family": m.data["family"]}
+        d: SiblingsData = m.data
+        group.extra = {"input": d.input.name, "branches": [[n.name for n in c] for c in d.chains],
+                       "split": list(d.sizes), "family": d.family}
         result.add(group)
     result.refusals = sorted(set(cx.refusals), key=lambda r: (r.node, r.rule, r.reason))
     result.notes.extend(f"horizontal: {r.node}: not a candidate ({r.reason})" for r in result.refusals)
     return result
 
 
-def apply(graph: Graph, fplan: FusionPlan, **options) -> None:
-    """Rewrite every horizontal group of the plan into one wide op (+ followers) and a Split, in place."""
-    groups = [g for g in fplan if g.kind == HORIZONTAL]
-    if not groups:
-        return
+def apply(graph: Graph, fplan: FusionPlan, **options) -> FusionPlan:
+    """Rewrite every horizontal group of the plan into one wide op (+ followers) and a Split, in place; returns
+    the groups as written (`engine.written`: what each was lowered to), the plan itself unchanged."""
+    groups = engine.written(fplan, [g for g in fplan if g.kind == HORIZONTAL])
+    if not len(groups):
+        return groups
     opts = _resolve({**fplan.options.get("horizontal", {}), **options})
     cx = engine.Context(graph, dims=opts["dims"], rules=Siblings.names)
     rule = Siblings(opts["min_branches"])
     index = engine.node_index(graph)
     for group in groups:
         m = engine.recheck(cx, rule, group, index)
-        m.data["gid"] = group.id
+        m.data = replace(m.data, gid=group.id)
         new_nodes = rule.rewrite(cx, m)
         engine.replace(cx, m, new_nodes, rule.outputs(m, new_nodes), same_shape=False)
         for old in m.nodes:
@@ -330,3 +347,4 @@ def apply(graph: Graph, fplan: FusionPlan, **options) -> None:
         index.update((n.name, n) for n in new_nodes)
         group.lowered_to = m.lowered_to
     engine.import_domains(graph)
+    return groups

@@ -20,11 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LOWERINGS", "Target", "FUSED_CONV_ACTIVATIONS", "FUSED_GEMM_ACTIVATIONS", "ELEMENTWISE_ACTIVATIONS",
+from .engine import Refused
+from .options import Lowering
+
+__all__ = ["Target", "FUSED_CONV_ACTIVATIONS", "FUSED_GEMM_ACTIVATIONS", "ELEMENTWISE_ACTIVATIONS",
            "conv_target", "gemm_target", "gelu_target", "fast_gelu_target", "contrib_target", "layernorm_target",
            "attention_target", "gqa_target", "rmsnorm_target", "FLOAT16_CPU_KERNELS", "float16_refusal"]
 
-LOWERINGS = ("runtime", "functions", "onnx")
+
+
 _F32 = np.dtype(np.float32)
 
 #: The ops fusionlab writes that onnxruntime 1.31's CPU build runs on float16 itself: the MLFloat16 kernel
@@ -76,28 +80,27 @@ def float16_refusal(op: str, dtype, found: str = ""):
     to raise or record. One condition for every rule, so `explain --why-not` counts them together."""
     if dtype is None or np.dtype(dtype) != np.float16 or op in FLOAT16_CPU_KERNELS:
         return None
-    from .engine import Refused  # engine imports this module
     return Refused(condition=f"a float16 CPU kernel for {op} (onnxruntime 1.31 has float32 only, and would run "
                    "it in float32 between Casts it inserts)", found=found or "float16 operands")
 
 
-def conv_target(act: str | None, dtype, transpose: bool, lower: str) -> Target:
+def conv_target(act: str | None, dtype, transpose: bool, lower: Lowering) -> Target:
     """Conv with folded affine steps and an optional activation (SiLU counts as one)."""
     op = "ConvTranspose" if transpose else "Conv"
     if act is None:
         return Target(op)
     if act == "SiLU":
         return Target(f"{op}+com.microsoft:QuickGelu", 2)
-    if act in FUSED_CONV_ACTIVATIONS and dtype == _F32 and not transpose and lower != "onnx":
+    if act in FUSED_CONV_ACTIVATIONS and dtype == _F32 and not transpose and lower != Lowering.ONNX:
         return Target("com.microsoft:FusedConv")
     return Target(f"{op}+{act}", 2, kernel=False)
 
 
-def conv_activations(dtype, transpose: bool, lower: str) -> dict | None:
+def conv_activations(dtype, transpose: bool, lower: Lowering) -> dict | None:
     """The activation table a Conv chain may end with (None: any elementwise op, for function lowering)."""
-    if lower == "onnx":
+    if lower == Lowering.ONNX:
         return {}
-    if lower == "functions":
+    if lower == Lowering.FUNCTIONS:
         return None
     return FUSED_CONV_ACTIVATIONS if (dtype == _F32 and not transpose) else {}
 
@@ -106,47 +109,47 @@ def gemm_target(act: str | None) -> Target:
     return Target("com.microsoft:FusedGemm") if act else Target("Gemm")
 
 
-def gelu_target(dtype, opset: int, lower: str) -> Target | None:
+def gelu_target(dtype, opset: int, lower: Lowering) -> Target | None:
     """erf-GELU: the opset-20 `Gelu`, else onnxruntime's contrib `Gelu` (fp32 only); None if neither applies."""
     if dtype != _F32:
         return None
     if opset >= 20:
         return Target("Gelu")
-    if lower != "onnx":
+    if lower != Lowering.ONNX:
         return Target("com.microsoft:Gelu")
     return None
 
 
-def fast_gelu_target(opset: int, lower: str) -> Target | None:
+def fast_gelu_target(opset: int, lower: Lowering) -> Target | None:
     """tanh-GELU: onnxruntime's FastGelu, or the opset-20 `Gelu(approximate="tanh")` with standard ops only."""
-    if lower != "onnx":
+    if lower != Lowering.ONNX:
         return Target("com.microsoft:FastGelu")
     if opset >= 20:
         return Target("Gelu(tanh)")
     return None
 
 
-def contrib_target(op: str, lower: str) -> Target | None:
+def contrib_target(op: str, lower: Lowering) -> Target | None:
     """A com.microsoft op with no standard equivalent (BiasGelu, QuickGelu, SkipLayerNormalization, ...)."""
-    return None if lower == "onnx" else Target(f"com.microsoft:{op}")
+    return None if lower == Lowering.ONNX else Target(f"com.microsoft:{op}")
 
 
-def attention_target(lower: str) -> Target | None:
+def attention_target(lower: Lowering) -> Target | None:
     """Scaled dot-product attention: onnxruntime's MultiHeadAttention (no standard op before opset 23)."""
-    return None if lower == "onnx" else Target("com.microsoft:MultiHeadAttention")
+    return None if lower == Lowering.ONNX else Target("com.microsoft:MultiHeadAttention")
 
 
-def gqa_target(lower: str) -> Target | None:
+def gqa_target(lower: Lowering) -> Target | None:
     """Grouped-query attention on the unrepeated K/V: onnxruntime's GroupQueryAttention (causal=0, the graph's mask
     as attention_bias)."""
-    return None if lower == "onnx" else Target("com.microsoft:GroupQueryAttention")
+    return None if lower == Lowering.ONNX else Target("com.microsoft:GroupQueryAttention")
 
 
 def layernorm_target(opset: int) -> Target | None:
     return Target("LayerNormalization") if opset >= 17 else None
 
 
-def rmsnorm_target(opset: int, lower: str) -> Target | None:
+def rmsnorm_target(opset: int, lower: Lowering) -> Target | None:
     """RMSNorm: the opset-23 `RMSNormalization`; None below opset 23.
 
     onnxruntime's own `SimplifiedLayerNormalization` is registered in the ONNX domain only (not in

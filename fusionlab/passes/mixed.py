@@ -54,7 +54,7 @@ from ..plan import MIXED, FusionGroup, FusionPlan
 from ..shapes import ShapeInfo
 from ..cost import working_set as ws_model
 from ..cost.working_set import Member as WSMember
-from . import engine
+from . import engine, functions
 from .fold import is_host_side
 from .options import check_options
 
@@ -585,8 +585,10 @@ def check_group(graph: Graph, group: FusionGroup, opts: dict, info: ShapeInfo, i
             raise engine.StaleGroup(f"{where}: recomputes {r}, which is not elementwise/broadcast")
 
 
-def _materialise_recompute(graph: Graph, group: FusionGroup, index: dict, names) -> None:
-    """Give the group its own copy of each recomputed node, read by the group's members only."""
+def _materialise_recompute(graph: Graph, group: FusionGroup, index: dict, names) -> list[str]:
+    """Give the group its own copy of each recomputed node, read by the group's members only; returns the
+    members, the copies in place of the recomputed nodes."""
+    members = list(group.nodes)
     inside = {id(index[n]) for n in group.nodes if n not in group.recompute}
     for base in group.recompute:
         node = index[base]
@@ -599,17 +601,18 @@ def _materialise_recompute(graph: Graph, group: FusionGroup, index: dict, names)
                     use.node.replace_input_with(use.idx, new)
         graph.graph.insert_before(node, copy)
         graph.origin[copy.name] = graph.covers(base)
-        group.nodes[group.nodes.index(base)] = copy.name
+        members[members.index(base)] = copy.name
         index[copy.name] = copy
+    return members
 
 
-def apply(graph: Graph, fplan: FusionPlan, **options) -> None:
-    """Lower every mixed group of the plan to one ONNX local-function call (in place), each re-checked first."""
-    from . import functions
-
-    groups = [g for g in fplan if g.kind == MIXED]
+def apply(graph: Graph, fplan: FusionPlan, **options) -> FusionPlan:
+    """Lower every mixed group of the plan to one ONNX local-function call (in place), each re-checked first;
+    returns the groups as written (`engine.written`: the function each became), the plan itself unchanged."""
+    written = engine.written(fplan, [g for g in fplan if g.kind == MIXED])
+    groups = list(written)
     if not groups:
-        return
+        return written
     opts = {**OPTIONS, **check_options("mixed", {**fplan.options.get("mixed", {}), **options}, OPTIONS)}
     info = ShapeInfo.of(graph, opts["dims"])
     index = engine.node_index(graph)
@@ -620,13 +623,10 @@ def apply(graph: Graph, fplan: FusionPlan, **options) -> None:
                 if v is not None:
                     engine.annotate(info, v)
     names = graph.names()
-    members = {}
-    for group in groups:
-        saved = list(group.nodes)
-        _materialise_recompute(graph, group, index, names)
-        members[group.id], group.nodes = list(group.nodes), saved
+    members = {group.id: _materialise_recompute(graph, group, index, names) for group in groups}
     for base in {r for g in groups for r in g.recompute}:
         node = index[base]
         if not any(o.uses() or o.is_graph_output() for o in node.outputs):
             graph.graph.remove(node, safe=True)
-    functions.to_functions(graph, FusionPlan(groups, model=fplan.model), members=members)
+    functions.to_functions(graph, written, members=members)
+    return written

@@ -1,10 +1,24 @@
-"""Pass options: each pass declares the options it takes; an option nobody declares is an error, not a no-op."""
+"""Pass options: each pass declares the options it takes; an option nobody declares is an error, not a no-op.
+
+The vertical pass's `lower` option takes a `Lowering` (see `fusionlab.passes.lowering` for what each writes)."""
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Iterable
 
-__all__ = ["check_options", "split_options"]
+__all__ = ["Lowering", "check_options", "split_options"]
+
+
+class Lowering(str, Enum):
+    """The lowering modes; a member is its string ("runtime" == Lowering.RUNTIME), as the CLI and plans write it."""
+
+    RUNTIME = "runtime"
+    FUNCTIONS = "functions"
+    ONNX = "onnx"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
 
 
 def check_options(pass_name: str, given: dict, declared: dict) -> dict:

@@ -21,11 +21,13 @@ computed one (the checker wants a shape on every graph output), with the reason 
 from __future__ import annotations
 
 import onnx
+import onnx_ir as ir
 
 from ..graph import Graph, as_graph
+from ..shapes import _light_proto
 from . import cleanup, fold as _fold
 
-__all__ = ["prepare", "needed", "repair_value_info", "graph_of"]
+__all__ = ["prepare", "repair_value_info", "settings", "graph_of"]
 
 
 def _contradicts(declared: tuple, inferred: tuple) -> bool:
@@ -44,8 +46,6 @@ def _unknown_negative(v) -> bool:
     reads it; True if there was one."""
     if v.shape is None or not any(isinstance(d, int) and d < 0 for d in v.shape):
         return False
-    import onnx_ir as ir
-
     v.shape = ir.Shape([None if isinstance(d, int) and d < 0 else d for d in v.shape])
     return True
 
@@ -55,8 +55,6 @@ def repair_value_info(graph: Graph, *, outputs: bool = False) -> list[str]:
     without them; declared negative dims become unknown. With `outputs`, a graph output whose declared shape
     contradicts what the graph computes is declared with the computed shape instead (its dtype stays),
     recorded with the reason in `graph.undeclared_outputs`. Returns the names changed."""
-    from ..shapes import _light_proto
-
     changed = [v.name for v in list(graph.graph.outputs) + [o for n in graph.graph for o in n.outputs]
                if v.name and _unknown_negative(v)]
     values = {v.name: v for n in graph.graph for v in n.outputs
@@ -83,8 +81,6 @@ def repair_value_info(graph: Graph, *, outputs: bool = False) -> list[str]:
             if tt.HasField("shape") else None
         if out is not None:
             if got is not None and _contradicts(_dims(out.shape), got):
-                import onnx_ir as ir
-
                 graph.undeclared_outputs[out.name] = (f"declared {list(_dims(out.shape))}, the graph computes "
                                                       f"{list(got)}")
                 # the checker wants a shape on a graph output: the computed one (its dims where known)
@@ -117,8 +113,10 @@ def prepare(graph: Graph, *, fold: bool = True) -> dict[str, int]:
     return {k: v for k, v in sorted(done.items()) if v}
 
 
-def needed(graph: Graph) -> bool:
-    return cleanup.needed(graph) or _fold.needed(graph)
+def settings(plan) -> tuple[bool, bool]:
+    """(prepare, fold) of how `plan` was made: whether its model was prepared first, and constants folded then."""
+    options = plan.options if plan is not None else {}
+    return bool(options.get("prepare", False)), bool(options.get("fold", True))
 
 
 def graph_of(model, plan) -> Graph:
@@ -133,8 +131,8 @@ def graph_of(model, plan) -> Graph:
     nothing; otherwise a prepared copy (the model is never modified).
     """
     graph = as_graph(model)
-    how = plan.options.get("prepare", False) if plan is not None else False
-    if not how:
+    prepared, fold = settings(plan)
+    if not prepared:
         return graph
     work = graph.copy()
-    return work if prepare(work, fold=how != "no-fold") else graph
+    return work if prepare(work, fold=fold) else graph

@@ -17,12 +17,16 @@ import numpy as np
 import onnx_ir as ir
 
 from ..graph import Graph
-from ..plan import FusionGroup, FusionPlan, Refusal
+from ..plan import HORIZONTAL, MIXED, VERTICAL, FusionGroup, FusionPlan, Refusal
 from ..shapes import ShapeInfo, dim_value
+from ..timing import compare_models
+from . import horizontal, mixed, vertical
 from .engine import StaleGroup
 from .shape_values import ShapeValues
 
 __all__ = ["Trial", "select", "extract"]
+
+_PASS_OF_KIND = {VERTICAL: vertical, HORIZONTAL: horizontal, MIXED: mixed}
 
 
 @dataclass
@@ -125,11 +129,9 @@ def _signature(sub: Graph, group: FusionGroup) -> tuple:
 
 
 def _measure(sub: Graph, group: FusionGroup, options: dict, level: str, min_time: float):
-    from ..timing import compare_models
-    from . import apply
-
     one = FusionPlan([FusionGroup.from_dict(group.to_dict())], options=dict(options))
-    fused = apply(sub, one, validate=False).graph
+    fused = sub.copy()
+    _PASS_OF_KIND[group.kind].apply(fused, one)
     return compare_models(sub, fused, level_a=level, level_b=level, threads=1, min_time=min_time, min_rounds=10)
 
 

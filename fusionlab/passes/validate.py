@@ -12,7 +12,8 @@ from __future__ import annotations
 import onnx
 import onnx_ir as ir
 
-from ..graph import Graph
+from ..graph import Graph, has_external_tensors
+from ..shapes import ShapeInfo, _light_proto
 
 __all__ = ["FusionError", "problems", "interface_problems", "checker_problem", "unknown_ops"]
 
@@ -115,8 +116,6 @@ then moves to a domain the checker does not check, as a contrib op stays in its 
             keep.append(n)
             continue
         if info is None:
-            from ..shapes import ShapeInfo
-
             info = ShapeInfo.of(graph)
         typed = []
         for name in n.output:
@@ -177,8 +176,6 @@ def checker_problem(graph: Graph, excused: frozenset[str] = frozenset()) -> str 
     declared as typed inputs of their shapes), which it never looks at beyond their type and shape: checking
     ResNet-50 no longer serialises its 100 MB twice. That the bytes fit the shapes is checked where they are
     read, by onnxruntime loading the model (`runcheck`)."""
-    from ..shapes import _light_proto
-
     proto = _light_proto(graph)
     try:
         onnx.checker.check_model(_stand_ins(graph, proto, excused), full_check=True)
@@ -207,6 +204,4 @@ def problems(original: Graph, fused: Graph, *, checker: bool = True) -> list[str
 
 def _too_big(graph: Graph) -> bool:
     """Models past protobuf's limit cannot be checked in memory (their weights stay on disk)."""
-    from ..graph import has_external_tensors
-
     return has_external_tensors(graph.model)

@@ -47,19 +47,15 @@ are not split by it.
 
 from __future__ import annotations
 
-from typing import Iterable
-
 from ..graph import Graph
 from ..plan import VERTICAL, FusionPlan
 from . import cleanup, engine
-from .lowering import FUSED_CONV_ACTIVATIONS, FUSED_GEMM_ACTIVATIONS, LOWERINGS
-from .options import check_options
+from .functions import to_functions
+from .options import Lowering, check_options
 from .rules import RULE_NAMES, VERTICAL_RULES, rule_for
 
-__all__ = ["RULES", "DEFAULT_RULES", "LOWERINGS", "OPTIONS", "FUSED_CONV_ACTIVATIONS", "FUSED_GEMM_ACTIVATIONS",
-           "plan", "apply"]
+__all__ = ["RULE_NAMES", "DEFAULT_RULES", "OPT_IN_REASONS", "OPTIONS", "plan", "apply"]
 
-RULES = RULE_NAMES
 #: rules a user names to get (measured no faster than what the default rules make; see below)
 _OPT_IN = ("skip_layernorm", "swiglu", "geglu")
 #: Rules applied when none are named. A fused kernel earns its place by measurement, not by existing
@@ -99,7 +95,7 @@ _OPT_IN = ("skip_layernorm", "swiglu", "geglu")
 #:   95% CIs) as a function 0.96x (0.80-1.26) off / 1.05x (1.00-1.15) at ALL on llama.dynamo, 0.97x
 #:   (0.91-1.06) / 1.02x (0.97-1.06) on t5_encoder.dynamo, 1.02x (0.88-1.18) / 1.04x (0.94-1.11) on
 #:   llama.ts-fold: no clear difference; written out (lower="runtime") it is the same graph as silu/fast_gelu.
-DEFAULT_RULES = tuple(r for r in RULES if r not in _OPT_IN)
+DEFAULT_RULES = tuple(r for r in RULE_NAMES if r not in _OPT_IN)
 #: why each opt-in rule is off by default, in one line (the measurements above; benchmark tables quote it)
 OPT_IN_REASONS = {
     "skip_layernorm": "onnxruntime 1.31's CPU SkipLayerNormalization measured slower than the Add(s) + "
@@ -114,17 +110,18 @@ OPTIONS = {"rules": None, "lower": "runtime", "dims": None, "max_group_ops": Non
 
 def _resolve(options: dict) -> dict:
     opts = {**OPTIONS, **check_options("vertical", options, OPTIONS)}
-    if opts["lower"] not in LOWERINGS:
-        raise ValueError(f"unknown lowering {opts['lower']!r}; choose from {', '.join(LOWERINGS)}")
+    if opts["lower"] not in set(Lowering):
+        raise ValueError(f"unknown lowering {opts['lower']!r}; choose from {', '.join(Lowering)}")
+    opts["lower"] = Lowering(opts["lower"]).value  # plans hold plain data
     rules = opts["rules"]
     if rules is None:
         rules = DEFAULT_RULES
     elif isinstance(rules, str):
         rules = [r.strip() for r in rules.split(",") if r.strip()]
-    unknown = sorted(set(rules) - set(RULES))
+    unknown = sorted(set(rules) - set(RULE_NAMES))
     if unknown:
-        raise ValueError(f"unknown vertical rule(s) {unknown}; choose from {', '.join(RULES)}")
-    opts["rules"] = sorted(set(rules), key=RULES.index)
+        raise ValueError(f"unknown vertical rule(s) {unknown}; choose from {', '.join(RULE_NAMES)}")
+    opts["rules"] = sorted(set(rules), key=RULE_NAMES.index)
     if opts["max_group_ops"] is not None and opts["max_group_ops"] < 1:
         raise ValueError(f"max_group_ops must be >= 1 or None, got {opts['max_group_ops']}")
     return opts
@@ -151,25 +148,26 @@ def plan(graph: Graph, **options) -> FusionPlan:
     result = FusionPlan(model=graph.name, options={"vertical": opts})
     for i, m in enumerate(engine.find(cx, VERTICAL_RULES)):
         group = engine.to_group(cx, m, f"v{i}", VERTICAL)
-        kernel = m.data.get("kernel", True)
-        if opts["lower"] == "functions" and not kernel:
+        if opts["lower"] == Lowering.FUNCTIONS and not m.kernel:
             group.lowered_to = "function"
-        group.extra = {"kernel": kernel, **({"activation": m.data["act"][0]} if m.data.get("act") else {})}
+        group.extra = {"kernel": m.kernel, **({"activation": m.activation} if m.activation else {})}
         result.add(group)
     result.refusals = sorted(set(cx.refusals), key=lambda r: (r.node, r.rule, r.reason))
     result.notes.extend(f"vertical: not fused: {r}" for r in result.refusals)
     return result
 
 
-def apply(graph: Graph, plan: FusionPlan, **options) -> None:
-    """Rewrite `graph` in place: each vertical group re-checked with its own rule on its anchor, then rewritten.
+def apply(graph: Graph, plan: FusionPlan, **options) -> FusionPlan:
+    """Rewrite `graph` in place: each vertical group re-checked with its own rule on its anchor, then rewritten;
+    returns the groups as written (`engine.written`: a group lowered to a function says which).
 
     The options are the plan's own (`plan.options["vertical"]`) unless given here. A group whose nodes no
-    longer match raises `engine.StaleGroup` naming the group; nothing outside the plan is touched.
+    longer match raises `engine.StaleGroup` naming the group; nothing outside the plan is touched, and the plan
+    itself is not changed.
     """
-    groups = [g for g in plan if g.kind == VERTICAL]
-    if not groups:
-        return
+    groups = engine.written(plan, [g for g in plan if g.kind == VERTICAL])
+    if not len(groups):
+        return groups
     opts = _resolve({**plan.options.get("vertical", {}), **options})
     cleanup.clean(graph)
     cx = _context(graph, opts)
@@ -188,18 +186,11 @@ def apply(graph: Graph, plan: FusionPlan, **options) -> None:
         for old in m.nodes:
             index.pop(old.name, None)
         index.update((n.name, n) for n in new_nodes)
-        group.extra["fused_nodes"] = [n.name for n in new_nodes]
-        if opts["lower"] == "functions" and not m.data.get("kernel", True):
+        if opts["lower"] == Lowering.FUNCTIONS and not m.kernel:
             functions[group.id] = [n.name for n in new_nodes]
     cleanup.remove_dead(graph)
     engine.import_domains(graph)
     if functions:
-        from .functions import to_functions
+        to_functions(graph, groups, groups=list(functions), members=functions)
+    return groups
 
-        to_functions(graph, plan, groups=list(functions), members=functions)
-
-
-def rules_of(names: Iterable[str] | None = None) -> list:
-    """The rule units producing the given names (all by default), in priority order."""
-    wanted = set(RULES if names is None else names)
-    return [r for r in VERTICAL_RULES if wanted & set(r.names)]

@@ -14,6 +14,7 @@ a scalar that does not broadcast x up a rank, every intermediate read only by th
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
@@ -95,7 +96,18 @@ def _is_hard_sigmoid(lo: float, hi: float, k: float) -> bool:
     return lo == 0.0 and hi > 0 and abs(k * hi - 1.0) <= _ULPS
 
 
-def hard_activation(cx, clip: ir.Node) -> dict | None:
+@dataclass(frozen=True, eq=False)
+class HardFound:
+    """A hard sigmoid (or swish: times x) written out: its nodes, its input, HardSigmoid's alpha and beta."""
+
+    nodes: list[ir.Node]
+    x: ir.Value
+    alpha: float
+    beta: float
+    swish: bool
+
+
+def hard_activation(cx, clip: ir.Node) -> HardFound | None:
     """The hard sigmoid / swish around `clip`: nodes, x, alpha, beta, swish; None if absent, Refused if not legal."""
     bounds = _bounds(cx, clip)
     if bounds is None or clip.inputs[0] is None or cx.dtype(clip.inputs[0]) not in FLOATS:
@@ -127,15 +139,14 @@ def hard_activation(cx, clip: ir.Node) -> dict | None:
                           "scale * max = 1)")
         return None
     tail, k = best
-    return {"nodes": inner + [clip] + tail, "x": x, "alpha": k * a, "beta": k * b,
-            "swish": any(_reads_x(n, x) for n in tail)}
+    return HardFound(inner + [clip] + tail, x, k * a, k * b, any(_reads_x(n, x) for n in tail))
 
 
 def _reads_x(n: ir.Node, x: ir.Value) -> bool:
     return n.op_type == "Mul" and any(v is x for v in n.inputs)
 
 
-def hard_sigmoid_after(cx, value: ir.Value) -> dict | None:
+def hard_sigmoid_after(cx, value: ir.Value) -> HardFound | None:
     """A hard sigmoid of `value` (not a swish) whose first op reads it: for Conv chains (FusedConv takes it)."""
     cur, n = value, sole_consumer(value)
     for _ in range(4):
@@ -152,7 +163,7 @@ def hard_sigmoid_after(cx, value: ir.Value) -> dict | None:
         found = hard_activation(cx, n)
     except Refused:
         return None
-    return found if found is not None and found["x"] is value and not found["swish"] else None
+    return found if found is not None and found.x is value and not found.swish else None
 
 
 def _exact(v: float, target: float) -> bool:
@@ -168,26 +179,24 @@ class HardActivation(Rule):
 
     def match(self, cx, clip: ir.Node) -> Match | None:
         found = hard_activation(cx, clip)
-        if found is None or not cx.free(*found["nodes"]):
+        if found is None or not cx.free(*found.nodes):
             return None
-        rule = "hard_swish" if found["swish"] else "hard_sigmoid"
-        if rule not in cx.rules:
-            return None
-        std = _exact(found["alpha"], 1 / 6) and _exact(found["beta"], 0.5)
+        rule = "hard_swish" if found.swish else "hard_sigmoid"
+        std = _exact(found.alpha, 1 / 6) and _exact(found.beta, 0.5)
         if rule == "hard_swish" and std and cx.graph.opset < 14:
-            raise Refused(f"HardSwish needs opset 14 (model has {cx.graph.opset})")
-        op = "HardSwish" if rule == "hard_swish" and std else "HardSigmoid" + ("+Mul" if found["swish"] else "")
-        why = f"clip(a*x + b, 0, 1/k) * k with alpha = {found['alpha']:.6g}, beta = {found['beta']:.6g}" + \
-            (" times x" if found["swish"] else "")
-        return Match(rule, clip, found["nodes"], why, op, kernels=1 + op.count("+"),
-                     outputs=[found["nodes"][-1].outputs[0]], data=found)
+            raise Refused(f"HardSwish needs opset 14 (model has {cx.graph.opset})", rule=rule)
+        op = "HardSwish" if rule == "hard_swish" and std else "HardSigmoid" + ("+Mul" if found.swish else "")
+        why = f"clip(a*x + b, 0, 1/k) * k with alpha = {found.alpha:.6g}, beta = {found.beta:.6g}" + \
+            (" times x" if found.swish else "")
+        return Match(rule, clip, found.nodes, why, op, kernels=1 + op.count("+"),
+                     outputs=[found.nodes[-1].outputs[0]], data=found)
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
         d, base = m.data, m.anchor.name
         if m.lowered_to == "HardSwish":
-            return [cx.node("HardSwish", [d["x"]], {}, base=f"{base}_hardswish")]
-        hs = cx.node("HardSigmoid", [d["x"]], {"alpha": float(d["alpha"]), "beta": float(d["beta"])},
+            return [cx.node("HardSwish", [d.x], {}, base=f"{base}_hardswish")]
+        hs = cx.node("HardSigmoid", [d.x], {"alpha": float(d.alpha), "beta": float(d.beta)},
                      base=f"{base}_hardsigmoid")
-        if not d["swish"]:
+        if not d.swish:
             return [hs]
-        return [hs, cx.node("Mul", [d["x"], hs.outputs[0]], {}, base=f"{base}_times_x")]
+        return [hs, cx.node("Mul", [d.x, hs.outputs[0]], {}, base=f"{base}_times_x")]

@@ -37,12 +37,14 @@ key_states.shape) stays outside the group for that reader.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, scalar, sole_consumer
 from ..lowering import attention_target, gqa_target
+from ..options import Lowering
 from ..shape_values import ShapeValues
 from .common import F32
 from .layout import Atom, base_layout, names, shape_branch, step, trace_back, trace_forward
@@ -53,6 +55,36 @@ __all__ = ["Attention", "ATTENTION_DTYPES", "GQA_OPT_IN"]
 GQA_OPT_IN = ("K/V repeated from fewer heads: MultiHeadAttention after the repeat, since rule gqa is off (it is on "
               "by default: GroupQueryAttention on the unrepeated K/V measured no slower, faster on LLaMA's "
               "TorchScript exports; benchmarks/results/gqa.md)")
+
+
+@dataclass(frozen=True, eq=False)
+class GroupedKV:
+    """GroupQueryAttention's view of K and V: their heads, whether each is in heads [B, Nkv, L, D] (then
+    transposed back), the head size, and the query's (batch, sequence) as matched."""
+
+    kv_heads: int
+    k4: tuple[bool, bool]
+    head_size: int
+    bs: tuple
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionData:
+    """What the rewrite needs: K, V (as the fused op reads them), Q, the mask, heads, the scale, whether the NaN
+    guard stays (and what fills it), the flatten size for a Gemm after it, Q's [B, S, N*D] size when it is in
+    heads, and GroupQueryAttention's K/V view (None: MultiHeadAttention)."""
+
+    k: ir.Value
+    v: ir.Value
+    q: ir.Value
+    mask: ir.Value | None
+    heads: int
+    scale: float
+    guard: bool
+    fill: tuple
+    flatten: int
+    q4: int
+    gqa: GroupedKV | None
 
 #: dtypes onnxruntime 1.31's CPU MultiHeadAttention kernel runs (float16 checked on a built model: it loads, runs
 #: and is within float16 rounding of a float64 reference, max error 6e-4 at 2x5x16; float64 has no kernel)
@@ -299,8 +331,8 @@ def _nan_fill(cx, m: Match) -> list[ir.Node]:
     0 * NaN are NaN). Brought to [B, 1, N*D], which broadcasts over the output's [B, S, N*D]; for grouped K/V
     heads the flag of K/V head h // G fills output head h."""
     d, name = m.data, m.anchor.name
-    four, kv, group, size = d["fill"]
-    v = d["v"]
+    four, kv, group, size = d.fill
+    v = d.v
     sub = cx.node("Sub", [v, v], base=f"{name}_v_finite")
     axis = 2 if four else 1  # the key axis: [B, Nkv, L, D] or [B, L, Nkv*D]
     if cx.graph.opset >= 13:
@@ -370,55 +402,75 @@ class Attention(Rule):
             raise Refused("the context does not return to [B, S, N*D] through views")
         self._legal(cx, q, k, v, mask, nd[0], q4, k4)
         pre = [n for n in (q_scale, k_scale) if n is not None]
-        gqa = self._grouped(cx, values, sm, q, q4, k, v, k4, nd) if k4 else None
-        if gqa is not None:  # GroupQueryAttention on the K/V heads before the repeat: the repeat goes too
-            k, v = gqa["k"], gqa["v"]
-            k_views, v_views = gqa["k_views"] + k_views, gqa["v_views"] + v_views
-        members = q_views + k_views + v_views + pre + nodes + [sm] + guarded[1] + [ctx_mm] + out[1]
-        whole = members + _support(cx, members)
-        kept = [n for views in (q_views, k_views, v_views) for n in _kept_views(views, whole)]
-        members = [n for n in members if n not in kept]
-        members += _support(cx, members)  # the shape arithmetic of kept views (a kept repeat's Expand target) stays
-        if not cx.free(*members):
-            return None
-        keep_guard = bool(guarded[1]) and mask is not None and not _mask_finite(cx, mask)
-        # what the kept guard fills a NaN with comes from V as the fused op reads it: (in heads, K/V heads, group,
-        # head size)
-        fill = (gqa["k4"][1], gqa["kv_heads"], nd[0] // gqa["kv_heads"], nd[1]) if gqa is not None else \
-            (k4, nd[0], 1, vd[1])
-        target = gqa_target(cx.lower) if gqa is not None else attention_target(cx.lower)
-        if target is None:
-            raise Refused(f"no attention op for lower={cx.lower!r}")
-        if gqa is None and "attention" not in cx.rules:
-            return None
-        rule = "gqa" if gqa is not None else "attention"
-        heads = (f"{nd[0]} heads of {nd[1]}, K/V {gqa['kv_heads']} heads (GroupQueryAttention, causal=0, the repeat "
-                 "removed: measured faster than MultiHeadAttention after it, benchmarks/results/gqa.md)"
-                 if gqa is not None else f"{nd[0]} heads of {nd[1]}") + ", layouts proved"
-        # the kernels `rewrite` writes besides the attention op: a query in heads goes back to [B, S, N*D]
-        # (Transpose + Reshape), the flatten for a Gemm, the NaN guard, GQA's K/V transposed back
-        extra = (2 if q4 else 0) + (1 if out[2] else 0) + (2 + _fill_kernels(fill[0], fill[2]) if keep_guard else 0) \
-            + (gqa["extra"] if gqa is not None else 0)
-        return Match(rule, sm, members, f"{heads}; mask {'none' if mask is None else 'as attention_bias'}; "
-                     f"guard {'kept' if keep_guard else 'none'}" + (f"; {gqa['note']}" if gqa and gqa["note"] else ""),
-                     target.op, target.kernels + extra,
-                     outputs=[out[0]],
-                     data={"q": q, "k": k, "v": v, "mask": mask, "heads": nd[0], "scale": s1 * s2 * s3,
-                           "guard": keep_guard, "fill": fill, "flatten": out[2] and nd[0] * vd[1], "q4": q4 and nd[0] * nd[1],
-                           "gqa": gqa and {x: gqa[x] for x in ("kv_heads", "k4", "head_size", "bs")}})
+        target = attention_target(cx.lower)
+        if target is None:  # (GroupQueryAttention has a target exactly when MultiHeadAttention has one)
+            raise Refused(f"no attention op for lower={cx.lower.value!r}")
+        gqa, why = self._grouped(cx, values, sm, q, q4, k, v, k4, nd) if k4 else (None, None)
+
+        def written_as(gqa: dict | None) -> Match | None:
+            """The match as MultiHeadAttention (gqa None) or as GroupQueryAttention on the K/V heads before the
+            repeat (the repeat goes too); None when another group has some of its members."""
+            kk, vv, kv_views, vv_views = k, v, k_views, v_views
+            if gqa is not None:
+                kk, vv = gqa["k"], gqa["v"]
+                kv_views, vv_views = gqa["k_views"] + k_views, gqa["v_views"] + v_views
+            members = q_views + kv_views + vv_views + pre + nodes + [sm] + guarded[1] + [ctx_mm] + out[1]
+            whole = members + _support(cx, members)
+            kept = [n for views in (q_views, kv_views, vv_views) for n in _kept_views(views, whole)]
+            members = [n for n in members if n not in kept]
+            members += _support(cx, members)  # the shape arithmetic of kept views (a kept repeat's Expand target) stays
+            if not cx.free(*members):
+                return None
+            keep_guard = bool(guarded[1]) and mask is not None and not _mask_finite(cx, mask)
+            # what the kept guard fills a NaN with comes from V as the fused op reads it: (in heads, K/V heads, group,
+            # head size)
+            fill = (gqa["k4"][1], gqa["kv_heads"], nd[0] // gqa["kv_heads"], nd[1]) if gqa is not None else \
+                (k4, nd[0], 1, vd[1])
+            op = gqa_target(cx.lower) if gqa is not None else target
+            heads = (f"{nd[0]} heads of {nd[1]}, K/V {gqa['kv_heads']} heads (GroupQueryAttention, causal=0, the "
+                     "repeat removed: measured faster than MultiHeadAttention after it, benchmarks/results/gqa.md)"
+                     if gqa is not None else f"{nd[0]} heads of {nd[1]}") + ", layouts proved"
+            # the kernels `rewrite` writes besides the attention op: a query in heads goes back to [B, S, N*D]
+            # (Transpose + Reshape), the flatten for a Gemm, the NaN guard, GQA's K/V transposed back
+            extra = (2 if q4 else 0) + (1 if out[2] else 0) + (2 + _fill_kernels(fill[0], fill[2]) if keep_guard else 0) \
+                + (gqa["extra"] if gqa is not None else 0)
+            grouped = GroupedKV(gqa["kv_heads"], gqa["k4"], gqa["head_size"], gqa["bs"]) if gqa is not None else None
+            return Match("gqa" if gqa is not None else "attention", sm, members,
+                         f"{heads}; mask {'none' if mask is None else 'as attention_bias'}; "
+                         f"guard {'kept' if keep_guard else 'none'}" + (f"; {gqa['note']}" if gqa and gqa["note"] else ""),
+                         op.op, op.kernels + extra, outputs=[out[0]],
+                         data=AttentionData(kk, vv, q, mask, nd[0], s1 * s2 * s3, keep_guard, fill,
+                                            out[2] and nd[0] * vd[1], q4 and nd[0] * nd[1], grouped))
+
+        mha = written_as(None)
+        if why is not None and mha is not None:
+            mha = replace(mha, refusals=[why])
+        if gqa is None:
+            return mha if mha is not None or why is None else Match("attention", sm, [sm], refusals=[why])
+        grouped = written_as(gqa) or Match("gqa", sm, [sm])  # (its members taken: nothing while gqa is on)
+        return replace(grouped, fallback=mha if mha is not None else Match("attention", sm, [sm]))
+
+    def cut(self, m: Match, rules: frozenset[str], limit: int | None) -> Match | None:
+        """GroupQueryAttention while `gqa` is on; else MultiHeadAttention after the repeat, with `attention` on,
+        and the refusal saying why GroupQueryAttention was not written (rule gqa off, or its near miss)."""
+        if m.rule == "gqa" and "gqa" in rules:
+            return m
+        mha = m.fallback if m.rule == "gqa" else m
+        repeat = m.rule == "gqa" or bool(m.refusals)  # K/V repeated from fewer heads
+        refusals = list(mha.refusals) if "gqa" in rules else [Refused(GQA_OPT_IN).at("gqa", m.anchor)] if repeat else []
+        if "attention" not in rules:
+            return replace(mha, nodes=[m.anchor], refusals=refusals)
+        return replace(mha, refusals=refusals)
 
     @staticmethod
-    def _grouped(cx, values, sm: ir.Node, q, q4: bool, k, v, k4: bool, nd) -> dict | None:
-        """GroupQueryAttention's K and V when both are repeat_kv results of the same Nkv < N heads and rule `gqa`
-        is on: V (and K without a rotary) as their [B, L, Nkv*D] projections, a rotated K [B, Nkv, L, D] as it
-        is (the rewrite transposes it back). None (MultiHeadAttention after the repeat) otherwise; near misses
-        are recorded under `gqa`."""
+    def _grouped(cx, values, sm: ir.Node, q, q4: bool, k, v, k4: bool, nd) -> tuple[dict | None, Refused | None]:
+        """GroupQueryAttention's K and V when both are repeat_kv results of the same Nkv < N heads: V (and K
+        without a rotary) as their [B, L, Nkv*D] projections, a rotated K [B, Nkv, L, D] as it is (the rewrite
+        transposes it back); and None. (None, the near miss of rule `gqa`) when they are repeats but GroupQuery-
+        Attention cannot be written; (None, None) when they are no repeats."""
         rk, rv = _repeat(cx, k), _repeat(cx, v)
         if rk is None or rv is None:
-            return None
-        if "gqa" not in cx.rules:
-            cx.refuse("gqa", sm, GQA_OPT_IN)
-            return None
+            return None, None
         (xk, nkv, k_rep), (xv, nkv_v, v_rep) = rk, rv
         why = None
         qs, ks = cx.shape(q), cx.shape(xk)
@@ -436,8 +488,7 @@ class Attention(Rule):
         elif cx.dtype(q) not in (F32, np.dtype(np.float16)):
             why = f"dtype {cx.dtype(q)}"
         if why:
-            cx.refuse("gqa", sm, f"GroupQueryAttention not written: {why}; MultiHeadAttention after the repeat")
-            return None
+            return None, Refused(f"GroupQueryAttention not written: {why}; MultiHeadAttention after the repeat").at("gqa", sm)
         out = {"kv_heads": nkv, "head_size": nd[1], "k_views": [], "v_views": list(v_rep), "extra": 0, "note": "",
                "bs": (qs[0], qs[2 if q4 else 1])}
         for name, x, rep in (("k", xk, k_rep), ("v", xv, v_rep)):
@@ -455,7 +506,7 @@ class Attention(Rule):
         out["k4"] = (out["k4"], out["v4"])
         back = [n for n, four in zip("KV", out["k4"]) if four]
         out["note"] = f"{' and '.join(back)} transposed back to [B, L, Nkv*D]" if back else ""
-        return out
+        return out, None
 
     @staticmethod
     def _output(cx, values, ctx_mm: ir.Node, q: ir.Value, q4: bool, heads: int, dv: int):
@@ -495,26 +546,26 @@ class Attention(Rule):
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
         d = m.data
-        out, q = [], d["q"]
-        if d["q4"]:  # MultiHeadAttention's query is [B, S, N*D]: a Q already in heads goes back
+        out, q = [], d.q
+        if d.q4:  # MultiHeadAttention's query is [B, S, N*D]: a Q already in heads goes back
             t = cx.node("Transpose", [q], {"perm": [0, 2, 1, 3]}, base=f"{m.anchor.name}_q_bsnd")
-            shape = cx.initializer(f"{m.anchor.name}_q_bsh", np.array([0, 0, d["q4"]], np.int64))
+            shape = cx.initializer(f"{m.anchor.name}_q_bsh", np.array([0, 0, d.q4], np.int64))
             out += [t, cx.node("Reshape", [t.outputs[0], shape], base=f"{m.anchor.name}_q_bsh")]
             q = out[-1].outputs[0]
-        if d["gqa"]:
+        if d.gqa:
             out += self._gqa(cx, m, q)
         else:
-            ins = [q, d["k"], d["v"], None, None] + ([d["mask"]] if d["mask"] is not None else [])
-            out += [cx.node("MultiHeadAttention", ins, {"num_heads": int(d["heads"]), "scale": float(d["scale"])},
+            ins = [q, d.k, d.v, None, None] + ([d.mask] if d.mask is not None else [])
+            out += [cx.node("MultiHeadAttention", ins, {"num_heads": int(d.heads), "scale": float(d.scale)},
                            domain="com.microsoft", base=f"{m.anchor.name}_mha")]
         mha = len(out) - 1
-        if d["guard"]:
+        if d.guard:
             fill = _nan_fill(cx, m)
             isnan = cx.node("IsNaN", [out[mha].outputs[0]], base=f"{m.anchor.name}_isnan")
             out += fill + [isnan, cx.node("Where", [isnan.outputs[0], fill[-1].outputs[0], out[mha].outputs[0]],
                                           base=f"{m.anchor.name}_guard")]
-        if d["flatten"]:
-            shape = cx.initializer(f"{m.anchor.name}_flat", np.array([-1, d["flatten"]], np.int64))
+        if d.flatten:
+            shape = cx.initializer(f"{m.anchor.name}_flat", np.array([-1, d.flatten], np.int64))
             out.append(cx.node("Reshape", [out[-1].outputs[0], shape], base=f"{m.anchor.name}_flatten"))
         return out
 
@@ -523,17 +574,17 @@ class Attention(Rule):
         """GroupQueryAttention(q, k, v, seqlens_k=S-1 per batch, total_sequence_length=S, attention_bias=mask,
         causal=0): no past, every key position valid, the graph's own mask added as it is (so the causal part
         and any padding stay exactly what the graph computes)."""
-        d, g, name = m.data, m.data["gqa"], m.anchor.name
+        d, g, name = m.data, m.data.gqa, m.anchor.name
         nodes, kv = [], []
-        for side, four in (("k", g["k4"][0]), ("v", g["k4"][1])):
-            x = d[side]
+        for side, four in (("k", g.k4[0]), ("v", g.k4[1])):
+            x = getattr(d, side)
             if four:  # [B, Nkv, L, D] -> [B, L, Nkv*D]
                 t = cx.node("Transpose", [x], {"perm": [0, 2, 1, 3]}, base=f"{name}_{side}_bsnd")
-                shape = cx.initializer(f"{name}_{side}_bsh", np.array([0, 0, g["kv_heads"] * g["head_size"]], np.int64))
+                shape = cx.initializer(f"{name}_{side}_bsh", np.array([0, 0, g.kv_heads * g.head_size], np.int64))
                 nodes += [t, cx.node("Reshape", [t.outputs[0], shape], base=f"{name}_{side}_bsh")]
                 x = nodes[-1].outputs[0]
             kv.append(x)
-        qs = g["bs"]  # (batch, sequence) of the query, as the match saw them
+        qs = g.bs  # (batch, sequence) of the query, as the match saw them
         if isinstance(qs[0], int) and isinstance(qs[1], int):
             seqlens = cx.initializer(f"{name}_seqlens_k", np.full(qs[0], qs[1] - 1, np.int32))
             total = cx.initializer(f"{name}_total_seq", np.array(qs[1], np.int32))
@@ -549,10 +600,10 @@ class Attention(Rule):
             nodes += [s1, c, tot, last, b, sk]
             seqlens, total = sk.outputs[0], tot.outputs[0]
         ins = [q, kv[0], kv[1], None, None, seqlens, total, None, None, None,
-               d["mask"] if d["mask"] is not None else None]
+               d.mask if d.mask is not None else None]
         while ins[-1] is None:
             ins.pop()
-        attrs = {"num_heads": int(d["heads"]), "kv_num_heads": int(g["kv_heads"]), "scale": float(d["scale"]),
+        attrs = {"num_heads": int(d.heads), "kv_num_heads": int(g.kv_heads), "scale": float(d.scale),
                  "causal": 0}
         nodes.append(cx.node("GroupQueryAttention", ins, attrs, domain="com.microsoft", base=f"{name}_gqa"))
         return nodes

@@ -6,43 +6,31 @@ import numpy as np
 import onnx_ir as ir
 
 from ... import derive
-from ..engine import Refused, attr, consumers, sole_consumer
+from ...legality import bn_foldable
+from ..engine import Refused, attr, sole_consumer
 from ..lowering import ELEMENTWISE_ACTIVATIONS, FUSED_GEMM_ACTIVATIONS
 
-__all__ = ["FLOATS", "F32", "F16", "bn_checks", "bn_scale_shift", "channel_affine", "activation", "folded_pads", "consumers"]
+__all__ = ["FLOATS", "F32", "F16", "bn_scale_shift", "bn_affine", "channel_affine", "activation", "folded_pads"]
 
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 
 
-def bn_checks(cx, bn: ir.Node) -> None:
-    """An inference-mode BatchNormalization with five inputs and no training outputs, or Refused."""
-    if len(bn.inputs) != 5 or any(v is None for v in bn.inputs):
-        raise Refused("BatchNormalization needs 5 inputs")
-    if any(v.name for v in bn.outputs[1:]):
-        raise Refused("BatchNormalization has optional (training) outputs")
-    if int(attr(bn, "training_mode", 0)) != 0:
-        raise Refused("BatchNormalization is in training mode")
-    if int(attr(bn, "spatial", 1)) != 1:
-        raise Refused("BatchNormalization spatial=0 (per-element statistics)")
+def bn_scale_shift(cx, bn: ir.Node, channels: int, w: np.ndarray | None = None,
+                   b: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel (scale, shift) of a BatchNormalization that may fold into `channels` per-channel weights
+    (`legality.bn_foldable`; `w`, `b` the producer's weight and bias), or Refused saying why not."""
+    verdict = bn_foldable(cx.graph, bn, channels, w, b)
+    if not verdict.ok:
+        raise Refused(verdict.reason)
+    return bn_affine(cx, bn)
 
 
-def bn_scale_shift(cx, bn: ir.Node, channels: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel (scale, shift) of an inference BatchNormalization with constant, finite parameters."""
-    bn_checks(cx, bn)
+def bn_affine(cx, bn: ir.Node) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel (scale, shift) of a BatchNormalization already judged foldable (`legality`)."""
     params = [cx.constant(v) for v in bn.inputs[1:5]]
-    if any(p is None for p in params):
-        raise Refused("BatchNormalization parameters are not constants (or are overridable)")
-    if any(p.ndim != 1 or p.shape[0] != channels for p in params):
-        raise Refused(f"BatchNormalization parameters are not 1-D of length {channels}")
-    if any(p.dtype not in FLOATS for p in params):
-        raise Refused("BatchNormalization parameters are not floating point")
-    eps = float(attr(bn, "epsilon", 1e-5))
-    var = params[3].astype(np.float64)
-    if not np.all(var + eps > 0) or not all(np.all(np.isfinite(p)) for p in params):
-        raise Refused("BatchNormalization variance + epsilon is not positive (or parameters not finite)")
-    return derive.bn_scale_shift(*params, eps)
+    return derive.bn_scale_shift(*params, float(attr(bn, "epsilon", 1e-5)))
 
 
 def channel_affine(cx, node: ir.Node, cur: ir.Value, channels: int, rank: int, axis: int, dtype):

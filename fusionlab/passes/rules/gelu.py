@@ -8,15 +8,36 @@ broadcasts the result up a rank, which the fused op would drop: refused too.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, attr, exact, is_op, only_read_by, other_input, sole_consumer
 from ..lowering import contrib_target, fast_gelu_target, float16_refusal, gelu_target
+from ..options import Lowering
 from .common import FLOATS, F16, F32
 from .poly import prove_tanh_gelu
 
-__all__ = ["ErfGelu", "GeluAfterBias", "TanhGelu", "bias_before"]
+__all__ = ["ErfGelu", "GeluAfterBias", "TanhGelu", "BiasOpData", "GeluData", "bias_before"]
+
+
+@dataclass(frozen=True, eq=False)
+class BiasOpData:
+    """op(input, bias) after a bias Add (BiasGelu, FastGelu with bias): the Add, its input and the bias."""
+
+    add: ir.Node
+    input: ir.Value
+    bias: ir.Value
+
+
+@dataclass(frozen=True, eq=False)
+class GeluData:
+    """One GELU op: its type, domain and attributes, over `x`."""
+
+    op: str
+    domain: str
+    attrs: dict
+    x: ir.Value
 
 
 def _const_is(cx, v: ir.Value | None, x: ir.Value, target: float) -> bool:
@@ -81,7 +102,7 @@ def bias_before(cx, x: ir.Value, readers: list[ir.Node]) -> tuple[ir.Node, ir.Va
 def _refuse_float16(cx, anchor: ir.Node, x: ir.Value, nodes: list[ir.Node], what: str, op: str = "") -> None:
     """A float16 GELU: no GELU op has a float16 CPU kernel (lowering.FLOAT16_CPU_KERNELS), so Refused, naming
     the op the group would have become (BiasGelu / FastGelu with the bias Add before it, else Gelu)."""
-    bias = bias_before(cx, x, nodes) if cx.lower != "onnx" else None
+    bias = bias_before(cx, x, nodes) if cx.lower != Lowering.ONNX else None
     if not op:
         op = "com.microsoft:BiasGelu" if bias is not None else str(gelu_target(F32, cx.graph.opset, cx.lower) or "Gelu")
     where = "float16 " + (f"bias Add {bias[0].name} + " if bias is not None else "") + f"{what} at {anchor.name}"
@@ -92,12 +113,11 @@ class _BiasOp(Rule):
     """Rewrites of the form op(input, bias) in com.microsoft after a bias Add: BiasGelu, FastGelu(x, bias)."""
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
-        if "bias" in m.data:
-            add, inp, b = m.data["bias"]
+        d = m.data
+        if isinstance(d, BiasOpData):
             op = m.lowered_to.split(":")[-1]
-            return [cx.node(op, [inp, b], {}, domain="com.microsoft", base=f"{add.name}_{op.lower()}")]
-        op, dom, attrs = m.data["op"]
-        return [cx.node(op, [m.data["x"]], attrs, domain=dom, base=f"{m.nodes[-1].name}_{op.lower()}")]
+            return [cx.node(op, [d.input, d.bias], {}, domain="com.microsoft", base=f"{d.add.name}_{op.lower()}")]
+        return [cx.node(d.op, [d.x], d.attrs, domain=d.domain, base=f"{m.nodes[-1].name}_{d.op.lower()}")]
 
 
 class ErfGelu(_BiasOp):
@@ -116,18 +136,22 @@ class ErfGelu(_BiasOp):
         target = contrib_target("BiasGelu", cx.lower)
         if dt == F16:
             _refuse_float16(cx, erf, x, nodes, "erf-GELU")
-        bias = bias_before(cx, x, nodes) if "bias_gelu" in cx.rules and target and dt == F32 else None
+        bias = bias_before(cx, x, nodes) if target and dt == F32 else None
+        plain_target = gelu_target(dt, cx.graph.opset, cx.lower)
+        if plain_target is None:
+            plain = Refused(f"no Gelu op for opset {cx.graph.opset} with lower={cx.lower.value!r} and dtype {dt}",
+                            rule="gelu")
+        else:
+            op = plain_target.op.split(":")[-1]
+            dom = "com.microsoft" if plain_target.op.startswith("com.microsoft") else ""
+            plain = Match("gelu", erf, nodes, "x * 0.5 * (1 + erf(x / sqrt 2)) with single-consumer intermediates",
+                          plain_target.op, data=GeluData(op, dom, {}, x))
         if bias is not None:
             return Match("bias_gelu", erf, [bias[0]] + nodes, "Add of a 1-D bias over the last axis, then erf-GELU",
-                         target.op, data={"bias": bias})
-        if "gelu" not in cx.rules:
-            return None
-        target = gelu_target(dt, cx.graph.opset, cx.lower)
-        if target is None:
-            raise Refused(f"no Gelu op for opset {cx.graph.opset} with lower={cx.lower!r} and dtype {dt}")
-        op, dom = target.op.split(":")[-1], ("com.microsoft" if target.op.startswith("com.microsoft") else "")
-        return Match("gelu", erf, nodes, "x * 0.5 * (1 + erf(x / sqrt 2)) with single-consumer intermediates",
-                     target.op, data={"op": (op, dom, {}), "x": x})
+                         target.op, data=BiasOpData(*bias), fallback=plain)
+        if isinstance(plain, Refused):
+            raise plain
+        return plain
 
 
 class GeluAfterBias(_BiasOp):
@@ -139,23 +163,23 @@ class GeluAfterBias(_BiasOp):
     fixed = True
 
     def match(self, cx, gelu: ir.Node) -> Match | None:
-        if cx.lower == "onnx":
+        if cx.lower == Lowering.ONNX:
             return None
         approx = str(attr(gelu, "approximate", "none")) if gelu.domain != "com.microsoft" else "none"
         if approx not in ("none", "tanh"):
             return None
         rule, op = ("fast_gelu", "FastGelu") if approx == "tanh" else ("bias_gelu", "BiasGelu")
         x = gelu.inputs[0] if gelu.inputs else None
-        if rule not in cx.rules or x is None or cx.dtype(x) not in (F32, F16) or not cx.free(gelu):
+        if x is None or cx.dtype(x) not in (F32, F16) or not cx.free(gelu):
             return None
         found = bias_before(cx, x, [gelu])
         if found is None:
             return None
         fp16 = float16_refusal(f"com.microsoft:{op}", cx.dtype(x), f"float16 bias Add {found[0].name} + Gelu {gelu.name}")
         if fp16:
-            raise fp16
+            raise fp16.at(rule, gelu)
         return Match(rule, gelu, [found[0], gelu], f"Add of a 1-D constant bias, then Gelu ({approx})",
-                     f"com.microsoft:{op}", data={"bias": found})
+                     f"com.microsoft:{op}", data=BiasOpData(*found))
 
 
 class TanhGelu(_BiasOp):
@@ -173,16 +197,16 @@ class TanhGelu(_BiasOp):
             return None
         nodes, x = proof
         if cx.dtype(tanh.inputs[0]) == F16:
-            _refuse_float16(cx, tanh, x, nodes, "tanh-GELU", op="com.microsoft:FastGelu" if cx.lower != "onnx"
+            _refuse_float16(cx, tanh, x, nodes, "tanh-GELU", op="com.microsoft:FastGelu" if cx.lower != Lowering.ONNX
                             else "Gelu(tanh)")
-        bias = bias_before(cx, x, nodes) if cx.lower != "onnx" else None
+        bias = bias_before(cx, x, nodes) if cx.lower != Lowering.ONNX else None
         if bias is not None:
             return Match("fast_gelu", tanh, [bias[0]] + nodes,
                          "Add of a 1-D bias over the last axis, then tanh-GELU (polynomials multiplied out)",
-                         "com.microsoft:FastGelu", data={"bias": bias})
+                         "com.microsoft:FastGelu", data=BiasOpData(*bias))
         target = fast_gelu_target(cx.graph.opset, cx.lower)
         if target is None:
             raise Refused("tanh-GELU has no standard op below opset 20")
         op = ("FastGelu", "com.microsoft", {}) if target.op.startswith("com.microsoft") else ("Gelu", "", {"approximate": "tanh"})
         return Match("fast_gelu", tanh, nodes, "0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), "
-                     "polynomials multiplied out", target.op, data={"op": op, "x": x})
+                     "polynomials multiplied out", target.op, data=GeluData(*op, x))

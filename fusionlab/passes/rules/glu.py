@@ -16,6 +16,8 @@ read inside the group only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, consumers, is_op, other_input, sole_consumer
@@ -25,6 +27,15 @@ from .gelu import _erf_gelu_core
 from .poly import prove_tanh_gelu
 
 __all__ = ["GatedMLP"]
+
+
+@dataclass(frozen=True, eq=False)
+class GatedData:
+    """The gate and up projections and the activation op (type, domain, attributes) between them."""
+
+    gate: ir.Node
+    up: ir.Node
+    op: tuple[str, str, dict]
 
 
 def _projection(cx, v: ir.Value) -> ir.Node | None:
@@ -118,40 +129,47 @@ class GatedMLP(Rule):
             found = (silu[0], "silu") if silu is not None and silu[1] is g else _gelu(cx, act, g)
             if found is None:
                 continue
-            rule = "swiglu" if found[1] == "silu" else "geglu"
-            if rule not in cx.rules:
-                raise Refused(f"{rule} is opt-in (rules=[..., {rule!r}]): onnxruntime has no CPU kernel for it, and "
-                              "as one group it measured no faster than the activation fused alone (corpus LLaMA/T5: "
-                              "0.96-1.05x, every 95% CI includes 1)")
-            for v in (act, up):
-                if v.is_graph_output() or len(list(v.uses())) != 1:
-                    raise Refused(f"{v.name} is read outside the gated MLP (fusing removes it)")
-            return gate_mm, up_mm, found[0], found[1]
+            outside = next((Refused(f"{v.name} is read outside the gated MLP (fusing removes it)") for v in (act, up)
+                            if v.is_graph_output() or len(list(v.uses())) != 1), None)
+            return gate_mm, up_mm, found[0], found[1], outside
         return None
 
-    def _match(self, cx, mul: ir.Node, gate_mm: ir.Node, up_mm: ir.Node, act_nodes: list[ir.Node], kind: str):
+    def cut(self, m: Match, rules: frozenset[str], limit: int | None) -> Match | None:
+        """The gated MLP while its rule is on; off (the default), the refusal saying it is opt-in."""
+        if m.rule not in rules:
+            raise Refused(f"{m.rule} is opt-in (rules=[..., {m.rule!r}]): onnxruntime has no CPU kernel for it, and "
+                          "as one group it measured no faster than the activation fused alone (corpus LLaMA/T5: "
+                          "0.96-1.05x, every 95% CI includes 1)")
+        return m
+
+    def _match(self, cx, mul: ir.Node, gate_mm: ir.Node, up_mm: ir.Node, act_nodes: list[ir.Node], kind: str,
+               outside: Refused | None) -> Match:
+        """The gated MLP's match; of `mul` alone (nothing to fuse) when it cannot be written, with the refusal
+        saying why if it is read outside the group."""
+        rule = "swiglu" if kind == "silu" else "geglu"
+        if outside is not None:
+            return Match(rule, mul, [mul], refusals=[outside])
         dt = cx.dtype(mul.outputs[0])
         if dt not in FLOATS:
-            return None
+            return Match(rule, mul, [mul])
         op = _activation_target(cx, kind, dt)
         if op is None:
-            return None
+            return Match(rule, mul, [mul])
         nodes = [gate_mm, up_mm] + act_nodes + [mul]
         if not cx.free(*nodes):
-            return None
-        rule = "swiglu" if kind == "silu" else "geglu"
+            return Match(rule, mul, [mul])
         act_op = op[0] if not op[1] else f"{op[1]}:{op[0]}"
         what = {"silu": "silu", "erf": "erf-GELU", "tanh": "tanh-GELU"}[kind]
         return Match(rule, mul, nodes, f"{what}(x W_gate) * (x W_up), both projections of one input",
                      f"MatMul+MatMul+{act_op}+Mul", kernels=4 + op[0].count("+"),
-                     data={"gate": gate_mm, "up": up_mm, "op": op, "kernel": False})
+                     data=GatedData(gate_mm, up_mm, op), kernel=False)
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
         d = m.data
-        gate, up = d["gate"], d["up"]
+        gate, up = d.gate, d.up
         g = cx.node("MatMul", list(gate.inputs), {}, base=f"{gate.name}_glu")
         u = cx.node("MatMul", list(up.inputs), {}, base=f"{up.name}_glu")
-        op, dom, attrs = d["op"]
+        op, dom, attrs = d.op
         if op == "Sigmoid+Mul":
             sig = cx.node("Sigmoid", [g.outputs[0]], {}, base=f"{m.anchor.name}_sigmoid")
             act = [sig, cx.node("Mul", [g.outputs[0], sig.outputs[0]], {}, base=f"{m.anchor.name}_silu")]

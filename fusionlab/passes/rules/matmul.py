@@ -16,6 +16,8 @@ node read only by the next one, operands of rank >= 2, and transBatch only with 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_ir as ir
 
@@ -24,6 +26,16 @@ from ..lowering import contrib_target, float16_refusal
 from .common import F32
 
 __all__ = ["FusedMatMul", "transpose_flags"]
+
+
+@dataclass(frozen=True, eq=False)
+class FusedMatMulData:
+    """FusedMatMul(a, b) with `alpha` and (transA, transB, transBatchA, transBatchB)."""
+
+    a: ir.Value
+    b: ir.Value
+    alpha: float
+    flags: tuple[bool, bool, bool, bool]
 
 
 def transpose_flags(perm: list[int], rank: int) -> tuple[bool, bool] | None:
@@ -118,6 +130,15 @@ def _output_scales(cx, mm: ir.Node) -> tuple[list[ir.Node], float, str | None]:
         alpha, cur = alpha * found[0], n.outputs[0]
 
 
+def _operands_refusal(cx, mm: ir.Node, a: dict, b: dict, ra, rb) -> Refused:
+    """Why FusedMatMul's CPU kernel cannot take these operands."""
+    if cx.dtype(mm.inputs[0]) != F32 or cx.dtype(mm.inputs[1]) != F32:
+        return Refused(f"FusedMatMul's CPU kernel takes float32 only (operands are {cx.dtype(mm.inputs[0])})")
+    if ra is None or rb is None or ra < 2 or rb < 2:
+        return Refused(f"FusedMatMul needs operands of known rank >= 2 (ranks {ra}, {rb})")
+    return Refused(f"transBatch needs both operands of the same rank >= 3 (ranks {ra}, {rb})")
+
+
 class FusedMatMul(Rule):
     """Scale(s) and last-two-axes / batch Transposes around a MatMul -> com.microsoft FusedMatMul."""
 
@@ -125,7 +146,7 @@ class FusedMatMul(Rule):
     anchors = ("MatMul",)
 
     def match(self, cx, mm: ir.Node) -> Match | None:
-        if "fused_matmul" not in cx.rules or contrib_target("FusedMatMul", cx.lower) is None or len(mm.inputs) != 2:
+        if contrib_target("FusedMatMul", cx.lower) is None or len(mm.inputs) != 2:
             return None
         a, b = _operand(cx, mm, 0), _operand(cx, mm, 1)
         tail, out_alpha, out_why = _output_scales(cx, mm)
@@ -134,28 +155,26 @@ class FusedMatMul(Rule):
             if whys:
                 raise Refused(whys[0])
             return None
-        for w in whys:  # fused without them: say why they stayed
-            cx.refuse("fused_matmul", mm, w)
-        fp16 = float16_refusal("com.microsoft:FusedMatMul", cx.dtype(mm.inputs[0]), f"float16 MatMul {mm.name}")
-        if fp16:
-            raise fp16
-        if cx.dtype(mm.inputs[0]) != F32 or cx.dtype(mm.inputs[1]) != F32:
-            raise Refused(f"FusedMatMul's CPU kernel takes float32 only (operands are {cx.dtype(mm.inputs[0])})")
+        stayed = [Refused(w) for w in whys]  # fused without them: say why they stayed
         ra, rb = cx.rank(a["value"]), cx.rank(b["value"])
-        if ra is None or rb is None or ra < 2 or rb < 2:
-            raise Refused(f"FusedMatMul needs operands of known rank >= 2 (ranks {ra}, {rb})")
-        if (a["batch"] or b["batch"]) and not (ra == rb >= 3):
-            raise Refused(f"transBatch needs both operands of the same rank >= 3 (ranks {ra}, {rb})")
+        fp16 = float16_refusal("com.microsoft:FusedMatMul", cx.dtype(mm.inputs[0]), f"float16 MatMul {mm.name}")
+        if fp16 or cx.dtype(mm.inputs[0]) != F32 or cx.dtype(mm.inputs[1]) != F32 or ra is None or rb is None \
+                or ra < 2 or rb < 2 or ((a["batch"] or b["batch"]) and not (ra == rb >= 3)):
+            refused = fp16 or _operands_refusal(cx, mm, a, b, ra, rb)
+            if not stayed:
+                raise refused
+            return Match("fused_matmul", mm, [mm], refusals=stayed + [refused])  # nothing fused: all of them said
         alpha = a["alpha"] * b["alpha"] * out_alpha
         nodes = a["nodes"] + [n for n in b["nodes"] if n not in a["nodes"]] + [mm] + tail
         return Match("fused_matmul", mm, nodes, "scalar scales and operand transposes FusedMatMul computes itself",
                      "com.microsoft:FusedMatMul", outputs=[nodes[-1].outputs[0]],
-                     data={"a": a["value"], "b": b["value"], "alpha": float(np.float32(alpha)),
-                           "flags": (a["trans"], b["trans"], a["batch"], b["batch"])})
+                     data=FusedMatMulData(a["value"], b["value"], float(np.float32(alpha)),
+                                          (a["trans"], b["trans"], a["batch"], b["batch"])), refusals=stayed)
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
-        ta, tb, ba, bb = m.data["flags"]
-        attrs = {"alpha": m.data["alpha"], "transA": int(ta), "transB": int(tb), "transBatchA": int(ba),
+        d: FusedMatMulData = m.data
+        ta, tb, ba, bb = d.flags
+        attrs = {"alpha": d.alpha, "transA": int(ta), "transB": int(tb), "transBatchA": int(ba),
                  "transBatchB": int(bb)}
-        return [cx.node("FusedMatMul", [m.data["a"], m.data["b"]], attrs, domain="com.microsoft",
+        return [cx.node("FusedMatMul", [d.a, d.b], attrs, domain="com.microsoft",
                         base=f"{m.anchor.name}_fused")]

@@ -12,15 +12,54 @@ broadcast the result up a rank.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, only_read_by, other_input, sole_consumer
 from ..lowering import contrib_target, layernorm_target
+from ..options import Lowering
 from .common import F16, F32
 
-__all__ = ["DecomposedLayerNorm", "SkipLayerNorm", "residual_add", "skip_inputs", "skip_node", "skip_outputs",
-           "reduces_last_axis", "square_of"]
+__all__ = ["DecomposedLayerNorm", "SkipLayerNorm", "Residual", "NormData", "SkipNormData", "residual_add",
+           "skip_inputs", "skip_node", "skip_outputs", "reduces_last_axis", "square_of"]
+
+
+@dataclass(frozen=True, eq=False)
+class Residual:
+    """x = input + skip [+ bias]: the Add, its operands, the bias and its Add (or None), whether x is handed on."""
+
+    add: ir.Node
+    input: ir.Value
+    skip: ir.Value
+    bias: ir.Value | None
+    bias_add: ir.Node | None
+    sum: bool
+
+    @property
+    def nodes(self) -> list[ir.Node]:
+        return ([self.bias_add] if self.bias_add is not None else []) + [self.add]
+
+
+@dataclass(frozen=True, eq=False)
+class NormData:
+    """A normalisation as one op: its input, scale, shift (None: none) and epsilon."""
+
+    x: ir.Value
+    gamma: ir.Value
+    beta: ir.Value | None
+    eps: float
+
+
+@dataclass(frozen=True, eq=False)
+class SkipNormData:
+    """A residual Add then a normalisation, as one Skip*LayerNormalization: the residual, scale, shift, epsilon."""
+
+    res: Residual
+    gamma: ir.Value
+    beta: ir.Value | None
+    eps: float
 
 
 def reduces_last_axis(cx, node: ir.Node | None, rank: int | None) -> bool:
@@ -110,7 +149,7 @@ def _bias_split(cx, node: ir.Node, h) -> tuple[ir.Value, ir.Value] | None:
     return None
 
 
-def residual_add(cx, x: ir.Value, readers: list[ir.Node], *, hand_on_sum: bool = True) -> dict | None:
+def residual_add(cx, x: ir.Value, readers: list[ir.Node], *, hand_on_sum: bool = True) -> Residual | None:
     """x = input + skip [+ bias] of two same-shape, non-constant float32 or float16 tensors of rank 2 or 3 (what
     the CPU Skip*LayerNormalization kernels take: both have float16 kernels, `lowering.FLOAT16_CPU_KERNELS`), the bias a constant [H] added to one of them first.
 
@@ -127,7 +166,7 @@ def residual_add(cx, x: ir.Value, readers: list[ir.Node], *, hand_on_sum: bool =
     if a is None or b is None or cx.constant(a) is not None or cx.constant(b) is not None:
         return None
     shape = cx.shape(x)
-    found = {"add": add, "input": a, "skip": b, "bias": None, "bias_add": None, "sum": handed}
+    found = Residual(add, a, b, None, None, handed)
     h = shape[-1] if shape else None
     for cand, other in ((a, b), (b, a)):
         ba = cand.producer()
@@ -135,9 +174,9 @@ def residual_add(cx, x: ir.Value, readers: list[ir.Node], *, hand_on_sum: bool =
                 and cx.free(ba):
             split = _bias_split(cx, ba, h)
             if split is not None:
-                found.update(input=split[0], skip=other, bias=split[1], bias_add=ba)
+                found = replace(found, input=split[0], skip=other, bias=split[1], bias_add=ba)
                 break
-    sa, sb = cx.shape(found["input"]), cx.shape(found["skip"])
+    sa, sb = cx.shape(found.input), cx.shape(found.skip)
     if sa is None or sb is None or sa != sb or None in sa or len(sa) not in (2, 3):
         return None
     if cx.dtype(a) != cx.dtype(b) or cx.dtype(a) not in (F32, F16):
@@ -145,18 +184,14 @@ def residual_add(cx, x: ir.Value, readers: list[ir.Node], *, hand_on_sum: bool =
     return found
 
 
-def _residual_nodes(res: dict) -> list[ir.Node]:
-    return ([res["bias_add"]] if res["bias_add"] is not None else []) + [res["add"]]
-
-
-def skip_inputs(res: dict, gamma, beta=None, *, simplified: bool = False) -> list:
+def skip_inputs(res: Residual, gamma, beta=None, *, simplified: bool = False) -> list:
     """Inputs of SkipLayerNormalization (input, skip, gamma, beta, bias) or of SkipSimplifiedLayerNormalization
     (input, skip, gamma, bias)."""
-    ins = [res["input"], res["skip"], gamma]
+    ins = [res.input, res.skip, gamma]
     if not simplified:
         ins.append(beta)
-    if res["bias"] is not None:
-        ins.append(res["bias"])
+    if res.bias is not None:
+        ins.append(res.bias)
     while ins and ins[-1] is None:
         ins.pop()
     return ins
@@ -164,9 +199,9 @@ def skip_inputs(res: dict, gamma, beta=None, *, simplified: bool = False) -> lis
 
 def skip_node(cx, m: Match, op: str, inputs: list) -> ir.Node:
     """The Skip*LayerNormalization node of a match; with 4 outputs when it hands the residual sum on."""
-    res = m.data["skip"]
-    node = cx.node(op, inputs, {"epsilon": m.data["eps"]}, domain="com.microsoft", base=f"{res['add'].name}_skipln",
-                   num_outputs=4 if res["sum"] else 1)
+    res = m.data.res
+    node = cx.node(op, inputs, {"epsilon": m.data.eps}, domain="com.microsoft", base=f"{res.add.name}_skipln",
+                   num_outputs=4 if res.sum else 1)
     for o in node.outputs[1:3]:
         o.name = ""  # mean and inv_std_var: not computed
     return node
@@ -175,17 +210,18 @@ def skip_node(cx, m: Match, op: str, inputs: list) -> ir.Node:
 def skip_outputs(m: Match, new_nodes: list[ir.Node]) -> list[tuple[ir.Value, ir.Value]]:
     """(old, new) value pairs: the normalised output, and the residual sum when it is handed on."""
     pairs = [(m.handed_on()[0], new_nodes[-1].outputs[0])]
-    if m.data["skip"]["sum"]:
-        pairs.insert(0, (m.data["skip"]["add"].outputs[0], new_nodes[-1].outputs[3]))
+    if m.data.res.sum:
+        pairs.insert(0, (m.data.res.add.outputs[0], new_nodes[-1].outputs[3]))
     return pairs
 
 
-def _skip_match(anchor: ir.Node, nodes: list, skip: dict, gamma, beta, eps: float, what: str) -> Match:
-    why = "Add of two same-shape tensors" + (" and a [H] bias" if skip["bias"] is not None else "") + \
-        f", then {what} over the last axis" + ("; the sum is handed on too" if skip["sum"] else "")
-    out = [nodes[-1].outputs[0]] + ([skip["add"].outputs[0]] if skip["sum"] else [])
+def _skip_match(anchor: ir.Node, nodes: list, skip: Residual, gamma, beta, eps: float, what: str,
+                fallback: "Match | Refused | None" = None) -> Match:
+    why = "Add of two same-shape tensors" + (" and a [H] bias" if skip.bias is not None else "") + \
+        f", then {what} over the last axis" + ("; the sum is handed on too" if skip.sum else "")
+    out = [nodes[-1].outputs[0]] + ([skip.add.outputs[0]] if skip.sum else [])
     return Match("skip_layernorm", anchor, nodes, why, "com.microsoft:SkipLayerNormalization", outputs=out,
-                 data={"skip": skip, "gamma": gamma, "beta": beta, "eps": eps})
+                 data=SkipNormData(skip, gamma, beta, eps), fallback=fallback)
 
 
 class DecomposedLayerNorm(Rule):
@@ -208,27 +244,29 @@ class DecomposedLayerNorm(Rule):
         gamma, beta, nodes = _affine_tail(cx, nodes, x)
         if gamma is None or not cx.free(*nodes):
             return None  # plain normalisation without scale: left alone (rare; needs a ones initializer)
-        target = contrib_target("SkipLayerNormalization", cx.lower)
-        skip = residual_add(cx, x, nodes[:2]) if "skip_layernorm" in cx.rules and target else None
-        if skip is not None:
-            return _skip_match(mean, _residual_nodes(skip) + nodes, skip, gamma, beta, eps, "LayerNorm")
-        if "layernorm" not in cx.rules:
-            return None
         if layernorm_target(cx.graph.opset) is None:
-            raise Refused(f"LayerNormalization needs opset 17 (model has {cx.graph.opset})")
-        return Match("layernorm", mean, nodes, "mean/variance over the last axis, constant gamma/beta",
-                     "LayerNormalization", data={"x": x, "gamma": gamma, "beta": beta, "eps": eps})
+            plain = Refused(f"LayerNormalization needs opset 17 (model has {cx.graph.opset})", rule="layernorm")
+        else:
+            plain = Match("layernorm", mean, nodes, "mean/variance over the last axis, constant gamma/beta",
+                          "LayerNormalization", data=NormData(x, gamma, beta, eps))
+        target = contrib_target("SkipLayerNormalization", cx.lower)
+        skip = residual_add(cx, x, nodes[:2]) if target else None
+        if skip is not None:
+            return _skip_match(mean, skip.nodes + nodes, skip, gamma, beta, eps, "LayerNorm", fallback=plain)
+        if isinstance(plain, Refused):
+            raise plain
+        return plain
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
         d = m.data
-        tail = [d["gamma"]] + ([d["beta"]] if d["beta"] is not None else [])
-        if "skip" in d:
-            return [skip_node(cx, m, "SkipLayerNormalization", skip_inputs(d["skip"], d["gamma"], d["beta"]))]
-        return [cx.node("LayerNormalization", [d["x"]] + tail, {"axis": -1, "epsilon": d["eps"]},
+        tail = [d.gamma] + ([d.beta] if d.beta is not None else [])
+        if isinstance(d, SkipNormData):
+            return [skip_node(cx, m, "SkipLayerNormalization", skip_inputs(d.res, d.gamma, d.beta))]
+        return [cx.node("LayerNormalization", [d.x] + tail, {"axis": -1, "epsilon": d.eps},
                         base=f"{m.anchor.name}_layernorm")]
 
     def outputs(self, m: Match, new_nodes: list[ir.Node]) -> list[tuple[ir.Value, ir.Value]]:
-        return skip_outputs(m, new_nodes) if "skip" in m.data else Rule.outputs(self, m, new_nodes)
+        return skip_outputs(m, new_nodes) if isinstance(m.data, SkipNormData) else Rule.outputs(self, m, new_nodes)
 
 
 class SkipLayerNorm(Rule):
@@ -239,7 +277,7 @@ class SkipLayerNorm(Rule):
     fixed = True
 
     def match(self, cx, ln: ir.Node) -> Match | None:
-        if cx.lower == "onnx" or len(ln.inputs) < 2 or \
+        if cx.lower == Lowering.ONNX or len(ln.inputs) < 2 or \
                 any(o.name and (o.uses() or o.is_graph_output()) for o in ln.outputs[1:]):
             return None
         x, gamma = ln.inputs[0], ln.inputs[1]
@@ -253,7 +291,7 @@ class SkipLayerNorm(Rule):
         skip = residual_add(cx, x, [ln])
         if skip is None or not cx.free(ln):
             return None
-        return _skip_match(ln, _residual_nodes(skip) + [ln], skip, gamma, beta, float(attr(ln, "epsilon", 1e-5)),
+        return _skip_match(ln, skip.nodes + [ln], skip, gamma, beta, float(attr(ln, "epsilon", 1e-5)),
                            "LayerNormalization")
 
     rewrite = DecomposedLayerNorm.rewrite

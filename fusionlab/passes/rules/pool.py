@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import math
 
 import numpy as np
@@ -11,6 +13,13 @@ from ..engine import Match, Refused, Rule, attr, copy_attrs, is_op
 from .common import folded_pads
 
 __all__ = ["PadPool"]
+
+
+@dataclass(frozen=True)
+class PadPoolData:
+    """The pool's pads with the Pad's folded in."""
+
+    pads: tuple[int, ...]
 
 
 def _lowest(dtype) -> float:
@@ -45,7 +54,7 @@ class PadPool(Rule):
         why = "constant Pad folded into the pool's own pads" + (
             " (count_include_pad=1: the zeros count, as they did)" if pool.op_type == "AveragePool" else
             " (padding with the lowest finite value, as MaxPool's own)")
-        return Match("pad_pool", pool, [pad, pool], why, pool.op_type, data={"pads": pads})
+        return Match("pad_pool", pool, [pad, pool], why, pool.op_type, data=PadPoolData(tuple(pads)))
 
     @staticmethod
     def _legal_pads(cx, pad: ir.Node, pool: ir.Node) -> list[int]:
@@ -75,7 +84,7 @@ class PadPool(Rule):
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
         pad, pool = m.nodes
         attrs = copy_attrs(pool)
-        attrs["pads"] = m.data["pads"]
+        attrs["pads"] = list(m.data.pads)
         if pool.op_type == "AveragePool":
             attrs["count_include_pad"] = 1
         return [cx.node(pool.op_type, [pad.inputs[0]], attrs, base=f"{pool.name}_fused",

@@ -21,7 +21,8 @@ import onnx_ir as ir
 from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, other_input, sole_consumer
 from ..lowering import contrib_target, rmsnorm_target
 from .common import F32
-from .norm import reduces_last_axis, residual_add, skip_inputs, skip_node, skip_outputs, square_of
+from .norm import (NormData, SkipNormData, reduces_last_axis, residual_add, skip_inputs, skip_node, skip_outputs,
+                   square_of)
 
 __all__ = ["DecomposedRMSNorm", "SkipRMSNorm"]
 
@@ -169,32 +170,35 @@ def _scale(cx, core: dict) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
 
 
 def _skip_or_plain(cx, anchor: ir.Node, nodes: list, x: ir.Value, readers: list, gamma, eps: float) -> Match | None:
-    """The residual form if there is one, else plain RMSNorm."""
+    """The residual form if there is one (falling back to plain RMSNorm while skip_rmsnorm is off), else plain
+    RMSNorm."""
+    plain = _plain(cx, anchor, nodes, x, gamma, eps)
     target = contrib_target("SkipSimplifiedLayerNormalization", cx.lower)
-    skip = residual_add(cx, x, readers) if "skip_rmsnorm" in cx.rules and target else None
+    skip = residual_add(cx, x, readers) if target else None
     # x read outside the pattern (the embedding LLaMA's first norm reads, which the residual Add reads too) stays as
     # it is: the plain op reads x as the decomposed nodes did. No member produces x (a member Cast producing the x
     # it reads is refused in `match`)
     if skip is not None:
-        lead = ([skip["bias_add"]] if skip["bias_add"] is not None else []) + [skip["add"]]
-        out = [nodes[-1].outputs[0]] + ([skip["add"].outputs[0]] if skip["sum"] else [])
-        why = "residual Add" + (" with a [H] bias" if skip["bias"] is not None else "") + ", then RMSNorm over the last axis"
-        return Match("skip_rmsnorm", anchor, lead + nodes, why, target.op, outputs=out,
-                     data={"skip": skip, "gamma": gamma, "eps": eps})
-    if "rmsnorm" not in cx.rules:
-        return None
-    return _plain(cx, anchor, nodes, x, gamma, eps)
+        out = [nodes[-1].outputs[0]] + ([skip.add.outputs[0]] if skip.sum else [])
+        why = "residual Add" + (" with a [H] bias" if skip.bias is not None else "") + ", then RMSNorm over the last axis"
+        return Match("skip_rmsnorm", anchor, skip.nodes + nodes, why, target.op, outputs=out,
+                     data=SkipNormData(skip, gamma, None, eps), fallback=plain)
+    if isinstance(plain, Refused):
+        raise plain
+    return plain
 
 
-def _plain(cx, anchor: ir.Node, nodes: list, x: ir.Value, gamma, eps: float) -> Match | None:
+def _plain(cx, anchor: ir.Node, nodes: list, x: ir.Value, gamma, eps: float) -> Match | Refused | None:
+    """Plain RMSNorm as one op, or the Refused of rule rmsnorm saying why there is none."""
     if anchor.op_type != "ReduceMean":
         return None  # already the op
     target = rmsnorm_target(cx.graph.opset, cx.lower)
     if target is None:
-        raise Refused(f"RMSNormalization needs opset 23 (model has {cx.graph.opset}); onnxruntime's "
-                      "SimplifiedLayerNormalization is no ONNX op (onnx.checker rejects it at every opset)")
+        return Refused(f"RMSNormalization needs opset 23 (model has {cx.graph.opset}); onnxruntime's "
+                       "SimplifiedLayerNormalization is no ONNX op (onnx.checker rejects it at every opset)",
+                       rule="rmsnorm")
     return Match("rmsnorm", anchor, nodes, "mean of squares over the last axis, + eps, inverse root, [H] scale",
-                 target.op, outputs=[nodes[-1].outputs[0]], data={"x": x, "gamma": gamma, "eps": eps})
+                 target.op, outputs=[nodes[-1].outputs[0]], data=NormData(x, gamma, None, eps))
 
 
 class DecomposedRMSNorm(Rule):
@@ -217,15 +221,15 @@ class DecomposedRMSNorm(Rule):
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
         d = m.data
-        if "skip" in d:
-            inputs = skip_inputs(d["skip"], d["gamma"], simplified=True)
+        if isinstance(d, SkipNormData):
+            inputs = skip_inputs(d.res, d.gamma, simplified=True)
             return [skip_node(cx, m, "SkipSimplifiedLayerNormalization", inputs)]
         op = m.lowered_to
-        return [cx.node(op, [d["x"], d["gamma"]], {"axis": -1, "epsilon": d["eps"], "stash_type": 1},
+        return [cx.node(op, [d.x, d.gamma], {"axis": -1, "epsilon": d.eps, "stash_type": 1},
                         base=f"{m.anchor.name}_rmsnorm")]
 
     def outputs(self, m: Match, new_nodes: list[ir.Node]) -> list[tuple[ir.Value, ir.Value]]:
-        return skip_outputs(m, new_nodes) if "skip" in m.data else Rule.outputs(self, m, new_nodes)
+        return skip_outputs(m, new_nodes) if isinstance(m.data, SkipNormData) else Rule.outputs(self, m, new_nodes)
 
 
 class SkipRMSNorm(DecomposedRMSNorm):

@@ -44,14 +44,31 @@ back); float32 or float16 (the CPU kernel's types).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, attr, consumers, is_op, sole_consumer
 from ..lowering import contrib_target
+from ..options import Lowering
 from .common import F32
 
 __all__ = ["Rotary"]
+
+
+@dataclass(frozen=True, eq=False)
+class RotaryData:
+    """What the rewrite needs: the rotated input, the cos/sin tables, the form, the rotated channels (None: all),
+    the heads, and the input's layout ("bnsd" or "bsnd")."""
+
+    x: ir.Value
+    cos: ir.Value
+    sin: ir.Value
+    interleaved: bool
+    rotary_dim: int | None
+    heads: int
+    layout: str
 
 _FLOATS = (F32, np.dtype(np.float16))
 _BIG = np.iinfo(np.int64).max
@@ -284,7 +301,7 @@ class Rotary(Rule):
         cos_v = cos_mul.inputs[1] if cos_mul.inputs[0] is x else cos_mul.inputs[0]
         target = contrib_target("RotaryEmbedding", cx.lower)
         if target is None:
-            raise Refused(f"RotaryEmbedding is a com.microsoft op: none for lower={cx.lower!r}")
+            raise Refused(f"RotaryEmbedding is a com.microsoft op: none for lower={cx.lower.value!r}")
         dims, dt = cx.shape(x), cx.dtype(x)
         if dims is None or len(dims) != 4 or not isinstance(dims[3], int):
             raise Refused(f"{x.name} is not 4-D heads with D known (shape {dims})")
@@ -305,32 +322,31 @@ class Rotary(Rule):
         if not isinstance(heads, int):
             raise Refused(f"the number of heads of {x.name} {list(dims)} is not known")
         nodes = [cos_mul] + rot_nodes + [sin_mul, add]
-        data = {"x": x, "cos": cos_v, "sin": sin_v, "interleaved": form == "interleaved", "rotary_dim": None,
-                "heads": heads, "layout": layout}
+        data = RotaryData(x, cos_v, sin_v, form == "interleaved", None, heads, layout)
         out = add.outputs[0]
         partial = self._partial(cx, x, add)
         if partial is not None:
             outer, more = partial
             nodes = more[:2] + nodes + more[2:]
-            data.update(x=outer, rotary_dim=dims[3])
+            data = replace(data, x=outer, rotary_dim=dims[3])
             out = more[2].outputs[0]
         if cx.only is None:  # a cost condition, judged on the graph as planned: re-checked after another group
-            _not_transposed_back(data["x"], out)  # (attention) wrote its own Transpose after it, it is no pair
+            _not_transposed_back(data.x, out)  # (attention) wrote its own Transpose after it, it is no pair
         if not cx.free(*nodes):
             return None
-        why = f"{form} rotary embedding of {data['x'].name}" + (f", first {dims[3]} channels" if partial else "")
+        why = f"{form} rotary embedding of {data.x.name}" + (f", first {dims[3]} channels" if partial else "")
         return Match("rotary", add, nodes, why, target.op, kernels=target.kernels + self._emits(cx, data),
                      outputs=[out], data=data)
 
     @staticmethod
-    def _emits(cx, data: dict) -> int:
+    def _emits(cx, data: "RotaryData") -> int:
         """Kernels the rewrite writes besides RotaryEmbedding, as `rewrite` will: a computed cos/sin table's
         cache (Slice + Reshape) once per table, by the first group that reads it (the same memo order), and the
         Reshapes to and from [B, S, N*D] of a [B, S, N, D] input."""
         memo = cx.__dict__.setdefault("_rotary_plan_memo", set())
-        n = 2 if data["layout"] == "bsnd" else 0
-        for v in (data["cos"], data["sin"]):
-            key = (id(v), data["interleaved"])
+        n = 2 if data.layout == "bsnd" else 0
+        for v in (data.cos, data.sin):
+            key = (id(v), data.interleaved)
             if cx.constant(v) is None and key not in memo:
                 n += 2
                 if cx.only is None:  # planning: a later group of this pass reuses the cache
@@ -361,29 +377,29 @@ class Rotary(Rule):
         d = m.data
         new: list[ir.Node] = []
         caches = []
-        for v in (d["cos"], d["sin"]):
-            cache, made = self._cache(cx, v, d["interleaved"], m.anchor.name)
+        for v in (d.cos, d.sin):
+            cache, made = self._cache(cx, v, d.interleaved, m.anchor.name)
             caches.append(cache)
             new += made
         memo = cx.__dict__.setdefault("_rotary_memo", {})
         pos = memo.get("pos")
         if pos is None:
             pos = memo["pos"] = cx.initializer("rotary_position_offset", np.array([0], np.int64))
-        attrs = {"interleaved": int(d["interleaved"])}
-        if d["rotary_dim"] is not None or d["layout"] == "bsnd":
-            attrs["num_heads"] = int(d["heads"])
-        if d["rotary_dim"] is not None:
-            attrs["rotary_embedding_dim"] = int(d["rotary_dim"])
-        x = d["x"]
-        if d["layout"] == "bsnd":  # [B, S, N, D] -> the kernel's [B, S, N*D] and back
+        attrs = {"interleaved": int(d.interleaved)}
+        if d.rotary_dim is not None or d.layout == "bsnd":
+            attrs["num_heads"] = int(d.heads)
+        if d.rotary_dim is not None:
+            attrs["rotary_embedding_dim"] = int(d.rotary_dim)
+        x = d.x
+        if d.layout == "bsnd":  # [B, S, N, D] -> the kernel's [B, S, N*D] and back
             flat = cx.node("Reshape", [x, cx.initializer(f"{m.anchor.name}_flat", np.array([0, 0, -1], np.int64))],
                            base=f"{m.anchor.name}_rotary_flat")
             new.append(flat)
             x = flat.outputs[0]
         new.append(cx.node("RotaryEmbedding", [x, pos] + caches, attrs, domain="com.microsoft",
                            base=f"{m.anchor.name}_rotary"))
-        if d["layout"] == "bsnd":
-            dims = [int(v) for v in (0, 0, d["heads"], -1)]
+        if d.layout == "bsnd":
+            dims = [int(v) for v in (0, 0, d.heads, -1)]
             new.append(cx.node("Reshape", [new[-1].outputs[0], cx.initializer(f"{m.anchor.name}_heads",
                                                                               np.array(dims, np.int64))],
                                base=f"{m.anchor.name}_rotary_heads"))

@@ -15,12 +15,23 @@ contradictory (issue 19's LLaMA export failed the full checker). They are refuse
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_ir as ir
 
 from ..engine import Match, Refused, Rule, consumers, is_op
 
 __all__ = ["SliceSplit"]
+
+
+@dataclass(frozen=True, eq=False)
+class SplitData:
+    """One Split of `x` along `axis` into pieces of `sizes`."""
+
+    x: ir.Value
+    axis: int
+    sizes: tuple[int, ...]
 
 
 def _range(cx, s: ir.Node, dims: tuple) -> tuple[int, int | None, int | None] | None:
@@ -89,12 +100,13 @@ class SliceSplit(Rule):
                           "follows through Slice and not through Split")
         return Match("slice_split", first, nodes, f"{len(nodes)} Slices tile axis {axis} of {x.name}", "Split",
                      outputs=[s.outputs[0] for s in nodes],
-                     data={"x": x, "axis": axis, "sizes": [end - start for start, end, _ in chosen]})
+                     data=SplitData(x, axis, tuple(end - start for start, end, _ in chosen)))
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
-        sizes = cx.initializer(f"{m.anchor.name}_split", np.array(m.data["sizes"], np.int64))
-        return [cx.node("Split", [m.data["x"], sizes], {"axis": m.data["axis"]}, base=f"{m.anchor.name}_split",
-                        num_outputs=len(m.data["sizes"]))]
+        d: SplitData = m.data
+        sizes = cx.initializer(f"{m.anchor.name}_split", np.array(d.sizes, np.int64))
+        return [cx.node("Split", [d.x, sizes], {"axis": d.axis}, base=f"{m.anchor.name}_split",
+                        num_outputs=len(d.sizes))]
 
     def outputs(self, m: Match, new_nodes: list[ir.Node]) -> list[tuple[ir.Value, ir.Value]]:
         return list(zip(m.handed_on(), new_nodes[0].outputs))

@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 import onnx_ir as ir
 
@@ -22,6 +24,25 @@ from ..engine import Match, Refused, Rule, attr, copy_attrs, is_op, other_input,
 from .common import FLOATS
 
 __all__ = ["TransposeCancel", "LayerScale", "ELEMENTWISE"]
+
+
+@dataclass(frozen=True, eq=False)
+class CancelData:
+    """Each op's (input slot of the transposed value, its other operands untransposed); the projection a layer-scale
+    Mul folds into and the fold (none: empty, None)."""
+
+    steps: tuple
+    proj: tuple[ir.Node, ...]
+    fold: object
+
+
+@dataclass(frozen=True, eq=False)
+class ScaleData:
+    """The projection (MatMul [+ Add]), the per-channel scale folded into it, and the Transpose after it (or None)."""
+
+    proj: tuple[ir.Node, ...]
+    fold: object
+    transpose: ir.Node | None
 
 #: elementwise ops that commute with any Transpose (inputs after the first must be constants / Transposes)
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Relu", "Sigmoid", "Tanh", "Neg", "Abs", "Exp", "Log",
@@ -88,20 +109,31 @@ class TransposeCancel(Rule):
         back = _perm(cx, n)
         if not chain or back is None or [perm[k] for k in back] != list(range(len(perm))):
             return None
-        proj, fold = self._layer_scale(cx, t1, chain[0], perm)
-        ops = [x.op_type for x in chain[1 if fold else 0:]]
         reads = [n.inputs[k].producer() for n, (_, extra) in zip(chain, steps) for k, (kind, _) in extra
                  if kind == "value"]  # the operands' Transposes, read through: they must stay
-        return Match("transpose_cancel", t1, proj + [t1] + chain + [n], f"Transpose {perm} and its inverse around "
-                     f"{len(chain)} elementwise op(s): constants permuted, Transposed operands read untransposed" +
-                     ("; the layer-scale Mul folded into the projection" if fold else ""),
-                     "+".join([p.op_type for p in proj] + ops), kernels=len(proj) + len(ops), outputs=[n.outputs[0]],
-                     reads=reads, data={"steps": steps, "proj": proj, "fold": fold})
+
+        def cancel(proj: list, fold) -> Match:
+            ops = [x.op_type for x in chain[1 if fold else 0:]]
+            return Match("transpose_cancel", t1, proj + [t1] + chain + [n], f"Transpose {perm} and its inverse around "
+                         f"{len(chain)} elementwise op(s): constants permuted, Transposed operands read untransposed" +
+                         ("; the layer-scale Mul folded into the projection" if fold else ""),
+                         "+".join([p.op_type for p in proj] + ops), kernels=len(proj) + len(ops),
+                         outputs=[n.outputs[0]], reads=reads, data=CancelData(tuple(steps), tuple(proj), fold))
+
+        proj, fold = self._layer_scale(cx, t1, chain[0], perm)
+        alone = cancel([], None)
+        return replace(cancel(proj, fold), fallback=alone) if fold is not None else alone
+
+    def cut(self, m: Match, rules: frozenset[str], limit: int | None) -> Match | None:
+        """The pair cancelled, with the layer-scale Mul folded into the projection only while layer_scale is on."""
+        if m.data.fold is not None and "layer_scale" not in rules:
+            m = m.fallback
+        return m if m.rule in rules else None
 
     @staticmethod
     def _layer_scale(cx, t1: ir.Node, first: ir.Node, perm: list[int]):
         """(projection, fold) when the first op is a layer-scale Mul that folds into the MatMul before t1."""
-        if "layer_scale" not in cx.rules or not is_op(first, "Mul"):
+        if not is_op(first, "Mul"):
             return [], None
         proj = _projection(cx, t1.inputs[0], t1)
         try:
@@ -111,9 +143,9 @@ class TransposeCancel(Rule):
         return (proj, fold) if fold is not None else ([], None)
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
-        proj, fold = m.data["proj"], m.data["fold"]
+        proj, fold = list(m.data.proj), m.data.fold
         t1 = m.nodes[len(proj)]
-        chain, steps = m.nodes[len(proj) + 1:-1], m.data["steps"]
+        chain, steps = m.nodes[len(proj) + 1:-1], list(m.data.steps)
         out = _emit_projection(cx, proj, fold) if fold else []
         cur = out[-1].outputs[0] if out else t1.inputs[0]
         if fold:
@@ -224,11 +256,11 @@ class LayerScale(Rule):
         nodes = proj + ([t] if t is not None else []) + [mul]
         return Match("layer_scale", mul, nodes, "per-output-channel Mul folded into the MatMul's weight columns"
                      " (and bias)", "+".join(n.op_type for n in nodes[:-1]), kernels=len(nodes) - 1,
-                     outputs=[mul.outputs[0]], data={"proj": proj, "fold": fold, "transpose": t})
+                     outputs=[mul.outputs[0]], data=ScaleData(tuple(proj), fold, t))
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
-        out = _emit_projection(cx, m.data["proj"], m.data["fold"])
-        t = m.data["transpose"]
+        out = _emit_projection(cx, list(m.data.proj), m.data.fold)
+        t = m.data.transpose
         if t is not None:
             out.append(cx.node("Transpose", [out[-1].outputs[0]], copy_attrs(t), base=f"{t.name}_scaled"))
         return out

@@ -34,8 +34,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 
-from .graph import Graph, as_graph
+from .fuzz.shrink import shrink
+from .graph import Graph, as_graph, load, save_model
+from .passes import apply, fuse, options_for
+from .plan import DEFAULT_PASSES, FusionPlan
+from .precision import Reference
+from .runtime import LEVELS, make_feeds, model_bytes, quiet_onnxruntime, run, session, verify
+from .timing import Comparison, interleaved
 
 __all__ = ["OrtTransformer", "ORT_TRANSFORMERS", "ORT_SOURCE", "LEVEL_NUMBER", "transformers_run", "blame_ort",
            "blame_passes", "OrtBlame", "PassBlame", "transformer"]
@@ -189,9 +196,7 @@ def transformers_run(model, level: str = "all", *, config: dict | None = None,
 
     The log goes to the process's stderr from C++; it is caught by pointing file descriptor 2 at a
     temporary file while the session is made."""
-    import onnxruntime as ort
 
-    from .runtime import LEVELS, model_bytes, quiet_onnxruntime
 
     data = model_bytes(as_graph(model))
     so = ort.SessionOptions()
@@ -267,13 +272,9 @@ class _Judge:
     runs: int = 0
 
     def session(self, disabled=()):
-        from .runtime import session
-
         return session(self.graph, self.level, disabled_optimizers=tuple(disabled), config=self.config)
 
     def __call__(self, disabled=()) -> Verdict:
-        from .runtime import verify
-
         self.runs += 1
         return _verdict(verify(self.graph, self.graph, fused_session=self.session(disabled), draws=self.draws,
                                dims=self.dims))
@@ -281,8 +282,6 @@ class _Judge:
 
 def _reference_errors(graph: Graph, verdict: Verdict, sessions: dict, dims) -> dict | None:
     """{run name: max |run - float64 run|} for the verdict's output on its draw; None when no float64 run."""
-    from .precision import Reference
-    from .runtime import make_feeds, run
 
     try:
         ref = Reference(_proto(graph))
@@ -306,8 +305,6 @@ def _ops(model) -> Counter:
 
 
 def _optimised(graph: Graph, level: str, config: dict, disabled=()) -> onnx.ModelProto:
-    from .runtime import session
-
     with tempfile.TemporaryDirectory(prefix="fusionlab-blame-") as tmp:
         out = Path(tmp) / "optimised.onnx"
         session(graph, level, optimized_path=out, disabled_optimizers=tuple(disabled), config=config)
@@ -350,8 +347,6 @@ def _minimal(cands: list[str], fixes) -> list[str]:
 
 
 def _timing(calls: dict, min_time: float, rounds: int):
-    from .timing import Comparison, interleaved
-
     s = interleaved(calls, min_time=min_time, min_rounds=rounds, warmup=2)
     a, b = list(s)
     return Comparison.from_samples(s[a], s[b], label_a=a, label_b=b)
@@ -418,13 +413,11 @@ def blame_ort(model, level: str = "all", *, config: dict | None = None, draws: i
     out.culprits = culprits
     out.fixed = judge(culprits)
     sess_level, sess_without = judge.session(), judge.session(culprits)
-    from .runtime import session
 
     out.reference = _reference_errors(graph, first, {"disable": session(graph, "disable"), level: sess_level,
                                                      "without": sess_without}, dims)
     out.gone, out.gone_ops, out.made_ops = _rewrote(_proto(graph), _optimised(graph, level, config, culprits),
                                                    _optimised(graph, level, config))
-    from .runtime import make_feeds
 
     feeds = make_feeds(graph, dims=dims, sess=sess_level)
     names = [o.name for o in sess_level.get_outputs()]
@@ -445,9 +438,6 @@ def _repro_path(repro, source: str | None, what: str) -> Path:
 
 
 def _shrink_ort(graph, level, config, culprits, draws, dims, budget, repro, source):
-    from .fuzz.shrink import shrink
-    from .graph import load, save_model
-
     def still(m: onnx.ModelProto) -> bool:
         g = load(m.SerializeToString(), check=False)
         j = _Judge(g, level, config, draws, dims)
@@ -490,9 +480,6 @@ def blame_passes(model, passes=None, *, draws: int = 3, dims: dict | None = None
                  shrink_budget: float | None = 60.0, repro=None, time_budget: float = 1.0, rounds: int = 10,
                  source: str | None = None, **options) -> PassBlame:
     """Blame a group of fusionlab's plan for a fused model that differs from the original."""
-    from .passes import apply, fuse, options_for
-    from .plan import DEFAULT_PASSES, FusionPlan
-    from .runtime import verify
 
     t0 = time.monotonic()
     graph = as_graph(model)
@@ -508,7 +495,6 @@ def blame_passes(model, passes=None, *, draws: int = 3, dims: dict | None = None
     first = _verdict(verify(graph, result.graph, draws=draws, dims=dims))
     out = PassBlame(passes, first, groups=len(result.plan))
     if not first.ok:
-        from .runtime import session
 
         out.reference = _reference_errors(graph, first, {"disable": session(graph, "disable"),
                                                          "fused": session(result.graph, "disable")}, dims)
@@ -529,7 +515,6 @@ def blame_passes(model, passes=None, *, draws: int = 3, dims: dict | None = None
     out.fixed = check(without)
     if not out.fixed.ok:
         out.others = [g.id for g in groups[hi:]]
-    from .runtime import make_feeds, session
 
     fused = result.graph
     spared = apply(graph, without, validate=False).graph
@@ -547,11 +532,6 @@ def blame_passes(model, passes=None, *, draws: int = 3, dims: dict | None = None
 
 
 def _shrink_passes(graph, passes, opts, rule, draws, dims, budget, repro, source):
-    from .fuzz.shrink import shrink
-    from .graph import load, save_model
-    from .passes import apply, fuse
-    from .runtime import verify
-
     def still(m: onnx.ModelProto) -> bool:
         g = load(m.SerializeToString(), check=False)
         res = fuse(g, passes, **opts)

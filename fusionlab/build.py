@@ -49,7 +49,6 @@ def save_with_external_weight(model: onnx.ModelProto, folder, *, index: int = 0,
     of the loader point `location` elsewhere (``../``, absolute paths, symlinks) to check it refuses them.
     Returns (model path, the weight's bytes). `model` itself is not changed.
     """
-    from pathlib import Path
 
     folder = Path(folder)
     ext = onnx.ModelProto()

@@ -16,7 +16,9 @@ import importlib
 import os
 import sys
 
+from . import __version__
 from .graph import ModelError
+from .passes import FusionError
 
 #: command modules, in the order `fusionlab --help` lists them
 COMMANDS = ["fuse", "verify", "bench", "show", "explain", "blame", "report", "customop", "profile"]
@@ -31,7 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fusionlab",
         description="Operator fusion on ONNX models: plan, rewrite, verify, measure, explain.",
     )
-    from . import __version__
 
     parser.add_argument("--version", action="version", version=f"fusionlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -68,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     except Exception as exc:  # our bug, not the user's: one line, exit 3, nothing written
-        from .passes import FusionError
 
         kind = "internal error" if isinstance(exc, FusionError) else f"internal error ({type(exc).__name__})"
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -16,7 +16,15 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
+import onnxruntime
+
+from . import __version__
+from .files import atomic_write
 from .graph import as_graph
+from .passes import options_for, plan
+from .plan import DEFAULT_PASSES
+from .runtime import session
 
 __all__ = ["counts", "ort_fused_ops", "check", "save", "read", "Drift", "FORMAT"]
 
@@ -31,9 +39,7 @@ def _op_key(node) -> str:
 def ort_fused_ops(model, level: str = "all") -> dict[str, int]:
     """{op type: count} of what onnxruntime's graph transformers make at `level`: the op types its optimised
     model (written with `optimized_model_filepath`) holds more of than the original, and how many more."""
-    import onnx
 
-    from .runtime import session
 
     graph = as_graph(model)
     before = Counter(_op_key(n) for n in graph.graph)
@@ -51,11 +57,7 @@ def counts(model, passes=None, *, level: str | None = "extended", dims: dict | N
     """What fires on `model`: {"rules": {rule: groups}} for fusionlab's `passes` (default: the default
     passes), and {"onnxruntime": {"level", "version", "fused_ops"}} unless `level` is None (default EXTENDED:
     ALL adds NCHWc layout ops whose number depends on the CPU)."""
-    import onnxruntime
 
-    from . import __version__
-    from .passes import options_for, plan
-    from .plan import DEFAULT_PASSES
 
     passes = list(passes or DEFAULT_PASSES)
     fplan = plan(as_graph(model), passes, **options_for(passes, dims=dims, **options))
@@ -68,7 +70,6 @@ def counts(model, passes=None, *, level: str | None = "extended", dims: dict | N
 
 def save(path, data: dict) -> Path:
     """Write counts as JSON (atomically, sorted keys: a diff of two files reads as the drift)."""
-    from .files import atomic_write
 
     return atomic_write(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 

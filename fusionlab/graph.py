@@ -11,6 +11,7 @@ constant it holds (seen through `Identity`), the topological order, and the grap
 
 from __future__ import annotations
 
+import heapq
 import os
 import stat
 import tempfile
@@ -20,7 +21,10 @@ from typing import Iterable, Iterator
 import numpy as np
 import onnx
 import onnx_ir as ir
+import onnxruntime as ort
 from google.protobuf.message import DecodeError
+
+from .files import default_mode
 
 __all__ = ["ModelError", "Graph", "Names", "load", "as_graph", "save_model", "name_nodes", "has_external_tensors", "MAX_OPSET",
            "MIN_OPSET", "PROTOBUF_LIMIT"]
@@ -290,8 +294,6 @@ def _sort_nodes(proto: onnx.ModelProto) -> None:
 
 
 def _onnxruntime_accepts(proto: onnx.ModelProto) -> bool:
-    import onnxruntime as ort
-
     so = ort.SessionOptions()
     so.log_severity_level = 4
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -389,7 +391,6 @@ def save_model(model: "Graph | ir.Model | onnx.ModelProto", path, *, source: Pat
     total = sum(
         (v.const_value.nbytes if v.const_value is not None else 0) for v in model.graph.initializers.values()
     )
-    from .files import default_mode
 
     mode = default_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -648,7 +649,6 @@ class Graph:
             indeg[id(n)] = len(preds)
             for p in preds:
                 succ[p].append(n)
-        import heapq
 
         ready = [(index[id(n)], n) for n in nodes if indeg[id(n)] == 0]
         heapq.heapify(ready)

@@ -6,11 +6,12 @@ a table, renders as HTML in a notebook, round-trips through JSON, and compares w
 
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Iterator
 
-from .text import text_table
+from .text import MAX_WIDTH, text_table, wrap as wrap_text, wrap_cell
 
 __all__ = ["FusionGroup", "FusionPlan", "PlanCounts", "Refusal", "MissGroup", "PlanError", "VERTICAL", "HORIZONTAL", "MIXED", "KINDS",
            "DEFAULT_PASSES"]
@@ -422,7 +423,6 @@ class FusionPlan:
             out = _pattern_lines(header, cells)
         if len(shown) < len(rows):
             out.append(f"... {len(rows) - len(shown)} more groups")
-        from .text import wrap as wrap_text
 
         out += wrap_text(self.footer()).split("\n")
         return "\n".join(out)
@@ -437,8 +437,6 @@ class FusionPlan:
         return self.table()
 
     def _repr_html_(self) -> str:
-        import html
-
         header = ["id", "kind", "rule", "pattern", "nodes", "kernels", "launches saved", "saved KiB", "lowered to"]
         head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
         body = "".join(
@@ -485,7 +483,6 @@ class FusionPlan:
 def _pattern_lines(header: list[str], cells: list[list[str]]) -> list[str]:
     """The plan table without its pattern column, each row followed by its pattern, indented, broken after
     a '+' within the width: nothing clipped."""
-    from .text import MAX_WIDTH, wrap_cell
 
     k = header.index("pattern")
     table = text_table(header[:k] + header[k + 1:], [c[:k] + c[k + 1:] for c in cells])

@@ -19,12 +19,15 @@ import json
 import os
 import statistics
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
+import onnxruntime as ort
 
+from . import runtime
 from .files import atomic_write
 from .graph import ModelError
 
@@ -288,7 +291,6 @@ def profile_model(model, *, runs: int = 10, warmup: int = 2, level: str = "disab
                   inter_threads: int = 1, parallel: bool = False, mem_arena: bool = True, feeds: dict | None = None,
                   dims: dict[str, int] | None = None, seed: int = 0, label: str = "") -> Profile:
     """Run `model` `warmup + runs` times under onnxruntime's profiler and parse the trace (temp file deleted)."""
-    from . import runtime
 
     if runs < 1 or warmup < 0:
         raise ValueError("need runs >= 1 and warmup >= 0")
@@ -392,7 +394,6 @@ _FIXED = {"Conv": 0, "FusedConv": 1, "BatchNormalization": 2, "Relu": 3, "Sigmoi
 
 def _colours(types: Sequence[str]) -> dict[str, tuple]:
     """A colour per op type that is the same in every picture (fixed for common ops, else by name hash)."""
-    import zlib
 
     import matplotlib
 
@@ -473,9 +474,7 @@ def runner(model, *, level: str = "disable", threads: int = 1, inter_threads: in
     With `io_binding` the inputs are bound once and every output is written into a buffer
     allocated once up front (no per-run output allocation or copy); otherwise `InferenceSession.run`.
     """
-    import onnxruntime as ort
 
-    from . import runtime
 
     so = ort.SessionOptions()
     so.enable_mem_pattern = mem_pattern

@@ -13,10 +13,22 @@ import base64
 import html
 import io
 import platform
+import struct
 import time
 from pathlib import Path
 
+import onnxruntime
+
+from . import __version__, cost, drift
+from .blame import blame_ort, blame_passes
+from .commands.blame import ort_lines, pass_lines
+from .commands.explain import why_not_lines
 from .graph import as_graph
+from .passes import fuse
+from .plan import DEFAULT_PASSES
+from .runtime import make_feeds, session, verify
+from .timing import Comparison, Timing, format_seconds, interleaved
+from .viz import draw
 
 __all__ = ["report", "LEVELS"]
 
@@ -49,13 +61,11 @@ def _table(header, rows, numeric=()) -> str:
 
 def _picture(graph, plan) -> tuple[str, tuple[int, int]]:
     """The picture as a PNG data: URL and its size in pixels."""
-    from .viz import draw
 
     fig = draw(graph, plan)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight", facecolor="white", metadata={"Software": None})
     data = buf.getvalue()
-    import struct
 
     w, h = struct.unpack(">II", data[16:24])
     return "data:image/png;base64," + base64.b64encode(data).decode(), (w, h)
@@ -63,8 +73,6 @@ def _picture(graph, plan) -> tuple[str, tuple[int, int]]:
 
 def _timing(graph, fused, min_time: float, rounds: int, dims) -> list[list[str]]:
     """Rows: level, original median (CI), fused median (CI), original/fused with CI, verdict (all interleaved)."""
-    from .runtime import make_feeds, session
-    from .timing import Comparison, Timing, format_seconds, interleaved
 
     calls, feeds = {}, None
     for tag, g in (("original", graph), ("fused", fused)):
@@ -91,14 +99,7 @@ def _timing(graph, fused, min_time: float, rounds: int, dims) -> list[list[str]]
 def report(model, *, passes=None, name: str | None = None, level: str = "all", dims: dict | None = None,
            timing: bool = True, blame: bool = True, min_time: float = 1.0, rounds: int = 10) -> str:
     """The HTML page about `model` (see the module)."""
-    import onnxruntime
 
-    from . import __version__, cost, drift
-    from .commands.blame import ort_lines, pass_lines
-    from .commands.explain import why_not_lines
-    from .passes import fuse
-    from .plan import DEFAULT_PASSES
-    from .runtime import verify
 
     t0 = time.monotonic()
     graph = as_graph(model)
@@ -159,7 +160,6 @@ def report(model, *, passes=None, name: str | None = None, level: str = "all", d
         parts.append("<p class='muted'>Ratios are medians of per-round ratios of interleaved runs; >1: the fused "
                      "model is faster. A shared machine's numbers vary from run to run: read the intervals.</p>")
     if blame:
-        from .blame import blame_ort, blame_passes
 
         parts.append("<h2>Blame: did an optimisation change the outputs?</h2>")
         ort = blame_ort(graph, level, dims=dims, shrink_budget=None, time_budget=min(min_time, 0.5), rounds=rounds)

@@ -19,6 +19,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from .graph import Graph, ModelError, has_external_tensors, load, save_model
+from .precision import Reference
 from .shapes import dim_value
 
 __all__ = [
@@ -425,7 +426,6 @@ class _Wide:
 
     def outputs(self, k: int, feeds: dict) -> dict | None:
         if self._ref is None:
-            from .precision import Reference
 
             try:
                 proto = self.original.to_proto() if isinstance(self.original, Graph) else \

@@ -27,9 +27,14 @@ document; a test fails when the stored document is stale.
 from __future__ import annotations
 
 import json
+import json as _json
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal, ROUND_HALF_EVEN, ROUND_HALF_UP
 from pathlib import Path
+
+from .files import atomic_write
+from .text import MAX_WIDTH, wrap
 
 __all__ = ["LEDGER", "DOC", "VERDICTS", "Evidence", "Claim", "load", "claim", "benchmark_cell", "notebook_outputs",
            "notebook_figure", "notebook_problems", "notebook_sections",
@@ -109,7 +114,6 @@ class Claim:
         """What a notebook prints next to its own measurement: the seed's claim and the ledger's verdict.
 
         Lines are wrapped to `fusionlab.text.MAX_WIDTH` (the notebook column), continuations indented."""
-        from .text import MAX_WIDTH, wrap
 
         return wrap(f"The seed (§{self.section}): {self.says}\n"
                     f"Ledger verdict [{self.id}]: {self.verdict}. {self.why}\n"
@@ -188,7 +192,6 @@ def _flat(text: str) -> str:
 def notebook_outputs(stem: str, root: Path = ROOT) -> str:
     """All text the stored notebook's cells printed (whitespace collapsed), minus the ledger's own summaries
     (so a figure read from it is one the notebook computed, not one the ledger put there)."""
-    import json as _json
 
     nb = _json.loads((root / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))
     parts = []
@@ -221,7 +224,6 @@ _PRINTED_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
 
 def _printed_at_precision(typed: str, text: str, percent: bool) -> bool:
     """Whether `text` prints the number `typed` at the precision it is typed (a printed 1.102 is a typed 1.10)."""
-    from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
 
     want = Decimal(typed)
     q = Decimal(1).scaleb(-(len(typed.split(".")[1]) if "." in typed else 0))
@@ -342,7 +344,6 @@ def render(claims: dict[str, Claim] | None = None, root: Path = ROOT) -> str:
 
 def write_doc(path: str | Path | None = None) -> Path:
     """Write the rendered ledger atomically; returns the path."""
-    from .files import atomic_write
 
     path = Path(path) if path is not None else DOC
     atomic_write(path, render().encode("utf-8"))

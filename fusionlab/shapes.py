@@ -15,6 +15,8 @@ inference fills them. The graph itself is never modified.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -176,8 +178,6 @@ class ShapeInfo:
 
     @classmethod
     def of(cls, graph: Graph, dims: dict[str, int] | None = None) -> "ShapeInfo":
-        import weakref
-
         if cls._cache is None:
             cls._cache = weakref.WeakKeyDictionary()
         key = (_fingerprint(graph), tuple(sorted((dims or {}).items())))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Sequence
 
 __all__ = ["text_table", "MAX_WIDTH", "clip", "wrap", "wrap_cell"]
@@ -19,7 +20,6 @@ def clip(text: str, width: int) -> str:
 
 def wrap(text: object, width: int = MAX_WIDTH, indent: str = "    ") -> str:
     """`str(text)` with every line longer than `width` broken at spaces, continuations indented."""
-    import textwrap
 
     out = []
     for line in str(text).split("\n"):

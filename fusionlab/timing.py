@@ -20,8 +20,14 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
+from importlib.metadata import version
 from typing import Callable, Mapping, Sequence
 
+import numpy
+import onnx
+import onnxruntime
+
+from . import runtime
 from .text import text_table
 
 __all__ = [
@@ -397,7 +403,6 @@ def compare_models(model_a, model_b, *, level_a: str = "disable", level_b: str =
                    feeds: dict | None = None, seed: int = 0, dims: dict[str, int] | None = None,
                    custom_ops_library: str | None = None, **kw) -> Comparison:
     """Interleaved comparison of two models' onnxruntime runs on the same inputs (1 intra-op thread by default)."""
-    from . import runtime
 
     runtime.quiet_onnxruntime()
     sa = runtime.session(model_a, level_a, threads, inter_threads=1, custom_ops_library=custom_ops_library)
@@ -419,7 +424,6 @@ def compare_models(model_a, model_b, *, level_a: str = "disable", level_b: str =
 
 def session_at_each_level(model, threads: int = 1) -> dict:
     """{level: InferenceSession} for every onnxruntime optimisation level, log noise silenced."""
-    from . import runtime
 
     runtime.quiet_onnxruntime()
     return {level: runtime.session(model, level, threads, inter_threads=1) for level in runtime.LEVELS}
@@ -442,9 +446,6 @@ def _cpu_model() -> str:
 
 def machine_info() -> dict:
     """CPU model, logical/usable cores, and the versions that matter (python, numpy, onnx, onnxruntime...)."""
-    import numpy
-    import onnx
-    import onnxruntime
 
     try:
         usable = len(os.sched_getaffinity(0))
@@ -464,7 +465,6 @@ def machine_info() -> dict:
     }
     for dist, key in (("onnx-ir", "onnx_ir"), ("matplotlib", "matplotlib"), ("netron", "netron")):
         try:
-            from importlib.metadata import version
 
             info[key] = version(dist)
         except Exception:  # not installed

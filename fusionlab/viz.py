@@ -18,7 +18,9 @@ Weights (initializers) are never drawn as boxes; their shapes are noted in the D
 from __future__ import annotations
 
 import atexit
+import base64
 import html
+import importlib.util
 import io
 import logging
 import math
@@ -32,11 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import onnx
 import onnx_ir as ir
 
 from .files import atomic_write
 from .graph import as_graph
-from .plan import FusionGroup, FusionPlan, HORIZONTAL, MIXED, VERTICAL
+from .plan import FusionGroup, FusionPlan, HORIZONTAL, MIXED, VERTICAL, _compact
+from .runtime import model_bytes
 
 __all__ = [
     "to_dot", "Layout", "layered_layout", "draw", "save_picture", "before_after", "neighbourhood",
@@ -108,7 +112,6 @@ def _clip(text: str, n: int = 22) -> str:
 
 def _input_names(node: ir.Node, opset: int) -> list[str]:
     try:
-        import onnx
 
         schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
         names = [i.name for i in schema.inputs]
@@ -310,7 +313,6 @@ class _SceneBuilder:
     def fused_text(self, n: ir.Node) -> str:
         """What a fused op stands for: the op types of the loaded nodes it covers ("Conv+BN+Relu"), "fused op"
         for a contrib or model-local-function op whose origin this graph does not record, else ""."""
-        from .plan import _compact
 
         covers = self.g.covers(n.name) if hasattr(self.g, "covers") else (n.name,)
         if len(covers) > 1:
@@ -1094,7 +1096,6 @@ NETRON_NOTICE = ("The first time, netron's page asks you to accept its cookie no
 
 def jupyter_base_url() -> str | None:
     """The base URL of the Jupyter server running this kernel, if it serves jupyter-server-proxy; else None."""
-    import importlib.util
 
     pid = os.environ.get("JPY_PARENT_PID")  # jupyter_client sets it for the kernels it launches
     if not pid or importlib.util.find_spec("jupyter_server_proxy") is None:
@@ -1117,7 +1118,6 @@ class NetronView:
         import netron
         from netron import server as netron_server
 
-        from .runtime import model_bytes
 
         data = model_bytes(model)
         self.model = model  # what the stored view draws
@@ -1190,8 +1190,6 @@ class NetronView:
     def static_html(self) -> str:
         """Outside a Jupyter server that proxies (a notebook built or viewed without a lab): no frame that cannot
         load, but a picture of the model's first ops and one sentence on how to open the live view."""
-        import base64
-        import io
 
         graph = as_graph(self.model, check=False)
         first = [n.name for n in graph.topological_order()][: self.STATIC_OPS]

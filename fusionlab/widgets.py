@@ -8,14 +8,21 @@ only wires ipywidgets controls to these functions.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import html
+import io
 from dataclasses import dataclass, field
 
-from . import cost
+from . import cost, viz
 from .cost.devices import Device, get as get_device, load_devices
 from .graph import as_graph
-from .passes import options_for, plan as plan_passes
+from .passes import apply, fuse, options_for, plan as plan_passes
+from .passes.rules import VERTICAL_RULES
 from .plan import DEFAULT_PASSES, FusionPlan
+from .runtime import verify
 from .text import text_table, wrap
+from .timing import compare_models
 
 __all__ = ["ExplorerResult", "make_plan", "explore_state", "change_line", "what_each_control_governs",
            "result_text", "result_html", "device_chart_html", "bar_width", "sweep_group_size", "sweep_table", "plot_sweep", "measure", "explore"]
@@ -117,7 +124,6 @@ def explore_state(model, max_group_ops: int | None = 5, buffer_kb: float | None 
     table = cost.compare(graph, {"unfused": None, "plan": plan}, others, dims=dims)
     fig = None
     if picture:
-        from . import viz
 
         fig = viz.draw(graph, plan, title=f"{len(plan.running())} groups, max {max_group_ops} ops per group")
     settings = {"kinds": "+".join(kinds), "max_group_ops": max_group_ops, "buffer_kb": buffer_kb, "device": dev.name}
@@ -193,7 +199,6 @@ def _pct(new: float, old: float) -> str:
 
 def what_each_control_governs(plan: FusionPlan) -> str:
     """The explorer's legend: which groups the size limit can split and which it cannot, and why."""
-    from .passes.rules import VERTICAL_RULES
 
     fixed = sorted({g.rule for g in plan if any(g.rule in r.names and r.fixed for r in VERTICAL_RULES)})
     lines = ["max ops: the most ops one group may hold; a vertical chain (Conv+BN+act, MatMul+Add+act) stops",
@@ -271,9 +276,6 @@ def plot_sweep(rows: list[dict], ax=None, title: str | None = None):
 def measure(model, kinds=DEFAULT_PASSES, max_group_ops: int | None = 5, buffer_kb: float | None = None, *,
             dims: dict | None = None, min_time: float = 1.0, plan: FusionPlan | None = None):
     """Fuse with these settings (or apply `plan`, e.g. an edited one), verify, and time both here (1 thread)."""
-    from .passes import apply, fuse
-    from .runtime import verify
-    from .timing import compare_models
 
     graph = as_graph(model)
     if plan is not None:
@@ -302,7 +304,6 @@ def bar_width(value: float, unfused: float) -> float:
 def device_chart_html(res: ExplorerResult) -> str:
     """The devices as a small table with bars: per device (the chosen one marked >) kernels, predicted latency
     and peak memory, unfused (grey) against the plan (coloured) on the device's own scale, and the precision run."""
-    import html
 
     def bars(pair, fmt: str, unit: str, colour: str) -> str:
         before, after = pair
@@ -333,7 +334,6 @@ def result_text(res: ExplorerResult) -> str:
 def result_html(head: str, res: ExplorerResult) -> str:
     """The explorer's result as shown: a few lines of text (what changed, the setting, the plan's counts), the
     devices as a table with bars (`device_chart_html`) and the controls' legend folded away."""
-    import html
 
     text = "\n".join([wrap(head), wrap(res.summary()), wrap(res.counts().line())])
     return (f'<pre class="fl-explorer-text">{html.escape(text)}</pre>{device_chart_html(res)}'
@@ -375,8 +375,6 @@ class ExplorerBox:
     last_text = ""
 
     def _repr_mimebundle_(self, **kwargs):
-        import html
-
         data = super()._repr_mimebundle_(**kwargs)
         note = "(a live explorer: run the notebook to use its controls)"
         data["text/plain"] = f"{self.last_text}\n{note}"
@@ -388,8 +386,6 @@ _EXPLORERS: dict[str, list] = {}
 
 
 def _explorer_key(graph, kinds, max_group_ops, buffer_kb, device) -> str:
-    import hashlib
-
     what = repr((graph.name, len(graph), tuple(kinds), max_group_ops, buffer_kb, device))
     return "fusionlab-explorer-" + hashlib.sha1(what.encode()).hexdigest()[:12]
 
@@ -452,8 +448,6 @@ def explore(model, *, dims: dict | None = None, max_group_ops: int = 5, device: 
     state = {"last": None, "first": None}
 
     def show(*_):
-        import html
-
         res = explore_state(graph, c["ops"].value, c["buf"].value or None, c["kinds"].value or DEFAULT_PASSES,
                             c["dev"].value, dims=dims, drop=tuple(c["drop"].value))
         kept = [g.id for g in make_plan(graph, c["kinds"].value or DEFAULT_PASSES, c["ops"].value,
@@ -534,13 +528,9 @@ def changed_nodes(before: ExplorerResult | None, after: ExplorerResult, limit: i
 
 
 def _draw_to(out, graph, res: ExplorerResult, before: ExplorerResult | None = None) -> None:
-    import base64
-    import io
-
     import matplotlib.pyplot as plt
     from IPython.display import HTML, display
 
-    from . import viz
 
     out.clear_output(wait=True)
     title = f"{len(res.plan.running())} groups, max {res.settings['max_group_ops']} ops per group"

@@ -30,6 +30,7 @@ from onnx import helper
 
 from .build import make_model, tensor, value_info
 from .files import atomic_write
+from .runtime import model_bytes
 
 __all__ = [
     "MODELS", "get", "path", "build", "cache_dir", "summary", "extract", "conv_bn_relu", "tanh_gelu", "resnet50", "resnet18",
@@ -742,7 +743,6 @@ def get(name: str, *, cache: bool = True, **params) -> onnx.ModelProto:
 def _as_proto(model) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
-    from .runtime import model_bytes
 
     return onnx.load_model_from_string(model_bytes(model))
 

@@ -377,7 +377,7 @@ side_by_side(bert, bert_result.graph, levels=("extended",))
 # NBVAL_IGNORE_OUTPUT
 mid_bert = zoo.bert(layers=2, hidden=384, heads=6, intermediate=1536, vocab=1000)
 plain_ln = fuse(mid_bert, passes=("vertical",)).graph
-skip_ln = fuse(mid_bert, passes=("vertical",), rules=vertical.RULES).graph
+skip_ln = fuse(mid_bert, passes=("vertical",), rules=vertical.RULE_NAMES).graph
 skip_cmp = timing.compare_models(plain_ln, skip_ln, level_a="all", level_b="all", dims={"sequence": 128}, min_time=3,
                                 label_a="Add + LayerNormalization", label_b="SkipLayerNormalization")
 print(skip_cmp)

@@ -32,7 +32,7 @@ from fusionlab import runtime, timing, zoo
 from fusionlab.compilers import MODELS, cann, grouping, iree, ort
 from fusionlab.graph import load
 from fusionlab.lessons import reductions as R
-from fusionlab.passes import plan_only
+from fusionlab.passes import plan as fusion_plan
 from fusionlab.text import text_table, wrap
 
 print("IREE", iree.version())
@@ -192,7 +192,7 @@ display(Markdown(
 # For two zoo models (batch 1, static shapes) we count what each tool launches per run:
 #
 # * **fusionlab's plan**: compute nodes minus the nodes merged by the vertical, horizontal and mixed
-#   passes (`plan_only(model, passes=("vertical", "horizontal", "mixed"))`), the plan a fused backend
+#   passes (`fusion_plan(model, passes=("vertical", "horizontal", "mixed"))`), the plan a fused backend
 #   would run;
 # * **onnxruntime**: the nodes of its optimised graph at level EXTENDED (fusions) and ALL (fusions and
 #   the NCHWc layout, which adds reorder nodes);
@@ -207,7 +207,7 @@ iree_names, kernels = {}, {}
 for name in ("resnet_small", "bert_tiny"):
     model = zoo.get(name, **MODELS[name])
     graph = load(model)
-    plan = plan_only(graph, passes=("vertical", "horizontal", "mixed"))
+    plan = fusion_plan(graph, passes=("vertical", "horizontal", "mixed"))
     compute = [n for n in graph if n.op_type != "Constant"]
     iree_names[name] = iree.dispatch_names(model)
     kernels[name] = {"ONNX nodes": len(compute), "fusionlab": len(compute) - sum(g.size - 1 for g in plan),
@@ -233,7 +233,7 @@ from IPython.display import Markdown, display
 ops = {(name, level): ort.optimized_ops(zoo.get(name, **MODELS[name]), level)
        for name in ("resnet_small", "bert_tiny") for level in ("extended", "all")}
 ext, al = ops["resnet_small", "extended"], ops["resnet_small", "all"]
-resnet_rules = plan_only(load(zoo.get("resnet_small", **MODELS["resnet_small"])), passes=("vertical",)).rule_counts()
+resnet_rules = fusion_plan(load(zoo.get("resnet_small", **MODELS["resnet_small"])), passes=("vertical",)).rule_counts()
 fused_conv = ext.get("com.microsoft:FusedConv", 0)
 plain_conv = ext.get("Conv", 0)
 after_add = resnet_rules.get("conv_add_act", 0)  # Conv + BN + Add + ReLU: the ReLU comes after the block's Add
@@ -352,7 +352,7 @@ for name, entry in tvm_data["models"].items():
     graph = load(zoo.get(name, **entry["params"]))
     covered = [n for g in entry["groups"] for n in g]
     for label, opts in (("5 ops", {}), ("none", {"max_group_ops": None})):
-        plan = plan_only(graph, passes=("mixed",), **opts)
+        plan = fusion_plan(graph, passes=("mixed",), **opts)
         a = grouping.compare_groupings(graph, entry["groups"], grouping.plan_groups(plan), name_a="TVM",
                                        name_b="fusionlab", covered_a=covered)
         agreements[name, label] = a
@@ -422,7 +422,7 @@ for (name, label), a in agreements.items():
 
 # %%
 resnet = load(zoo.get("resnet_small", **MODELS["resnet_small"]))
-resnet_plan = plan_only(resnet, passes=("vertical", "horizontal", "mixed"))
+resnet_plan = fusion_plan(resnet, passes=("vertical", "horizontal", "mixed"))
 print(resnet_plan.rule_counts())
 print(cann.fusion_result_json(resnet_plan))
 

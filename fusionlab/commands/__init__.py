@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from ..cli import UsageError
 from ..graph import Graph, ModelError, load
+from ..passes import PASSES
 
 
 def load_input(path: str) -> Graph:
@@ -33,7 +35,6 @@ def add_dim_option(parser) -> None:
 
 def parse_dims(items: list[str]) -> dict[str, int]:
     """{name: size} from repeated `--dim NAME=N` (UsageError on anything else)."""
-    from ..cli import UsageError
 
     dims = {}
     for item in items:
@@ -46,8 +47,6 @@ def parse_dims(items: list[str]) -> dict[str, int]:
 
 def parse_passes(text: str, allowed: Iterable[str] | None = None) -> list[str]:
     """Pass names from a comma list, each one known (default: `fusionlab.passes.PASSES`)."""
-    from ..cli import UsageError
-    from ..passes import PASSES
 
     allowed = list(PASSES if allowed is None else allowed)
     names = [n.strip() for n in text.split(",") if n.strip()]

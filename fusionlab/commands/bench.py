@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..cli import UsageError
+from ..runtime import make_feeds, quiet_onnxruntime, session
+from ..text import text_table
+from ..timing import Comparison, Timing, bench_session, compare_models, format_seconds, interleaved
 from . import add_dim_option, load_input, parse_dims
 
 LEVEL_CHOICES = ["disable", "basic", "extended", "all"]
@@ -36,8 +40,6 @@ def register(sub) -> None:
 
 
 def _levels(text: str) -> list[str]:
-    from ..cli import UsageError
-
     levels = [x.strip() for x in text.split(",") if x.strip()]
     bad = [x for x in levels if x not in LEVEL_CHOICES]
     if not levels or bad:
@@ -47,8 +49,6 @@ def _levels(text: str) -> list[str]:
 
 
 def run(args) -> int:
-    from ..cli import UsageError
-
     if args.threads < 1 or args.rounds < 1 or args.min_time < 0:
         raise UsageError("--threads and --rounds must be at least 1, --min-time at least 0")
     if args.levels is not None and args.level_b is not None:
@@ -66,7 +66,6 @@ def run(args) -> int:
 
 def _sessions(args, models, levels, dims):
     """({(tag, level): run callable}, feeds) on one shared input draw."""
-    from ..runtime import make_feeds, quiet_onnxruntime, session
 
     quiet_onnxruntime()
     calls, feeds = {}, None
@@ -83,9 +82,6 @@ def _sessions(args, models, levels, dims):
 
 
 def _one(args, model, dims) -> int:
-    from ..runtime import make_feeds, session
-    from ..timing import bench_session
-
     path, graph = model
     sess = session(graph, args.level, args.threads)
     feeds = make_feeds(graph, seed=args.seed, dims=dims, sess=sess)
@@ -97,8 +93,6 @@ def _one(args, model, dims) -> int:
 
 
 def _two(args, models, dims) -> int:
-    from ..timing import compare_models
-
     (pa, a), (pb, b) = models["A"], models["B"]
     level_b = args.level_b or args.level
     cmp = compare_models(a, b, level_a=args.level, level_b=level_b, threads=args.threads, seed=args.seed, dims=dims,
@@ -109,9 +103,6 @@ def _two(args, models, dims) -> int:
 
 
 def _side_by_side(args, models, levels, dims) -> int:
-    from ..text import text_table
-    from ..timing import Comparison, Timing, format_seconds, interleaved
-
     calls = _sessions(args, models, levels, dims)
     samples = interleaved({f"{t}@{lv}": fn for (t, lv), fn in calls.items()}, min_time=args.min_time,
                           min_rounds=args.rounds)

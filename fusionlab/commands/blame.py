@@ -7,16 +7,17 @@ see `fusionlab.blame`. Exit 0: no difference; 1: a difference (blamed when one o
 
 from __future__ import annotations
 
-from . import add_dim_option, load_input, parse_dims, parse_passes
+from ..blame import blame_ort, blame_passes, transformer
+from ..cli import UsageError
+from ..plan import DEFAULT_PASSES
 from ..text import MAX_WIDTH, wrap
 from ..timing import ratio_verdict
+from . import add_dim_option, load_input, parse_dims, parse_passes
 
 LEVELS = ["basic", "extended", "all"]
 
 
 def register(sub) -> None:
-    from ..plan import DEFAULT_PASSES
-
     p = sub.add_parser("blame", help="find the optimisation that changed a model's outputs; write a minimal repro",
                        description="Run the model unoptimised and at the level you deploy, compare with the dtype's "
                                    "tolerance and a float64 reference; if they differ, bisect onnxruntime's graph "
@@ -44,8 +45,6 @@ def register(sub) -> None:
 
 
 def _config(items: list[str]) -> dict:
-    from ..cli import UsageError
-
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -56,8 +55,6 @@ def _config(items: list[str]) -> dict:
 
 
 def run(args) -> int:
-    from ..cli import UsageError
-
     if args.draws < 1 or args.rounds < 1 or args.min_time < 0 or args.shrink_budget <= 0:
         raise UsageError("--draws and --rounds must be >= 1, --min-time >= 0, --shrink-budget > 0")
     dims = parse_dims(args.dim)
@@ -67,7 +64,6 @@ def run(args) -> int:
     budget = None if args.no_shrink else args.shrink_budget
     differs = False
     if args.only in (None, "onnxruntime"):
-        from ..blame import blame_ort
 
         res = blame_ort(graph, args.level, config=config, draws=args.draws, dims=dims or None, shrink_budget=budget,
                         repro=args.repro, time_budget=args.min_time, rounds=args.rounds, source=args.model)
@@ -75,7 +71,6 @@ def run(args) -> int:
             print(wrap(line, MAX_WIDTH, indent="    "))
         differs |= res.differs
     if args.only in (None, "fusionlab"):
-        from ..blame import blame_passes
 
         repro = args.repro if args.only == "fusionlab" else None
         res = blame_passes(graph, passes, draws=args.draws, dims=dims or None, level=args.level, shrink_budget=budget,
@@ -116,7 +111,6 @@ def _accuracy(ref: dict | None, level: str) -> str:
 
 def ort_lines(res, model: str) -> list[str]:
     """One screen about onnxruntime: verdict, culprit, rewrite, errors, cost, repro."""
-    from ..blame import transformer
 
     lv = res.level.upper()
     head = f"onnxruntime {lv} vs DISABLE_ALL on {res.draws} input draws"

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..cli import UsageError
+from ..customop import UnsupportedGroup, declare_group, library_path, package_files, replace_groups, write_package
+from ..graph import save_model
+from ..passes import plan
+from ..passes.prepare import graph_of
+from ..plan import DEFAULT_PASSES
+from ..runtime import verify
+from ..text import MAX_WIDTH, wrap
 from . import load_input, parse_passes
 
 
 def register(sub) -> None:
-    from ..plan import DEFAULT_PASSES
-
     p = sub.add_parser("customop", help="turn a fusion group into a custom op and a CANN custom-op package",
                        description="Replace a fusion-plan group by a custom op (run in onnxruntime with a Python "
                                    "kernel, verified against the original) and generate the CANN files for it.")
@@ -43,11 +49,6 @@ def _input_shape(graph) -> str | None:
 
 
 def run(args) -> int:
-    from ..cli import UsageError
-    from ..graph import save_model
-    from ..passes import plan
-    from ..customop import UnsupportedGroup, declare_group, library_path, package_files, replace_groups, write_package
-
     graph = load_input(args.model)
     passes = tuple(parse_passes(args.passes))
     try:
@@ -55,8 +56,6 @@ def run(args) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.list:
-        from ..passes.prepare import graph_of
-        from ..text import MAX_WIDTH, wrap
 
         work = graph_of(graph, fplan)  # the graph the plan's groups name
         for g in fplan:
@@ -81,7 +80,6 @@ def run(args) -> int:
     except UnsupportedGroup as exc:
         raise UsageError(str(exc)) from None
     if not args.no_verify:
-        from ..runtime import verify
 
         report = verify(graph, result.graph, custom_ops_library=library_path())
         print(report.table())

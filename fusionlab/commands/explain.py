@@ -8,15 +8,18 @@ prediction names its passes. `--save-counts FILE` / `--expect FILE` are the drif
 
 from __future__ import annotations
 
-from . import add_dim_option, load_input, parse_dims, parse_passes
+from .. import cost, drift
+from ..cli import UsageError
+from ..cost import devices
+from ..passes import options_for, plan
+from ..plan import DEFAULT_PASSES
 from ..text import MAX_WIDTH, wrap
+from . import add_dim_option, check_output, load_input, parse_dims, parse_passes
 
 KINDS = ("vertical", "horizontal", "mixed")
 
 
 def register(sub) -> None:
-    from ..plan import DEFAULT_PASSES
-
     p = sub.add_parser("explain", help="show the fusion plan, its predicted cost per device, and why not",
                        description="Plan fusion exactly as `fusionlab fuse` would (nothing is written) and cost the "
                                    "plan with the roofline model on device presets. --why-not lists the candidates "
@@ -45,7 +48,6 @@ def register(sub) -> None:
 
 def _model_and_node(args) -> tuple[str, str | None]:
     """(model path, --why-not node): `explain --why-not M.onnx` gives the path to --why-not; take it back."""
-    from ..cli import UsageError
 
     model, node = args.model, args.why_not
     if model is None and node:
@@ -56,11 +58,6 @@ def _model_and_node(args) -> tuple[str, str | None]:
 
 
 def run(args) -> int:
-    from .. import cost
-    from ..cost import devices
-    from ..cli import UsageError
-    from ..passes import options_for, plan
-
     args.model, args.why_not = _model_and_node(args)
     kinds = parse_passes(args.passes, allowed=KINDS)
     if args.max_group_ops is not None and args.max_group_ops < 1:
@@ -153,7 +150,6 @@ def why_not_lines(fplan, node: str | None = None, width: int = MAX_WIDTH, exampl
 
 def _why_not(args, graph, fplan) -> int:
     """The refused candidates, grouped by rule and condition, nearest misses first."""
-    from ..cli import UsageError
 
     node = args.why_not or None
     if node is not None and not any(n.name == node for n in graph):
@@ -172,9 +168,6 @@ def _why_not(args, graph, fplan) -> int:
 
 
 def _save_counts(args, graph, kinds, options) -> None:
-    from .. import drift
-    from . import check_output
-
     target = check_output(args.save_counts, [args.model])
     data = drift.counts(graph, kinds, level=args.ort_level, **{k: v for k, v in options.items() if v is not None})
     data["model"] = str(args.model)
@@ -186,9 +179,6 @@ def _save_counts(args, graph, kinds, options) -> None:
 
 
 def _expect(args, graph, dims) -> int:
-    from .. import drift
-    from ..cli import UsageError
-
     try:
         expected = drift.read(args.expect)
     except ValueError as exc:

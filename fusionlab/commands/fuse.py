@@ -9,12 +9,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..cli import UsageError
+from ..files import atomic_write
+from ..graph import ModelError, save_model
+from ..passes import FusionError, StaleGroup, apply, fuse, options_for
+from ..plan import DEFAULT_PASSES, FusionPlan, PlanError
+from ..runtime import session, verify
 from . import add_dim_option, check_output, load_input, parse_dims, parse_passes
 
 
 def register(sub) -> None:
-    from ..plan import DEFAULT_PASSES
-
     p = sub.add_parser("fuse", help="fuse operators in a model and write the result",
                        description="Run fusion passes over a model, check the result computes the same outputs "
                                    "as the original (onnxruntime, optimisations off), and write it atomically.")
@@ -52,15 +56,10 @@ def register(sub) -> None:
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
-    from ..files import atomic_write
-
     atomic_write(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
 def _options(args, names: list[str]) -> dict:
-    from ..cli import UsageError
-    from ..passes import options_for
-
     if (args.max_group_ops is not None and args.max_group_ops < 0) or \
             (args.buffer_kb is not None and args.buffer_kb <= 0) or args.min_branches < 2:
         raise UsageError("--max-group-ops must be >= 0, --buffer-kb > 0 and --min-branches >= 2")
@@ -76,9 +75,6 @@ def _options(args, names: list[str]) -> dict:
 
 
 def _read_plan(path: str):
-    from ..cli import UsageError
-    from ..plan import FusionPlan, PlanError
-
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -90,10 +86,6 @@ def _read_plan(path: str):
 
 
 def run(args) -> int:
-    from ..cli import UsageError
-    from ..graph import ModelError, save_model
-    from ..passes import StaleGroup, apply, fuse
-
     dims = parse_dims(args.dim)
     target = check_output(args.output, [args.input])
     report_path = check_output(args.report, [args.input, args.output]) if args.report else None
@@ -148,9 +140,6 @@ def _dims_note(dims: dict) -> str:
 def _verify(graph, result, dims, source: str):
     """Verify on `verify`'s draws, reusing the safety net's sessions. A failure to run names the model that fails:
     the input (ModelError, exit 2) or the fused model (FusionError: fusionlab's fault, exit 3)."""
-    from ..graph import ModelError
-    from ..passes import FusionError
-    from ..runtime import session, verify
 
     check = result.check
     try:

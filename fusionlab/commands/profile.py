@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from ..cli import UsageError
+from ..passes import fuse
+from ..plan import DEFAULT_PASSES
+from ..profile import profile_model, side_by_side, write_trace
+from ..runtime import make_feeds
 from . import add_dim_option, check_output, load_input, parse_dims
 
 
@@ -27,23 +32,17 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..cli import UsageError
-    from ..profile import profile_model, side_by_side, write_trace
-    
     if args.runs < 1 or args.warmup < 0 or args.threads < 1 or args.top < 0:
         raise UsageError("--runs and --threads must be >= 1, --warmup and --top >= 0")
     out = check_output(args.output, [args.model])
     csv = check_output(args.csv, [args.model, args.output]) if args.csv else None
     dims = parse_dims(args.dim)
     graph = load_input(args.model)
-    from ..runtime import make_feeds
 
     feeds = make_feeds(graph, dims=dims)
     opts = dict(runs=args.runs, warmup=args.warmup, threads=args.threads, level=args.level, feeds=feeds)
     fused = None
     if args.fuse:
-        from ..passes import fuse
-        from ..plan import DEFAULT_PASSES
 
         try:
             fused = fuse(graph, passes=DEFAULT_PASSES).graph

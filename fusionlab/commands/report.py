@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..cli import UsageError
+from ..files import atomic_write
+from ..plan import DEFAULT_PASSES
+from ..report import report
 from . import add_dim_option, check_output, load_input, parse_dims, parse_passes
 
 
 def register(sub) -> None:
-    from ..plan import DEFAULT_PASSES
-
     p = sub.add_parser("report", help="write one self-contained HTML page: plan, picture, near misses, counts, "
                                       "timing, blame",
                        description="Write an HTML page (no network needed to view it) with the fusion plan, the "
@@ -29,10 +31,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..cli import UsageError
-    from ..files import atomic_write
-    from ..report import report
-
     out = check_output(args.output, [args.model])
     if Path(args.output).suffix.lower() not in (".html", ".htm"):
         raise UsageError(f"{args.output}: the report is HTML; name it .html")

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import check_output, load_input, parse_passes
+from ..cli import UsageError
+from ..graph import ModelError
+from ..passes import fuse, plan
+from ..plan import DEFAULT_PASSES
 from ..text import MAX_WIDTH
+from ..viz import save_picture
+from . import check_output, load_input, parse_passes
 
 
 def register(sub) -> None:
-    from ..plan import DEFAULT_PASSES
-
     p = sub.add_parser("show", help="draw a model (with its fusion plan, or fused) to SVG or PNG",
                        description="Draw the graph; with --plan, fusion groups are outlined; with --fused, the "
                                    "fused model is drawn with its fused ops marked.")
@@ -35,10 +38,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..cli import UsageError
-    from ..passes import fuse, plan
-    from ..viz import save_picture
-
     out = check_output(args.output, [args.model])
     if Path(args.output).suffix.lower() not in (".svg", ".png"):
         raise UsageError(f"{args.output}: the picture must end in .svg or .png")
@@ -57,7 +56,6 @@ def run(args) -> int:
             result = fuse(graph, passes=parse_passes(args.passes))
             drawn, source = result.graph, graph
     except ValueError as exc:
-        from ..graph import ModelError
 
         if isinstance(exc, ModelError):
             raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ..runtime import verify
 from . import add_dim_option, load_input, parse_dims
 
 
@@ -24,8 +25,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..runtime import verify
-
     a, b = load_input(args.a), load_input(args.b)
     if args.draws < 1:
         print("fusionlab verify: --draws must be at least 1", file=sys.stderr)

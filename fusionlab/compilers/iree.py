@@ -22,12 +22,17 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from importlib.metadata import version as v
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import onnx
 from onnx import helper
+
+from ..files import atomic_write
+from ..graph import Graph, load
+from ..zoo import cache_dir
 
 __all__ = ["available", "version", "import_onnx", "compile_model", "count_dispatches", "dispatch_names", "Module",
            "PerOp", "node_models", "dispatches_per_node", "FLAGS"]
@@ -49,14 +54,11 @@ def available() -> bool:
 
 def version() -> str:
     """The installed iree-base-compiler version."""
-    from importlib.metadata import version as v
 
     return v("iree-base-compiler")
 
 
 def _proto(model) -> onnx.ModelProto:
-    from ..graph import Graph, load
-
     if isinstance(model, onnx.ModelProto):
         return model
     return model.to_proto() if isinstance(model, Graph) else load(model).to_proto()
@@ -75,8 +77,6 @@ def import_onnx(model) -> str:
 
 
 def _cache_dir() -> Path:
-    from ..zoo import cache_dir
-
     return cache_dir().parent / "iree"
 
 
@@ -96,7 +96,6 @@ def compile_model(model, extra_flags: Sequence[str] = (), *, cache: bool = True)
         return target.read_bytes()
     blob = _compile(mlir, flags)
     if cache:
-        from ..files import atomic_write
 
         atomic_write(target, blob)
     return blob

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import onnx
 
+from .. import runtime
+
 __all__ = ["optimized_ops", "kernel_count"]
 
 
 def optimized_ops(model, level: str = "extended") -> dict[str, int]:
     """{op type (domain:op for contrib ops): count} of the graph onnxruntime runs after its own fusions."""
-    from .. import runtime
 
     with tempfile.TemporaryDirectory(prefix="fusionlab-ort-") as tmp:
         path = Path(tmp) / "optimized.onnx"

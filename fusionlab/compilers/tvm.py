@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
+from ..graph import Graph, load
+
 __all__ = ["TvmGrouping", "relax_groups", "available", "PIPELINE"]
 
 #: The passes run, in order (names as in ``tvm.relax.transform``).
@@ -271,7 +273,6 @@ def relax_groups(model, pipeline: tuple[str, ...] = PIPELINE) -> TvmGrouping:
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
-    from ..graph import Graph, load
 
     proto = model.to_proto() if isinstance(model, Graph) else load(model).to_proto()
     records: list = []

@@ -9,11 +9,9 @@
 - `metrics`: utilisation against the roofline, measured or modelled.
 """
 
-from . import calibrate, devices
-from .model import (ELEMENTWISE_COST, VIEW_OPS, Analysis, CostTable, KernelCost, NodeCost, PlanCost, as_launched,
-                    compare, node_costs, one_kernel_per_group, plan_cost, predicted_speedup)
-from . import schedule, working_set  # noqa: E402
-from . import metrics  # noqa: E402  (metrics reads the model)
+from . import calibrate, devices, metrics, schedule, working_set
+from .model import (Analysis, CostTable, ELEMENTWISE_COST, KernelCost, NodeCost, PlanCost, VIEW_OPS, as_launched,
+    compare, node_costs, one_kernel_per_group, plan_cost, predicted_speedup)
 
 __all__ = ["Analysis", "NodeCost", "KernelCost", "PlanCost", "CostTable", "node_costs", "plan_cost", "compare",
            "predicted_speedup", "as_launched", "one_kernel_per_group", "VIEW_OPS", "ELEMENTWISE_COST", "calibrate",

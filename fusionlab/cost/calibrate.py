@@ -26,10 +26,15 @@ import contextlib
 import ctypes
 import glob
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from onnx import helper
+
+from ..build import make_model, value_info
+from ..runtime import session
 
 __all__ = ["Calibration", "calibrate", "matmul_gflops", "stream_bandwidth", "stream_elements", "launch_overhead_us",
            "cache_sizes_kb"]
@@ -154,12 +159,8 @@ def launch_overhead_us(n_ops: int = 64, repeats: int = 30, *, profiled: bool = F
 
     ``profiled=True`` measures the same with onnxruntime's profiler on (its trace file is deleted).
     """
-    import tempfile
 
-    from onnx import helper
 
-    from ..build import make_model, value_info
-    from ..runtime import session
 
     def chain(n: int):
         nodes = [helper.make_node("Neg", ["x" if i == 0 else f"t{i}"], [f"t{i + 1}" if i < n - 1 else "y"],

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..text import text_table
+from ..timing import machine_info
+from . import calibrate as cal
 
 __all__ = ["Device", "DEVICES_JSON", "THIS_MACHINE", "load_devices", "get", "names", "this_machine", "devices_table"]
 
@@ -155,8 +157,6 @@ def names() -> list[str]:
 
 def this_machine(calibrate: bool = False) -> Device:
     """This CPU as a Device, single-threaded; calibrate=True re-measures, False reuses the process's calibration."""
-    from . import calibrate as cal
-    from ..timing import machine_info
 
     c = cal.calibrate(quick=False, refresh=True) if calibrate else cal.calibrate(quick=True)
     gflops = c.matmul_gflops

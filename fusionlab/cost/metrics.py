@@ -20,6 +20,14 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping
 
+import numpy as np
+from onnx import helper
+
+from ..build import make_model, tensor, value_info
+from ..runtime import session
+from ..timing import bench
+from . import devices, model as cost
+
 __all__ = ["TARGETS", "OpPoint", "Utilisation", "cost_table", "op_points", "utilisation", "modelled", "with_cores",
            "with_peak", "ort_matmul_gflops", "meets_targets", "peak_efficiency", "draw_roofline", "table"]
 
@@ -145,12 +153,7 @@ def ort_matmul_gflops(n: int = 1024, threads: int = 1, min_time: float = 0.5) ->
     The practical compute roof of this CPU for onnxruntime: the same kernels (MLAS) that run the models.
     A roof is a best case, so the fastest call counts (other work on the machine only slows calls down).
     """
-    import numpy as np
-    from onnx import helper
 
-    from ..build import make_model, tensor, value_info
-    from ..runtime import session
-    from ..timing import bench
 
     rng = np.random.default_rng(0)
     model = make_model([helper.make_node("MatMul", ["a", "b"], ["c"], name="mm")],
@@ -207,7 +210,6 @@ def modelled(graph, device, plan=None, *, dims: dict | None = None) -> Utilisati
     Each kernel takes max(FLOPs / peak, bytes / bandwidth) + the device's launch overhead; float models
     run at the device's precision (fp16 on the Ascend presets).
     """
-    from . import devices, model as cost
 
     device = devices.get(device)
     pc = cost.plan_cost(graph, plan, device, dims)
@@ -253,7 +255,6 @@ def draw_roofline(device, results: Iterable[Utilisation] = (), ax=None, *, title
                   ops: bool = True, targets: bool = True):
     """Roofline of `device` (log-log) with ops and whole-model points, and the seed's targets as lines."""
     import matplotlib.pyplot as plt
-    import numpy as np
 
     results = list(results)
     if ax is None:

@@ -26,20 +26,22 @@ inference; this machine: as stored).
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
-from . import schedule, working_set as ws_model
-from .devices import Device, get as get_device, load_devices
 from ..graph import Graph, as_graph
 from ..opclass import OpKind, classify
-from ..plan import FusionPlan
 from ..passes.fold import is_host_side
 from ..passes.prepare import graph_of, settings
-from ..shapes import ShapeInfo
+from ..plan import FusionPlan
+from ..runtime import run
+from ..shapes import DEFAULT_DIMS, ShapeInfo
 from ..text import text_table
+from . import schedule, working_set as ws_model
+from .devices import Device, get as get_device, load_devices
 
 __all__ = ["NodeCost", "KernelCost", "PlanCost", "CostTable", "node_costs", "plan_cost", "compare",
            "predicted_speedup", "as_launched", "one_kernel_per_group", "VIEW_OPS", "ELEMENTWISE_COST", "Analysis"]
@@ -171,10 +173,7 @@ class Analysis:
 
     def _shapes_from_a_run(self, dims: dict | None) -> None:
         """Fill shapes onnx inference could not (e.g. Slice ends computed from Shape) by running the model once."""
-        import onnx
 
-        from ..runtime import run
-        from ..shapes import DEFAULT_DIMS
 
         proto = self.graph.to_proto()
         have = {o.name for o in proto.graph.output}
@@ -530,7 +529,6 @@ def as_launched(plan: FusionPlan | None) -> FusionPlan:
 
 def one_kernel_per_group(plan: FusionPlan | None) -> FusionPlan:
     """The plan as a fusing backend lowers it: every group one kernel (CANN's UB fusion, a custom op, a codegen)."""
-    from dataclasses import replace
 
     plan = plan or FusionPlan()
     groups = [replace(g, kernels=1, runs=None, saved_launches=len(g.nodes) - 1, covers=list(g.covers),

@@ -6,10 +6,10 @@
 - `cann`: op_proto, msopgen JSON, Ascend C project, ONNX plugin, atc command, fusion_switch.cfg.
 """
 
-from .declare import DeclarationError, OpDecl, reg_op, validate, problems, name_for
+from .cann import package_files, write_package
+from .declare import DeclarationError, OpDecl, name_for, problems, reg_op, validate
 from .from_group import CustomOp, CustomOpResult, UnsupportedGroup, declare_group, replace_groups
 from .kernels import compute, library_path, register
-from .cann import package_files, write_package
 
 __all__ = ["DeclarationError", "OpDecl", "reg_op", "validate", "problems", "name_for", "CustomOp", "CustomOpResult",
            "UnsupportedGroup", "declare_group", "replace_groups", "compute", "library_path", "register",

@@ -25,6 +25,7 @@ import onnx_ir as ir
 
 from ..derive import fold_conv_bn
 from ..graph import Graph
+from ..passes.prepare import graph_of
 from ..plan import FusionGroup, FusionPlan
 from .declare import BUILTINS, OpDecl, Step, name_for, reg_op
 from .kernels import DOMAIN, encode_attr, register
@@ -343,7 +344,6 @@ def replace_groups(model, plan: FusionPlan | FusionGroup | list, ids: list[str] 
     prepared copy for a plan made with preparation, where an Identity between a Conv and its BN is gone)."""
     source = model if isinstance(model, Graph) else __import__("fusionlab.graph", fromlist=["load"]).load(model)
     if isinstance(plan, FusionPlan):
-        from ..passes.prepare import graph_of
 
         source = graph_of(source, plan)
     groups = [plan] if isinstance(plan, FusionGroup) else list(plan)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+from math import erf
 
 import numpy as np
 
@@ -92,8 +93,6 @@ def _conv2d(x, w, b, attrs):
 
 
 def _erf(x):
-    from math import erf
-
     return np.vectorize(erf, otypes=[np.float64])(x)
 
 

@@ -19,6 +19,7 @@ after the repeat.
 from __future__ import annotations
 
 import numpy as np
+from onnx import helper
 
 from .builder import Builder, Pattern
 
@@ -155,8 +156,6 @@ def attention(b: Builder, x: str, pool: list[str]) -> str:
 
 
 def _onnx_type(dtype) -> int:
-    from onnx import helper
-
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 

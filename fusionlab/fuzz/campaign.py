@@ -35,7 +35,7 @@ from . import summary
 from .diagnose import diagnose
 from .generate import generate_with_tags
 from .judge import Case
-from .oracle import REPLAYABLE, Kind, Outcome, blame, judge
+from .oracle import Kind, Outcome, REPLAYABLE, blame, judge
 from .shrink import same_failure, shrink
 
 __all__ = ["run_campaign", "run_one", "options_for", "pass_sets_for", "OTHER_ORDERS", "load_results",

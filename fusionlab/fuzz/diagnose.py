@@ -25,7 +25,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from ..precision import convert
+from .generate import validate
+from .judge import Case
 from .names import rename_tensor, tensor_names
+from .oracle import judge
+from .shrink import _finish
 
 __all__ = ["PROBES", "diagnose"]
 
@@ -110,8 +115,6 @@ def _plain_initializers(m: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _float32(m: onnx.ModelProto) -> onnx.ModelProto:
-    from ..precision import convert
-
     kinds = {i.type.tensor_type.elem_type for i in m.graph.input}
     if TensorProto.FLOAT16 not in kinds and TensorProto.DOUBLE not in kinds:
         return m
@@ -130,10 +133,6 @@ PROBES = {
 
 def diagnose(model: onnx.ModelProto, passes, outcome, *, options: dict | None = None, n_draws: int = 3) -> list[str]:
     """The probes after which `model` is still valid but fusing it with `passes` no longer fails as `outcome` did."""
-    from .generate import validate
-    from .judge import Case
-    from .oracle import judge
-    from .shrink import _finish
 
     found: list[str] = []
     if not judge(Case(model, n_draws, options), passes).same_failure(outcome):

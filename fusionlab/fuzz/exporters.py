@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .builder import Builder, DTYPES, Pattern, is_map, static_last
+from .gelus import erf_gelu, tanh_gelu
 
 __all__ = ["neutral", "int_neutral", "dynamic_reshape", "tied_linear", "gated_mlp", "PATTERNS"]
 
@@ -155,7 +156,6 @@ def tied_linear(b: Builder, x: str, pool: list[str]) -> str:
 
 def gated_mlp(b: Builder, x: str, pool: list[str]) -> str:
     """act(x W_gate) * (x W_up), then the down projection: SwiGLU / GeGLU as Hugging Face models write them."""
-    from .gelus import erf_gelu, tanh_gelu
 
     shape = b.shape(x)
     h = shape[-1]

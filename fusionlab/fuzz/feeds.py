@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import numpy_helper
 
 __all__ = ["Draw", "draws", "symbolic_dims", "overridable", "feeds_for", "session", "NP_TYPES", "SIZES", "SCALES"]
@@ -101,7 +102,6 @@ def feeds_for(model: onnx.ModelProto, draw: Draw) -> dict[str, np.ndarray]:
 
 def session(model: onnx.ModelProto):
     """An onnxruntime CPU session with optimisations off, one thread, and no log output (what the draws run on)."""
-    import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .builder import DTYPES, Builder, Pattern, static_last
+from .builder import Builder, DTYPES, Pattern, broadcast, static_last
 from .gelus import bias_add
 
 _F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
@@ -151,7 +151,6 @@ def _op(b: Builder, op: str, a: str, c: str, dt, *, swap: bool | None = None) ->
     """a <op> c in dtype `dt` (the operands of Add/Mul swapped at random)."""
     if swap is None:
         swap = op in ("Add", "Mul") and b.rng.random() < 0.5
-    from .builder import broadcast
 
     return b.node(op, [c, a] if swap else [a, c], broadcast(b.shape(a), b.shape(c)), dtype=dt)
 

@@ -57,6 +57,10 @@ import onnx.numpy_helper
 from .compare import judge_output
 from .feeds import overridable, session as _session
 from .judge import Case, excuse
+from fusionlab import ModelError, load
+from fusionlab.passes import FusionError, fuse, options_for
+from fusionlab.passes.validate import checker_problem, unknown_ops
+from fusionlab.passes.vertical import RULE_NAMES
 
 __all__ = ["PASS_SETS", "Kind", "FAILURES", "REPLAYABLE", "Outcome", "class_key", "judge", "check_fused", "blame", "Blame", "normalize", "interface_problems"]
 
@@ -184,9 +188,6 @@ def _where(exc: BaseException) -> str:
 
 
 def _fuse(case: Case, passes, extra: dict | None = None):
-    from fusionlab import ModelError
-    from fusionlab.passes import FusionError, fuse, options_for
-
     # the campaign draws one set of options per model; each pass set gets the ones its passes take
     options = options_for(passes, **{**case.options, **(extra or {})})
     alarm, alarm_problem, alarm_feeds = "", "", None
@@ -284,8 +285,6 @@ def _shape_checked(original: onnx.ModelProto, fused: onnx.ModelProto) -> str:
     the model, so the plain checker never shape-checks a fused model holding a FusedConv. Empty when it passes."""
     if all(n.domain in ("", "ai.onnx", "ai.onnx.ml") for n in fused.graph.node):
         return ""  # the plain checker saw it all
-    from fusionlab import load
-    from fusionlab.passes.validate import checker_problem, unknown_ops
 
     excused = unknown_ops(original)
     return checker_problem(load(fused, check=False), excused) or ""
@@ -363,7 +362,6 @@ def blame(case: Case, passes, outcome: Outcome) -> Blame:
                 chosen = sub
                 break
     if "vertical" in chosen:
-        from fusionlab.passes.vertical import RULE_NAMES
 
         fired = [r for r in (outcome.rules or {}) if r in RULE_NAMES]
         if not fired:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .builder import DTYPES, Builder, Pattern
+from .builder import Builder, DTYPES, Pattern
 
 __all__ = ["rotary", "PATTERNS"]
 

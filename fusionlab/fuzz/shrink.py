@@ -26,7 +26,10 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .feeds import NP_TYPES
+from .generate import validate
+from .judge import Case
 from .names import rename_tensor
+from .oracle import judge
 
 __all__ = ["shrink", "same_failure", "dead_code", "size"]
 
@@ -254,9 +257,6 @@ def shrink(model: onnx.ModelProto, still_fails: Callable[[onnx.ModelProto], bool
 
 def same_failure(passes, outcome, *, options: dict | None = None, n_draws: int = 3) -> Callable[[onnx.ModelProto], bool]:
     """A predicate: the model is valid and fusing it with `passes` fails as `outcome` did."""
-    from .generate import validate
-    from .judge import Case
-    from .oracle import judge
 
     def still_fails(m: onnx.ModelProto) -> bool:
         if validate(m, n_draws) is not None:

@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from ..passes.vertical import RULE_NAMES
-from .oracle import REPLAYABLE, Kind, class_key
+from .oracle import Kind, REPLAYABLE, class_key
 
 __all__ = ["summarize", "write", "markdown"]
 

@@ -30,7 +30,9 @@ exp(-inf) = 0, sigmoid(+-inf) = 1 or 0, and NaN propagates. Float64 kernels call
 
 from __future__ import annotations
 
+import keyword
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +41,9 @@ import onnx_ir as ir
 from onnx import helper
 
 from ..build import make_model, tensor, value_info
+from ..cost import calibrate
 from ..graph import Graph, load
+from ..timing import compare
 
 __all__ = ["SUPPORTED", "FusedKernel", "BytesMoved", "compile_chain", "fuse_elementwise", "chain_model",
            "unfused", "bytes_moved", "LoopComparison", "loop_vs_loop"]
@@ -369,8 +373,6 @@ class FusedKernel:
 
 def _identifiers(names: list[str]) -> dict[str, str]:
     """Readable, unique Python identifiers for ONNX value names."""
-    import keyword
-    import re
 
     out: dict[str, str] = {}
     for n in names:
@@ -698,7 +700,6 @@ def loop_vs_loop(spec=DEFAULT_LOOP_CHAIN, n: int | None = None, *, measure: bool
     constant operands only (no second runtime input). `n` defaults to `fusionlab.cost.calibrate.stream_elements()`,
     tensors of at least four times the last-level cache, so every pass really goes to DRAM.
     """
-    from ..cost import calibrate
 
     spec = tuple(tuple(step) if isinstance(step, (tuple, list)) else (step,) for step in spec)
     for step in spec:
@@ -726,7 +727,6 @@ def loop_vs_loop(spec=DEFAULT_LOOP_CHAIN, n: int | None = None, *, measure: bool
                             unfused_source="\n".join(k.source for k in steps), fused_source=fused.source,
                             max_abs_diff=diff)
     if measure:
-        from ..timing import compare
 
         result.comparison = compare(run_unfused, run_fused, min_time=min_time, label_a="one loop per op",
                                     label_b="one fused loop")

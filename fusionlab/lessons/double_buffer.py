@@ -32,12 +32,18 @@ overlap on two cores.
 from __future__ import annotations
 
 import math
+import os
 import queue
+import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+
+from ..files import default_mode
 
 __all__ = [
     "STAGES", "StageTimes", "Schedule", "simulate", "lower_bound", "serial_time", "steady_state_period", "VectorCore",
@@ -400,8 +406,6 @@ class TileFile:
     """
 
     def __init__(self, path, tile_elems: int, *, device_gbs: float | None = None):
-        import os
-
         if device_gbs is not None and device_gbs <= 0:
             raise ValueError("device_gbs must be > 0")
         self.path = path
@@ -416,8 +420,6 @@ class TileFile:
 
     def load(self, i: int, buf: np.ndarray) -> None:
         """Read tile `i` into `buf` (float32, tile_elems long)."""
-        import os
-        import time
 
         if not 0 <= i < self.n_tiles:
             raise IndexError(f"tile {i} out of range (0..{self.n_tiles - 1})")
@@ -432,8 +434,6 @@ class TileFile:
                 time.sleep(rest)
 
     def close(self) -> None:
-        import os
-
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -447,11 +447,7 @@ class TileFile:
 
 def write_tile_file(path, n_tiles: int, tile_elems: int, seed: int = 0):
     """Write `n_tiles` x `tile_elems` random float32 values to `path` atomically; returns the path."""
-    import os
-    import tempfile
-    from pathlib import Path
 
-    from ..files import default_mode
 
     path = Path(path)
     rng = np.random.default_rng(seed)

@@ -37,7 +37,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from .. import timing
 from ..build import make_model, tensor, value_info
+from ..cost.devices import get
 
 __all__ = [
     "softmax_model", "layernorm_model", "layernorm_gelu_model", "attention_model", "mha_model", "traffic", "Traffic",
@@ -456,7 +458,6 @@ def stream_fraction(fn, moved: int, *, elements: int = 16 * 2**20, min_time: flo
     STREAM-style: 2 and 3 arrays' bytes). Timing them in the same interleaved rounds as the kernel
     makes the fraction a paired ratio, so a busy machine slows both sides alike.
     """
-    from .. import timing
 
     a = np.ones(elements, np.float32)
     b = np.ones(elements, np.float32)
@@ -546,7 +547,6 @@ def ascend_flash_tile(device, seq: int, head_dim: int = 128, *, step: int = 16) 
     l1_kb); time = max(bytes / bandwidth, FLOPs / fp16 peak) for one head on one whole chip (a card of two
     chips, the 300I Duo, runs one head on one of them: half the card's bandwidth and peak).
     """
-    from ..cost.devices import get
 
     dev = get(device)
     d, half = head_dim, 2

@@ -29,7 +29,7 @@ import importlib
 from dataclasses import dataclass, field
 
 from ..graph import Graph, as_graph
-from ..plan import KINDS, VERTICAL, FusionGroup, FusionPlan, PlanError
+from ..plan import FusionGroup, FusionPlan, KINDS, PlanError, VERTICAL
 from ..shapes import ShapeInfo
 from .engine import StaleGroup
 from .fold import is_host_side

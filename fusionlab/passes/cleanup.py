@@ -17,7 +17,6 @@ As a pass (`fuse(model, passes=("cleanup",))`) it plans no fusion groups; its pl
 
 from __future__ import annotations
 
-
 import numpy as np
 import onnx_ir as ir
 

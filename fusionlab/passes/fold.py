@@ -29,11 +29,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
+from onnx.reference import ReferenceEvaluator
 
 from ..graph import Graph
 from ..shapes import ShapeInfo
-from .shape_values import ShapeValues
 from .cleanup import bypass
+from .shape_values import ShapeValues
 
 __all__ = ["fold", "needed", "MAX_FOLD_BYTES", "HOST_OPS", "is_host_side"]
 
@@ -60,7 +61,6 @@ def _foldable_op(node: ir.Node) -> bool:
 
 def _evaluate(graph: Graph, node: ir.Node, inputs: list[np.ndarray | None]) -> list[np.ndarray] | None:
     """The node's outputs computed by onnx.reference on constant inputs (None if it cannot)."""
-    from onnx.reference import ReferenceEvaluator
 
     names = [f"i{k}" if v is not None else "" for k, v in enumerate(inputs)]
     outs = [f"o{k}" for k in range(len(node.outputs))]

@@ -29,7 +29,7 @@ import onnx_ir as ir
 
 from .. import derive
 from ..graph import Graph
-from ..plan import HORIZONTAL, FusionPlan
+from ..plan import FusionPlan, HORIZONTAL
 from . import engine
 from .engine import Match, Refused, Rule, consumers, copy_attrs
 from .options import check_options

@@ -48,12 +48,12 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from ..graph import Graph
-from ..opclass import OpKind, classify, combine
-from ..plan import MIXED, FusionGroup, FusionPlan
-from ..shapes import ShapeInfo
 from ..cost import working_set as ws_model
 from ..cost.working_set import Member as WSMember
+from ..graph import Graph
+from ..opclass import OpKind, classify, combine
+from ..plan import FusionGroup, FusionPlan, MIXED
+from ..shapes import ShapeInfo
 from . import engine, functions
 from .fold import is_host_side
 from .options import check_options

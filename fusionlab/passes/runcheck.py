@@ -31,8 +31,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..fuzz.compare import accepted, judge_output
+from ..fuzz.judge import CANNOT_RUN, Case, excuse
 from ..graph import Graph, ModelError
 from ..precision import Reference
+from ..runtime import _ORT_TYPES, make_feeds, random_sources, run, session, verify
 from ..shapes import dim_value
 
 __all__ = ["RunCheck", "RunFailure", "run_check", "net_dims", "MAX_FEED_BYTES", "SMALL_FEED_BYTES", "SIZES"]
@@ -92,8 +95,6 @@ def net_dims(sess, dims: dict | None = None) -> dict[str, int]:
 
 
 def _feed_bytes(sess, dims: dict) -> int:
-    from ..runtime import _ORT_TYPES
-
     total = 0
     for i in sess.get_inputs():
         shape = [d if isinstance(d, int) and d >= 0 else dim_value(str(d), dims) for d in i.shape]
@@ -103,14 +104,10 @@ def _feed_bytes(sess, dims: dict) -> int:
 
 
 def _load(model: Graph):
-    from ..runtime import session
-
     return session(model, "disable")
 
 
 def _run(sess, feeds: dict, source: str) -> dict:
-    from ..runtime import run
-
     return run(sess, {n: v for n, v in feeds.items() if n in {i.name for i in sess.get_inputs()}}, source=source)
 
 
@@ -127,7 +124,6 @@ def _original_session(original: Graph, holder: dict):
 
 def _draws(original: Graph, sess, dims: dict | None):
     """The bindings to try, in order: distinct sizes, then `make_feeds`' default binding (batch 1, sequence 8)."""
-    from ..runtime import make_feeds
 
     given = dict(dims or {})
     default = {**{n: dim_value(n, given) for n in _symbolic_names(sess)}, **given}
@@ -201,7 +197,6 @@ def _dims_text(dims: dict) -> str:
 
 def _compare(original: Graph, fused: Graph, check: RunCheck, expected: dict, got: dict) -> None:
     """RunFailure unless every output agrees (runtime.verify's element rules, one draw)."""
-    from ..runtime import random_sources, verify
 
     random = random_sources(original)
     for name, a in expected.items():
@@ -244,8 +239,6 @@ def _rounding(original: Graph, fused: Graph, check: RunCheck, expected: dict, go
     The net and the judge once excused on different runs and disagreed on a borderline fp16 case (campaign 21,
     model 3976).
     """
-    from ..fuzz.compare import accepted, judge_output
-    from ..fuzz.judge import CANNOT_RUN, Case, excuse
 
     proto = original.to_proto()
     try:

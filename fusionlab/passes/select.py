@@ -17,7 +17,7 @@ import numpy as np
 import onnx_ir as ir
 
 from ..graph import Graph
-from ..plan import HORIZONTAL, MIXED, VERTICAL, FusionGroup, FusionPlan, Refusal
+from ..plan import FusionGroup, FusionPlan, HORIZONTAL, MIXED, Refusal, VERTICAL
 from ..shapes import ShapeInfo, dim_value
 from ..timing import compare_models
 from . import horizontal, mixed, vertical

@@ -48,7 +48,7 @@ are not split by it.
 from __future__ import annotations
 
 from ..graph import Graph
-from ..plan import VERTICAL, FusionPlan
+from ..plan import FusionPlan, VERTICAL
 from . import cleanup, engine
 from .functions import to_functions
 from .options import Lowering, check_options

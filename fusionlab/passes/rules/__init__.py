@@ -10,7 +10,6 @@ from .attention import Attention
 from .conv import ConvChain
 from .gelu import ErfGelu, GeluAfterBias, TanhGelu
 from .glu import GatedMLP
-from .transpose import LayerScale, TransposeCancel
 from .linear import LinearChain
 from .matmul import FusedMatMul
 from .norm import DecomposedLayerNorm, SkipLayerNorm
@@ -18,6 +17,7 @@ from .pool import PadPool
 from .rmsnorm import DecomposedRMSNorm, SkipRMSNorm
 from .rotary import Rotary
 from .slices import SliceSplit
+from .transpose import LayerScale, TransposeCancel
 
 __all__ = ["VERTICAL_RULES", "RULE_NAMES", "rule_for"]
 

@@ -30,7 +30,7 @@ from ..engine import Match, Refused, Rule, attr, consumers, copy_attrs, is_op, n
 from ..lowering import FUSED_CONV_ACTIVATIONS, conv_activations, conv_target, float16_refusal
 from ..options import Lowering
 from .activation import hard_sigmoid_after
-from .common import FLOATS, F16, F32, activation, bn_scale_shift, channel_affine, folded_pads
+from .common import F16, F32, FLOATS, activation, bn_scale_shift, channel_affine, folded_pads
 
 __all__ = ["ConvChain"]
 

@@ -15,7 +15,7 @@ import onnx_ir as ir
 from ..engine import Match, Refused, Rule, attr, exact, is_op, only_read_by, other_input, sole_consumer
 from ..lowering import contrib_target, fast_gelu_target, float16_refusal, gelu_target
 from ..options import Lowering
-from .common import FLOATS, F16, F32
+from .common import F16, F32, FLOATS
 from .poly import prove_tanh_gelu
 
 __all__ = ["ErfGelu", "GeluAfterBias", "TanhGelu", "BiasOpData", "GeluData", "bias_before"]

@@ -20,7 +20,7 @@ from ...legality import matmul_bn_legal
 from ..engine import Match, Refused, Rule, attr, consumers, copy_attrs, is_op, next_reader, sole_consumer
 from ..lowering import FUSED_GEMM_ACTIVATIONS, float16_refusal, gemm_target
 from ..options import Lowering
-from .common import FLOATS, F32, activation, bn_affine
+from .common import F32, FLOATS, activation, bn_affine
 
 __all__ = ["LinearChain"]
 

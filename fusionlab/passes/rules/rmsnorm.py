@@ -22,7 +22,7 @@ from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, other_
 from ..lowering import contrib_target, rmsnorm_target
 from .common import F32
 from .norm import (NormData, SkipNormData, reduces_last_axis, residual_add, skip_inputs, skip_node, skip_outputs,
-                   square_of)
+    square_of)
 
 __all__ = ["DecomposedRMSNorm", "SkipRMSNorm"]
 

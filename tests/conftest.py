@@ -42,3 +42,4 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if getattr(item, "originalname", item.name).startswith("test_corpus_"):
             item.add_marker(pytest.mark.slow)
+

@@ -20,6 +20,7 @@ import pytest
 from onnx import helper as h
 
 from fusionlab.build import make_model, tensor, value_info
+from patching import patch_everywhere
 from fusionlab.fuzz import generate, generate_with_tags, validate
 from fusionlab.fuzz.campaign import options_for, pass_sets_for, run_campaign
 from fusionlab.fuzz.compare import judge_output
@@ -411,20 +412,20 @@ def test_oracle_classifies_crashes_and_refusals(monkeypatch):
     def boom(*a, **k):
         raise IndexError("tuple index out of range")
 
-    monkeypatch.setattr(passes, "fuse", boom)
+    patch_everywhere(monkeypatch, passes, "fuse", boom)
     out = judge(case, ("vertical",))
     assert out.kind == "crash" and out.failed and "IndexError" in out.symptom
 
     def refuse(*a, **k):
         raise ModelError("<m>", "unsupported thing")
 
-    monkeypatch.setattr(passes, "fuse", refuse)
+    patch_everywhere(monkeypatch, passes, "fuse", refuse)
     assert judge(case, ("vertical",)).kind == "refused"
 
     def cycle(*a, **k):
         raise ModelError("<m>", "graph has a cycle")
 
-    monkeypatch.setattr(passes, "fuse", cycle)
+    patch_everywhere(monkeypatch, passes, "fuse", cycle)
     assert judge(case, ("vertical",)).kind == "crash"
 
 

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper as h
 
 from fusionlab import ModelError, load, verify
 from fusionlab.build import make_model, tensor, value_info
+from patching import patch_everywhere
 from fusionlab.passes import FusionError, fuse, runcheck
 from fusionlab.passes.rules import activation
 
@@ -125,7 +126,7 @@ def test_the_check_keeps_its_sessions_and_the_cli_reuses_them(tmp_path, monkeypa
         made.append(model)
         return real(model, *a, **kw)
 
-    monkeypatch.setattr(runtime, "session", counting)
+    patch_everywhere(monkeypatch, runtime, "session", counting)
     src = tmp_path / "in.onnx"
     src.write_bytes(_silu_model().SerializeToString())
     assert main(["fuse", str(src), "-o", str(tmp_path / "out.onnx")]) == 0
@@ -402,7 +403,7 @@ def test_a_net_alarm_is_judged_on_the_nets_inputs_too(monkeypatch):
         res.graph = load(planted)
         return res
 
-    monkeypatch.setattr(passes_mod, "fuse", fake)
+    patch_everywhere(monkeypatch, passes_mod, "fuse", fake)
     out = oracle.judge(Case(original), ("vertical",))
     assert out.kind == "wrong" and out.detail.startswith("on the safety net's inputs"), (out.kind, out.detail)
     net_feeds["x"] = np.full((2, 3), 1.0, np.float32)  # inputs where the planted model is right: the net's fault

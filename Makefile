@@ -43,11 +43,12 @@ lab-reset: $(STAMP)
 ## make check: the contributor's loop (under 2 min): the unit tests without those marked slow (pyproject.toml: the
 ## corpora, the fuzz CI budget, the tests of seconds), without the browser and without nbval.
 check: $(STAMP)
-	$(PY) -m pytest -q tests --ignore=tests/browser -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist loadfile tests --ignore=tests/browser -m "not slow"
 
-## make test: unit tests, the browser test (installs Debian's chromium once) and strict nbval over every notebook.
+## make test: unit tests, the browser test (installs Debian's chromium once) and strict nbval over every notebook, on
+## both cores (pytest-xdist; a file, so a notebook, stays on one worker).
 test: $(STAMP) browser-deps
-	$(PY) -m pytest -q tests notebooks $(NBVAL)
+	$(PY) -m pytest -q -n 2 --dist loadfile tests notebooks $(NBVAL)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests --ignore=tests/browser

@@ -501,12 +501,6 @@ class Names:
         self._functions.add(f"{base}_{k}")
         return f"{base}_{k}"
 
-    def has_value(self, name: str) -> bool:
-        return name in self._values
-
-    def reserve_value(self, name: str) -> None:
-        self._values.add(name)
-
 
 # --------------------------------------------------------------------------------------------------
 # the graph object and its queries

@@ -304,9 +304,13 @@ class Page:
 
         JupyterLab renders a long notebook lazily: a cell's node joins the page only once it is scrolled to."""
         if scroll:
-            self.js(_JS_PANEL + "flPanel().content.scrollToItem(arguments[0], 'start');", i)
+            self.js(_JS_PANEL + "const p = flPanel(); if (p && p.content) p.content.scrollToItem(arguments[0], 'start');", i)
         # a notebook just (re)opened may not have laid its cells out yet: ask the list to scroll again each time
-        return self.wait(lambda: self.js(_JS_PANEL + """const nb = flPanel().content, w = nb.widgets[arguments[0]];
+        # (under load its panel or its cell widgets may not exist yet either: keep asking until they do)
+        return self.wait(lambda: self.js(_JS_PANEL + """const p = flPanel();
+            if (!p || !p.content) return null;
+            const nb = p.content, w = nb.widgets[arguments[0]];
+            if (!w) return null;
             if (!w.node.isConnected) { nb.scrollToItem(arguments[0], 'start'); return null; }
             return w.node;""", i), timeout, f"cell {i} never on the page")
 

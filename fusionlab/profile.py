@@ -27,9 +27,9 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from . import runtime
 from .files import atomic_write
 from .graph import ModelError
+from .verification import runtime
 
 __all__ = [
     "OpEvent", "RunSpan", "Profile", "profile_model", "parse_events", "load_trace", "write_trace", "side_by_side",

@@ -1,20 +1,20 @@
 # %% [markdown]
-# # 06 · Fused code generation: one loop instead of one pass per op
+# # 01 · Fused code generation: one loop instead of one pass per op
 #
-# **What you will learn**
+# **What you will be able to do**
 #
-# 1. the intuition behind every fusion saving: an unfused chain makes one pass over memory per op, a fused loop
-#    makes one pass in all; how many bytes each moves, and what that does to the time on this machine;
-# 2. how `fusionlab.lessons.codegen` generates such a loop from a chain of ONNX elementwise nodes (broadcasting
-#    handled at compile time), and checks it against onnxruntime;
-# 3. how to judge a fused kernel honestly: its speed-up against onnxruntime's unfused kernels compared with the
-#    bytes ratio, and its GB/s compared with the DRAM bandwidth this machine can stream, on tensors larger than
-#    the cache;
-# 4. why transcendental ops (`Erf`, `Tanh`, `Exp`) need vectorisable approximations of known error, and how a
+# 1. count the bytes an unfused chain moves (one pass over memory per op) against one fused loop (one pass in all),
+#    and say what that does to the time on this machine;
+# 2. generate such a loop from a chain of ONNX elementwise nodes with `fusionlab.lessons.codegen`, and check it
+#    against onnxruntime;
+# 3. judge a fused kernel honestly: its speed-up against onnxruntime's unfused kernels beside the bytes ratio, and
+#    its GB/s beside the DRAM bandwidth this machine can stream, on tensors larger than the cache;
+# 4. say why transcendental ops (`Erf`, `Tanh`, `Exp`) need vectorisable approximations of known error, and when a
 #    chain heavy in them stops being memory-bound.
 #
-# Notebook 05 *counts* what fusion saves in a cost model. This one makes the saving *real*: a generated kernel
-# that makes one pass over memory, measured. Everything here runs on this machine's CPU.
+# This is the course's foundation: every later notebook counts bytes and launches the way this one does. Here the
+# saving is *real*, a generated kernel that makes one pass over memory, measured (notebook 07 later puts the same
+# counts into a cost model for whole networks and devices). Everything here runs on this machine's CPU.
 
 # %%
 import re
@@ -113,7 +113,7 @@ else:
 display(Markdown(text))
 
 # %% [markdown]
-# Everything else in this notebook (and the byte counts of notebooks 02 and 05) is this picture applied to
+# Everything else in this notebook (and the byte counts of notebooks 03 and 07) is this picture applied to
 # bigger chains.
 #
 # ## 2. Generating the fused loop from ONNX nodes
@@ -249,4 +249,4 @@ print(f"speed-up over onnxruntime {cmp_gelu.speedup:.2f}x vs bytes ratio {gelu.b
 #   the bytes ratio.
 # - Make the tensor small enough to stay in the cache (`n=2**16`): the unfused loops get faster, and the bytes
 #   ratio stops predicting the speed-up.
-# - Notebook 05 puts these byte counts into a cost model for whole networks and devices.
+# - Notebook 07 puts these byte counts into a cost model for whole networks and devices.

@@ -1,17 +1,14 @@
 # %% [markdown]
-# # 01 · Folding BatchNormalization into a convolution
+# # 02 · Folding BatchNormalization into a convolution
 #
-# **What you will learn**
+# **What you will be able to do**
 #
-# 1. what a Conv followed by an inference-mode BatchNormalization computes, written out in numpy;
-# 2. the write-up's folding formula, why it is incomplete (it forgets the conv's own bias), and the
-#    correct derivation, step by step, checked numerically;
-# 3. the same fold for grouped and depthwise convolutions and for ConvTranspose (a different weight axis);
-# 4. what folding costs in fp16: overflow and rounding error, measured;
-# 5. when folding is **illegal**, so a pass must leave the graph alone;
-# 6. the fold applied to a real layer (the ResNet-50 stem), verified with onnxruntime and drawn;
-# 7. what "5 steps become one conv, 40% fewer instructions" really saves, counted in FLOPs, bytes and launches;
-# 8. and only then, timed on this machine, and read against the count.
+# 1. write out what a Conv followed by an inference-mode BatchNormalization computes, in numpy, and derive the fold
+#    (with the conv's own bias, which the write-up's formula forgets), checked numerically;
+# 2. fold grouped, depthwise and transposed convolutions (a different weight axis), and say what folding costs in fp16;
+# 3. tell when folding is **illegal**, so a pass must leave the graph alone;
+# 4. apply the fold to a real layer (the ResNet-50 stem), verify it with onnxruntime, and count what "5 steps become
+#    one conv, 40% fewer instructions" really saves, before timing it.
 #
 # The method follows the MLC course: write the unfused computation in plain numpy, check it against the
 # engine, transform it, check again, and only then time it.
@@ -321,7 +318,7 @@ print("legal to fold:", conv_bn_legal(stem_graph, conv_node, bn_node).reason)
 # %% [markdown]
 # Folding by hand takes a few lines: read the weights, fold them with `derive.fold_conv_bn`, write the folded
 # weight and a new bias into a copy of the model, drop the BN node, and let the Relu read the conv's output.
-# (Notebook 02 does this for a whole network with the vertical-fusion pass.)
+# (Notebook 03 does this for a whole network with the vertical-fusion pass.)
 
 # %%
 inits = {t.name: numpy_helper.to_array(t) for t in stem.graph.initializer}

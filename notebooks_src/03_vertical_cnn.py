@@ -1,25 +1,21 @@
 # %% [markdown]
-# # 02 · Vertical fusion on a real network
+# # 03 · Vertical fusion on a CNN
 #
-# **What you will learn**
+# **What you will be able to do**
 #
-# 1. why fusing a producer→consumer chain pays: one loop per op against one fused loop, counted in bytes;
-# 2. how a vertical-fusion pass finds chains (Conv→BN→activation, MatMul→Add→Gelu, …) and records them in a
-#    **fusion plan**, and what the emitted model really launches: kernels, launches saved, bytes saved;
-# 3. how the plan is applied (folded weights, onnxruntime's fused kernels `FusedConv`, `QuickGelu`, `BiasGelu`,
-#    …) and checked: the fused model must compute the same outputs;
-# 4. how our fusions compare with onnxruntime's own optimisation levels, with its layout transform kept apart
-#    from its fusions;
-# 5. why the gain on this CPU differs from the seed's "23 % lower latency on an Atlas 300I", and what the cost
-#    model predicts for the same fusion on the card, against two different baselines.
+# 1. count what fusing a producer→consumer chain saves: one loop per op against one fused loop, in bytes;
+# 2. run a vertical-fusion pass on a real detector, read its **fusion plan** (which Conv→BN→activation chains fuse,
+#    what the emitted model launches, the bytes and launches it saves) and check the fused model's outputs;
+# 3. compare the plan with onnxruntime's own optimisation levels, its layout transform kept apart from its fusions,
+#    and measure both;
+# 4. say why the gain on this CPU differs from the seed's "23 % lower latency on an Atlas 300I", and what the cost
+#    model predicts for the same fusion on the card, against different baselines.
 #
-# Notebook 01 folded one BatchNormalization by hand. Here the same algebra runs as a pass over whole
-# networks, with the legality checks a real pass needs.
+# Notebook 02 folded one BatchNormalization by hand. Here the same algebra runs as a pass over whole
+# networks, with the legality checks a real pass needs; notebook 04 does the same on a transformer export.
 
 # %%
 import dataclasses
-import tempfile
-from pathlib import Path
 
 import numpy as np
 from onnx import helper
@@ -27,15 +23,15 @@ from onnx import helper
 import fusionlab
 from fusionlab import cost, seed_claims, timing, viz, zoo
 from fusionlab.build import make_model, value_info
-from fusionlab.cost import calibrate, devices
+from fusionlab.compilers import ort
+from fusionlab.cost import devices
 from fusionlab.lessons import codegen
 from fusionlab.passes import fuse, plan as plan_passes, vertical
-from fusionlab.text import wrap
-from fusionlab.verification.runtime import make_feeds, session
+from fusionlab.verification.runtime import session
 from IPython.display import Markdown, display
 
 # %% [markdown]
-# ## 1. The intuition: one loop per op against one fused loop
+# ## 1. The intuition, again: one loop per op against one fused loop
 #
 # After a convolution, the seed's chain is BatchNormalization and ReLU: per channel a scale and a shift, then a
 # max with zero. Run as three kernels, each is its own loop over the whole tensor: it reads a full tensor from
@@ -56,18 +52,9 @@ print("--- one fused loop ---")
 print(loops.fused_source)
 
 # %% [markdown]
-# Three loops move 3 × (128 + 128) = 768 MiB; the fused loop moves 256 MiB: a ratio of 3. When the ops are cheap
-# (a multiply, an add and a max per value), the loops wait on memory, so time should follow bytes. Measured on this
-# machine, interleaved, one thread (the machine is shared with other jobs, so the numbers vary from run to run;
-# notebook 06 §1 does this in detail):
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-loops = codegen.loop_vs_loop(chain, n=N, min_time=1.0)
-print(loops.comparison.table())
-print(loops.gbs(devices.this_machine().mem_bandwidth_gbs))
-
-# %% [markdown]
+# Three loops move 3 × (128 + 128) = 768 MiB; the fused loop moves 256 MiB: a ratio of 3. Notebook 01 measured
+# what such a ratio does to the time when the ops are cheap and the loops wait on memory.
+#
 # That is all vertical fusion is: do a chain's work in one pass over memory instead of one pass per op, and launch
 # one kernel instead of several. The rest of this notebook does it to whole networks, where the chain after a conv
 # is a small part of the work, and counts what the emitted model really saves.
@@ -92,7 +79,7 @@ for op, n in graph.op_counts().items():
 # The pass first **plans**: it walks the graph and, for every chain it can prove legal, records a
 # `FusionGroup` with its member nodes, the rule that formed it, what it will become, and what that saves.
 # Legality is checked node by node: the Conv's output must have a single consumer and must not be a graph
-# output, BN must be in inference mode with constant parameters, and so on (see notebook 01). A chain that
+# output, BN must be in inference mode with constant parameters, and so on (see notebook 02). A chain that
 # fails any check is left alone.
 
 # %%
@@ -105,7 +92,7 @@ for rule, n in plan.rule_counts().items():
 
 # %% [markdown]
 # Each `conv_bn_act` group holds four nodes (Conv, BatchNormalization, Sigmoid, Mul) and becomes **two kernels**,
-# not one: the BN folds into the Conv's weights and bias (notebook 01), and the Sigmoid and Mul become one
+# not one: the BN folds into the Conv's weights and bias (notebook 02), and the Sigmoid and Mul become one
 # onnxruntime `QuickGelu`. It cannot be one kernel here because onnxruntime's CPU `FusedConv` applies only Relu,
 # Sigmoid, Tanh, LeakyRelu, HardSigmoid or Clip, not SiLU. So each group saves **two** launches, and 57 groups
 # turn 228 nodes into 114 kernels.
@@ -250,25 +237,7 @@ view
 # ops, next to ours.
 
 # %%
-def ort_optimised(model, level):
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"{level}.onnx"
-        session(model, level, optimized_path=path)
-        return fusionlab.load(path, check=False).op_counts()
-
-
-def side_by_side(model, fused, levels=("basic", "extended", "all")):
-    columns = {"original": fusionlab.load(model).op_counts(),
-               **{f"ORT {level}": ort_optimised(model, level) for level in levels},
-               "fusionlab": fused.op_counts()}
-    ops = sorted(set().union(*columns.values()))
-    print(f"{'op':<34}" + "".join(f"{c:>13}" for c in columns))
-    for op in ops:
-        print(f"{op:<34}" + "".join(f"{columns[c].get(op, 0):>13}" for c in columns))
-    print(f"{'total':<34}" + "".join(f"{sum(columns[c].values()):>13}" for c in columns))
-
-
-side_by_side(model, result.graph)
+print(ort.op_table(model, result.graph))
 
 # %% [markdown]
 # At EXTENDED, onnxruntime makes exactly our 142 kernels: it folds the 57 BNs and turns the 57 Sigmoid + Mul
@@ -301,25 +270,20 @@ for title, r in runs.items():
 print(timing.comparisons_table(measured, header=("comparison: B vs A", "A", "B", "A/B", "95% CI", "verdict")))
 
 
-def said(c):
-    """A measured ratio in words: the ratio, its interval, and the verdict the interval gives."""
-    return f"{c.speedup:.2f}× (95% CI {c.ci_low:.2f}–{c.ci_high:.2f}), {timing.ratio_verdict(c.ci_low, c.ci_high)}"
-
-
 m = list(measured.values())
 display(Markdown(
-    f"The answer, in this run: our fused model against the unfused one, {said(m[0])}; onnxruntime's own EXTENDED "
-    f"fusions against the unfused model, {said(m[1])}; ours against theirs, {said(m[2])} (they run the same 142 "
+    f"The answer, in this run: our fused model against the unfused one, {m[0].said()}; onnxruntime's own EXTENDED "
+    f"fusions against the unfused model, {m[1].said()}; ours against theirs, {m[2].said()} (they run the same 142 "
     f"kernels{'' if timing.ratio_verdict(m[2].ci_low, m[2].ci_high) == 'no clear difference' else ', so a gap between them is not a fusion effect: rerun the cell to see whether it stays'}). "
-    f"Nowhere near 2×. The one large effect is the layout transform of ALL over EXTENDED, {said(m[3])}. "
-    f"With both at ALL: {said(m[4])}."))
+    f"Nowhere near 2×. The one large effect is the layout transform of ALL over EXTENDED, {m[3].said()}. "
+    f"With both at ALL: {m[4].said()}."))
 
 # %% [markdown]
 # ALL is not only a layout: it also has fusions of its own (`ConvAddActivationFusion`, and the NCHWc transformer
 # folds a following activation or `Add` into its blocked Conv), but on this detector the op counts of §5 show the
 # same 57 `QuickGelu` and no other op gone, so what ALL adds here is the layout. On this CPU a 3×3 convolution
-# costs far more than its BN and SiLU (see §8), so removing the elementwise passes and 114 launches is a small share
-# of the run. (What one launch costs onnxruntime on this CPU is measured in §9, where it is needed.)
+# costs far more than its BN and SiLU (see §7), so removing the elementwise passes and 114 launches is a small share
+# of the run. (What one launch costs onnxruntime on this CPU is measured in notebook 04 §2, where it is needed.)
 #
 # ### One step further than onnxruntime: the residual Add
 #
@@ -336,55 +300,15 @@ resnet_result = fuse(resnet, passes=("vertical",))
 for rule, n in resnet_result.plan.rule_counts().items():
     print(f"{rule:<24} {n:>3} groups")
 print(fusionlab.verify(resnet, resnet_result.graph).summary())
-side_by_side(resnet, resnet_result.graph, levels=("extended",))
+print(ort.op_table(resnet, resnet_result.graph, levels=("extended",)))
 
 # %% [markdown]
 # Every residual `Add` and the `Relu` after it are gone: each bottleneck now ends in one `FusedConv` that
 # reads the shortcut as `Z`. The benchmark in `benchmarks/results/vertical.md` times this on full-size
 # ResNet-50 against onnxruntime's EXTENDED level.
-#
-# ## 7. The same on a Transformer
-#
-# BERT's vertical chains are different: `Add → Gelu` (written out with `Erf` by the exporter) becomes
-# `BiasGelu`, and the nine-op decomposed LayerNorm (`ReduceMean`, `Sub`, `Pow`, `ReduceMean`, `Add`, `Sqrt`, `Div`,
-# `Mul`, `Add`) becomes one `LayerNormalization`; the attention scores' `MatMul` followed by its scale becomes one
-# `FusedMatMul` with the scale as `alpha` (rule `fused_matmul`). (`MatMul → Add` would
-# become a `Gemm`, but here the MatMuls are 3-D, `[batch, sequence, hidden] @ W`, and Gemm is 2-D only: the
-# pass says so in the plan's notes and leaves them alone.)
-
-# %%
-bert = zoo.bert(layers=2, hidden=64, heads=2, intermediate=256, vocab=1000)
-bert_result = fuse(bert, passes=("vertical",))
-for rule, n in bert_result.plan.rule_counts().items():
-    print(f"{rule:<24} {n:>3} groups")
-print("equivalent at sequence 16:", fusionlab.verify(bert, bert_result.graph, dims={"sequence": 16}).ok)
-
-# %%
-side_by_side(bert, bert_result.graph, levels=("extended",))
 
 # %% [markdown]
-# ### A fused kernel that must earn its place
-#
-# onnxruntime also has `SkipLayerNormalization`, the residual `Add` and the LayerNorm in one kernel. The
-# pass knows that rule (`skip_layernorm`) but does **not** apply it by default: in the rule benchmark
-# (`benchmarks/results/rules.md`, long interleaved runs) the fused kernel was slower than `Add` followed by
-# onnxruntime's `LayerNormalization` with optimisations off, and at level `all` anywhere from slightly faster to much slower, depending on the
-# form. Fewer kernels is not automatically faster; a fused kernel earns its place by measurement. Opt in and
-# see what your machine says at `all`: the sentence under the table reads this run's interval (one short run
-# on one model; the default rests on the benchmark's forms and sizes).
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-mid_bert = zoo.bert(layers=2, hidden=384, heads=6, intermediate=1536, vocab=1000)
-plain_ln = fuse(mid_bert, passes=("vertical",)).graph
-skip_ln = fuse(mid_bert, passes=("vertical",), rules=vertical.RULE_NAMES).graph
-skip_cmp = timing.compare_models(plain_ln, skip_ln, level_a="all", level_b="all", dims={"sequence": 128}, min_time=3,
-                                label_a="Add + LayerNormalization", label_b="SkipLayerNormalization")
-print(skip_cmp)
-display(Markdown(skip_cmp.markdown()))
-
-# %% [markdown]
-# ## 8. Where the gain comes from, and the seed's 23 %
+# ## 7. Where the gain comes from, and the seed's 23 %
 #
 # Fusion saves two things: **kernel launches** (fixed overhead per op: dispatch, thread-pool wake-up,
 # output allocation) and **intermediate memory traffic** (each unfused op writes its output and the next
@@ -402,7 +326,7 @@ display(Markdown(skip_cmp.markdown()))
 # The seed reports 23 % lower latency for a Conv+BN+ReLU custom op in YOLOv5 on an Atlas 300I. Against what? That
 # decides everything, because **ATC fuses these chains by default**: it folds BatchNormalization into the Conv
 # (`ConvBatchnormFusionPass`, graph fusion) and fuses the activation into the Conv's output (UB fusion). The cost
-# model of notebook 05 can price the same model on the Atlas 300I Pro preset (our closest: the seed names no
+# model of notebook 07 can price the same model on the Atlas 300I Pro preset (our closest: the seed names no
 # variant) under four baselines. It assumes a 5 µs launch, which no published figure confirms.
 
 # %%
@@ -453,147 +377,20 @@ print(seed_claims.claim("s1-yolov5-23pct").summary())
 #   defaults, the 23 % came from something else (a better kernel than ATC's, or a different model).
 # * **Against a model without those fusions** (every op a kernel, or BN folded but SiLU left as two ops), the model
 #   predicts **1.58× or more at any launch cost**, even at zero: at this size the elementwise passes alone are
-#   worth more than 23 %. Notebook 05 §4 finds the same for its own detector, against the unfused model and
+#   worth more than 23 %. Notebook 07 §4 finds the same for its own detector, against the unfused model and
 #   against ATC's default.
 # * The figure may be end-to-end latency, including image pre-processing, host-device copies and post-processing,
 #   which dilute any kernel speedup. The seed does not say; without an Atlas 300I and `msprof` we cannot check.
 #
 # On this CPU, §6 measures the same fusion against the unfused model and against onnxruntime's own fusions: its
 # verdicts, read from the intervals, are printed there. The ledger entry (`docs/seed_claims.md`, `s1-yolov5-23pct`) records both baselines.
-#
-# ## 9. A model you did not build: BERT as torch exports it
-#
-# Everything above was built by `fusionlab.zoo`. What you bring was written by an exporter, and exporters write
-# the same network in different ways. `tests/corpus/` holds small real exports (`docs/corpus.md`): eight
-# architectures from transformers, torchvision and ultralytics, each written by torch's TorchScript exporter with
-# constant folding on and off and by its dynamo exporter. Take Hugging Face's `BertModel` (2 layers, hidden 128,
-# SDPA attention) as the dynamo exporter writes it:
-
-# %%
-corpus = Path("..") / "tests" / "corpus"
-hf = fusionlab.load(corpus / "bert.dynamo.onnx")
-print(hf)
-print(wrap(", ".join(f"{op} {n}" for op, n in sorted(hf.op_counts().items(), key=lambda kv: -kv[1]))))
-
-# %% [markdown]
-# This exporter already writes `LayerNormalization` and `Gelu` as single ops, so the LayerNorm rule has nothing to
-# do, and `bias_gelu` only takes the bias Add into the existing Gelu. Attention is another matter: each layer's `softmax(Q·Kᵀ/√d + mask)·V` is two dozen nodes, the head
-# views (`Reshape`, `Transpose`), the shape arithmetic that computes their targets (`Shape`, `Slice`, `Concat`),
-# the scale split over Q and K (two `Mul`s), and SDPA's guard for fully masked rows (`IsNaN`, `Where`).
-#
-# **Predict:** which rules will fire, and will the fused model have more or fewer nodes than onnxruntime's own
-# EXTENDED level makes of it?
-
-# %%
-ours = fuse(hf, passes=("vertical",))
-print(ours.plan.table())
-side_by_side(corpus / "bert.dynamo.onnx", ours.graph, levels=("extended",))
-
-# %% [markdown]
-# Each attention block becomes one `com.microsoft:MultiHeadAttention`: the `attention` rule proves from the shape
-# arithmetic that the views split 128 channels into 4 heads of 32 and put them back, so the whole block, views and
-# scale included, is one kernel. The guard is dropped because the mask is finite (the exporter fills masked
-# positions with the dtype's lowest value, not -inf), so no row can be NaN. `bias_gelu` and `gemm_act` (the
-# pooler's Gemm + Tanh) take the rest. onnxruntime's EXTENDED level does not fuse this attention; it makes
-# `SkipLayerNormalization` (which ours leaves out by default: §7 measures it) and `FusedMatMul`s.
-#
-# What did not fuse, and why? The plan keeps every refusal:
-
-# %%
-for refusal in ours.plan.why_not()[:4]:
-    print(refusal)
-print(f"... {len(ours.plan.why_not())} refusals in all")
-
-# %% [markdown]
-# The MatMul + Add pairs stay because these MatMuls are 3-D and `Gemm` is 2-D only. From the command line,
-# `fusionlab explain model.onnx --why-not NODE` prints the same for one node.
-#
-# Does it compute the same? A real attention mask has padding: the second sequence of this batch ends in five
-# masked positions, and every draw checks both outputs.
-
-# %%
-for seed in range(3):
-    feeds = make_feeds(hf, seed=seed, dims={"batch": 2, "sequence": 16})
-    feeds["attention_mask"][1, -5:] = 0
-    print(f"draw {seed}:", "equivalent" if fusionlab.verify(hf, ours.graph, feeds=feeds).ok else "NOT equivalent")
-
-# %% [markdown]
-# The TorchScript exporter with `do_constant_folding=False` writes the same network much less tidily: weight
-# transposes computed at run time, `Constant` nodes, and `Shape` chains on static sizes. `fuse` first prepares
-# the graph (clean-up, then constant folding with `onnx.reference`), and the note says what that did:
-
-# %%
-messy = fusionlab.load(corpus / "bert.ts-nofold.onnx")
-messy_result = fuse(messy, passes=("vertical",))
-print(messy_result.plan.notes[0])
-print(f"{len(messy)} nodes -> {len(messy_result.graph)};", messy_result.plan.rule_counts())
-print("onnxruntime EXTENDED:", sum(ort_optimised(messy, "extended").values()), "nodes")
-
-# %% [markdown]
-# **Predict, then measure:** the fused model runs with onnxruntime's optimisations off, against onnxruntime
-# EXTENDED on the export (the fair "ours vs theirs"), at batch 1 and sequence 64; then both at ALL.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-bert_runs = {}
-for title, level_a, level_b in (("ours (off) vs ORT EXTENDED", "extended", "disable"), ("both at ALL", "all", "all")):
-    bert_runs[title] = timing.compare_models(hf, ours.graph, level_a=level_a, level_b=level_b,
-                                             dims={"batch": 1, "sequence": 64}, min_time=2)
-print(timing.comparisons_table(bert_runs, header=("comparison: B vs A", "A", "B", "A/B", "95% CI", "verdict")))
-
-# where the time went: the launches the plan saved, priced at this machine's launch overhead (a chain of tiny ops
-# minus one, per op, profiler off: the calibration notebook 10 §3 prints too), against the gain
-vs_ext = bert_runs["ours (off) vs ORT EXTENDED"]
-launch_us = calibrate.launch_overhead_us()
-print(f"launch overhead on this machine: {launch_us:.2f} µs per kernel")
-saved = ours.plan.saved_launches
-gain_us = vs_ext.b.median * (vs_ext.speedup - 1) * 1e6  # what the paired ratio says B saves per run
-if timing.ratio_verdict(vs_ext.ci_low, vs_ext.ci_high) != "faster":
-    why = "This run cannot tell a gain from the noise, so there is nothing to attribute."
-elif saved * launch_us < gain_us / 2:
-    why = (f"The run is {gain_us:.0f} µs shorter. The {saved} launches the plan saves account for about "
-           f"{saved * launch_us:.0f} µs of that at {launch_us:.2f} µs each: most of the gain is the fused attention kernel "
-           f"itself, which computes the scores, softmax and weighted sum without materialising the head views and "
-           f"their transposes between separate kernels.")
-else:
-    why = (f"The run is {gain_us:.0f} µs shorter, and the {saved} launches the plan saves, at {launch_us:.2f} µs "
-           f"each, are a large share of that.")
-display(Markdown(
-    f"Against onnxruntime's EXTENDED level the fused export is {said(vs_ext)}; with both at ALL, "
-    f"{said(bert_runs['both at ALL'])}. {why}"))
-
-# %% [markdown]
-# `benchmarks/results/exports.md` measures the full-size exports (BERT-base, GPT-2, ViT, ConvNeXt) the same way.
-#
-# **Measured selection.** Rather than trust a rule's default, `fuse(..., select="measured")` cuts each group out
-# as a small model, times it fused and unfused on this machine, and keeps only what measured faster (groups with
-# the same rule and shapes share one measurement); a dropped group becomes a refusal with its ratio.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-chosen = fuse(hf, passes=("vertical",), select="measured")
-for note in chosen.plan.notes:
-    if note.startswith("select:"):
-        print(note)
 
 # %% [markdown]
 # ## Summary
 #
-# * Fusion does a chain's work in one pass over memory: three loops move three times the bytes of one fused loop.
-# * A vertical pass is **plan** (find chains, prove legality, record what the emitted model launches and saves)
-#   plus **apply** (fold weights, emit fused kernels) plus **verify** (same outputs, stated tolerances).
-# * On this CPU a YOLOv5 Conv+BN+SiLU group becomes two kernels, `Conv` + `QuickGelu` (SiLU is QuickGelu with
-#   α = 1): 228 nodes run as 114 kernels. The plan's byte count is the intermediate traffic the two graphs differ by.
-# * onnxruntime's EXTENDED level makes the same kernels; its ALL level adds a layout transform (NCHWc) that is not a
-#   fusion and must be measured apart. A plan can go further than the runtime when the runtime's kernel allows it
-#   (the residual `Add` + `Relu` of ResNet in `FusedConv`'s `Z`), and a fused kernel has to earn its place by
-#   measurement (`SkipLayerNormalization` is off by default for that reason; §7 measures it on your machine).
-# * A real export (Hugging Face BERT through torch's dynamo exporter) fuses too: each 24-node attention block
-#   becomes one `MultiHeadAttention`, and `select="measured"` keeps only what times faster here.
+# * Vertical fusion does a chain's work in one pass: a plan finds the chains it can prove legal, `apply` emits the
+#   kernels (YOLOv5's Conv+BN+SiLU as `Conv` + `QuickGelu`) and `verify` checks the outputs with stated tolerances.
+# * On this CPU a 3×3 convolution outweighs its BN and SiLU, so removing their passes and launches is a small share
+#   of the run; onnxruntime's ALL level adds a layout transform that is not a fusion and is measured apart.
 # * The seed's 23 % depends on its baseline: the cost model predicts 1.00× against ATC's default fusions and 1.58×
 #   or more against a model without them.
-#
-# **Try next:** run `fusionlab fuse` on a model of your own, then `fusionlab verify`, and
-# `fusionlab bench --level extended --level-b disable original.onnx fused.onnx` for the "ours vs theirs"
-# comparison of section 6.
-

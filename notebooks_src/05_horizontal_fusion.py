@@ -1,15 +1,15 @@
 # %% [markdown]
-# # 03 · Horizontal fusion: Inception branches and Q/K/V
+# # 05 · Horizontal fusion: Inception branches and Q/K/V
 #
-# **What you will learn**
+# **What you will be able to do**
 #
-# - why several sibling ops that read the same tensor can become **one wide op plus a `Split`**, and the
-#   two lines of algebra that make it exact;
-# - how `fusionlab.passes.horizontal` finds siblings (BERT's Q/K/V projections, Inception's 1x1
-#   branches), what makes a candidate *illegal*, and how the rewrite keeps every consumer and graph output;
-# - how to check the rewrite against the unfused model, and how to measure it honestly — with
-#   onnxruntime's own optimisations off and on, at small and larger batch sizes;
-# - when horizontal fusion helps and when it does not, and where onnxruntime's own horizontal fusion lives.
+# - turn sibling ops that read the same tensor into **one wide op plus a `Split`**, with the two lines of algebra
+#   that make it exact;
+# - find siblings with `fusionlab.passes.horizontal` (BERT's Q/K/V projections, Inception's 1x1 branches) and say
+#   what makes a candidate *illegal*;
+# - check the rewrite against the unfused model and measure it honestly, with onnxruntime's own optimisations off
+#   and on, at small and larger batch sizes;
+# - say when horizontal fusion helps, when it does not, and where onnxruntime's own horizontal fusion lives.
 #
 # The seed (§2.2) files horizontal fusion under "parallel branches", medium complexity, with a gain of
 # 15–25%, and advises vertical fusion first. Those numbers come from Ascend hardware we do not have; here we
@@ -315,7 +315,7 @@ print("Attention nodes after onnxruntime's extended level:", ops.get("Attention"
 # TVM's older Relay pipeline had horizontal passes, `CombineParallelConv2D` and `CombineParallelDense`, moved to
 # opt-level 4, off by default, because the wide op they create is a new workload whose speed nobody had tuned and
 # they regressed performance (TVM PR #3248; the research notes `../shared/reference/reliability_anchors.md`, item 29).
-# Relay was phased out of TVM after v0.19 (apache/tvm PR #17656), so the TVM 0.27 the benchmarks install (notebook 08
+# Relay was phased out of TVM after v0.19 (apache/tvm PR #17656), so the TVM 0.27 the benchmarks install (notebook 11
 # reads their committed output) has neither pass. Its Relax pipeline has a horizontal pass for matmuls, `relax.transform.CombineParallelMatmul`:
 # matmuls that share their left operand become one matmul and slices, with a bias add or activation they all share;
 # we have not run it here. Horizontal fusion is a candidate to *measure*, never to assume; the seed's "15–25%" is a
@@ -337,4 +337,4 @@ print("Attention nodes after onnxruntime's extended level:", ops.get("Attention"
 #
 # **Try next:** raise `min_branches` to 3 (the default `min_num_branches` of Relay's `CombineParallelConv2D`) and see which groups remain; compare at
 # longer sequences (`dims={"sequence": 128}`, then `256`); run the horizontal pass alone on Inception and compare its groups with the ones above;
-# notebook 04 groups ops in arbitrary topologies (mixed fusion).
+# notebook 06 groups ops in arbitrary topologies (mixed fusion).

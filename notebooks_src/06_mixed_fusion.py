@@ -1,15 +1,14 @@
 # %% [markdown]
-# # 04 · Mixed fusion: grouping ops in any topology
+# # 06 · Mixed fusion: grouping ops in any topology
 #
-# **What you will learn**
+# **What you will be able to do**
 #
-# - how ops are classified for fusion (elementwise, broadcast, injective, reduction, out-elementwise-fusable,
-#   opaque) — the vocabulary of TVM's `FuseOps`;
-# - what a **post-dominator tree** is and why fusion follows it through diamonds and branches;
-# - the grouping algorithm step by step (union-find groups, fusion conditions per kind, phases);
-# - how backend thresholds change the groups: **maximum ops per group** (the seed's rule: split above 5
-#   on Atlas 800I A2), an **on-chip buffer budget**, and whether a multi-consumer result may be recomputed;
-# - lowering the groups to ONNX functions and checking that the model still computes the same.
+# - classify ops for fusion (elementwise, broadcast, injective, reduction, out-elementwise-fusable, opaque), the
+#   vocabulary of TVM's `FuseOps`;
+# - build a **post-dominator tree** and follow the grouping algorithm step by step through diamonds and branches;
+# - predict how backend thresholds change the groups: **maximum ops per group** (the seed's rule: split above 5 on
+#   Atlas 800I A2), an **on-chip buffer budget**, and recompute of a multi-consumer result;
+# - lower the groups to ONNX functions and check that the model still computes the same.
 #
 # The seed (§2.2) calls this "mixed fusion" (complex topologies), with 40–60% gains on Ascend. We cannot
 # measure Ascend kernels here; this notebook is about *which* groups form and *why*.
@@ -56,7 +55,7 @@ print("anything else (Softmax, control flow, custom domains): OPAQUE")
 #   result, so fusing them means a kernel that reduces first and then reuses the result on chip. TVM itself does
 #   that in its newer Relax pipeline: in TVM 0.27, a `ReduceMean` takes its elementwise *consumers* into its
 #   group (`mean + exp`, `mean + sub + square`), but not the elementwise op that *produces* its input, which stays
-#   alone (`tests/test_compilers_tvm.py` checks both on TVM; notebook 08 §5 meets the difference on BERT). The
+#   alone (`tests/test_compilers_tvm.py` checks both on TVM; notebook 11 §5 meets the difference on BERT). The
 #   legalised `mean` is a sum followed by a division, and Relax treats it like a Conv: an anchor that absorbs
 #   elementwise ops after it. Other compilers fuse on both sides: XLA's GPU backend fuses the elementwise ops
 #   after a reduction into it (reduction epilogue fusion, on by default:
@@ -65,7 +64,7 @@ print("anything else (Softmax, control flow, custom domains): OPAQUE")
 #   kernel, and CANN's graph fusion replaces ONNX's decomposed LayerNorm (ReduceMean, Sub, Pow, ReduceMean, Add,
 #   Sqrt, Div, Mul, Add) by one `LayerNorm` kernel (`LayerNormONNXFusionPass`, a built-in graph fusion pass of
 #   CANN's ops source, `ops/built-in/fusion_pass/graph_fusion/ai_core/layer_norm_onnx_fusion_pass.h`; our reference notes,
-#   `cann_facts.md`, do not list it). Notebook 07 fuses reductions with
+#   `cann_facts.md`, do not list it). Notebook 08 fuses reductions with
 #   their consumers;
 # - Conv/MatMul (out-elementwise-fusable) can absorb elementwise ops into their output, never another
 #   Conv/MatMul;
@@ -182,12 +181,12 @@ for max_ops in (None, 5, 3, 2):
     print(f"max_group_ops={str(max_ops):<5} groups={len(p)} sizes={sizes} kernels={len(g) - p.saved_launches}")
 
 # %% [markdown]
-# The seed's rule, as the ledger records it. Its verdict waits for notebook 05 §5, which asks you to predict it
+# The seed's rule, as the ledger records it. Its verdict waits for notebook 07 §5, which asks you to predict it
 # first and then prices the rule on real networks:
 
 # %%
 s42 = seed_claims.claim("s42-split-above-5-ops")
-print(wrap(f"The seed (§{s42.section}): {s42.says}\n(the ledger's verdict [{s42.id}]: notebook 05 §5)", indent="    "))
+print(wrap(f"The seed (§{s42.section}): {s42.says}\n(the ledger's verdict [{s42.id}]: notebook 07 §5)", indent="    "))
 
 # %%
 p3 = mixed.plan(g, max_group_ops=3)
@@ -197,7 +196,7 @@ viz.draw(g, p3, title="max_group_ops=3")
 # **On-chip buffer budget.** A fused kernel keeps its intermediates on chip. On an Ascend AI core that is
 # the Unified Buffer: 192 KB on Ascend 910B, 256 KB on 310P3, according to the published specifications
 # (`cann_facts.md` §3.3 in the reference notes). A kernel streams its tensors through the UB in tiles, and
-# `fusionlab.analysis.working_set` models that, once, for this pass and for the cost model of notebook 05:
+# `fusionlab.analysis.working_set` models that, once, for this pass and for the cost model of notebook 07:
 #
 # - every tensor the group touches takes a tile of `min(size, 16 KB)`: 16 KB is the efficient transfer size
 #   (Huawei's Ascend C best-practice guide, [*Transferring a Large Data Block at a Time*](https://www.hiascend.com/document/detail/en/canncommercial/800/opdevg/ascendcbestP/atlas_ascendc_best_practices_10_0013.html): transfers
@@ -210,7 +209,7 @@ viz.draw(g, p3, title="max_group_ops=3")
 # (Each feature map here is 16 channels of 32x32 fp32, 64 KB, so every feature map takes a full 16 KB tile; a
 # reduction's output, one value per position, is smaller.) The cost
 # model asks the converse question, what tile a group gets in a real core's UB and what small tiles cost
-# (notebook 05 §3).
+# (notebook 07 §3).
 
 # %%
 for kb in (None, 96, 64, 48):
@@ -323,7 +322,7 @@ display(Markdown(
 # %% [markdown]
 # No Ascend core has a 64 KB UB, though: at the real 192 KB (910B) or 256 KB (310P3, `cann_facts.md` §3.3) every group of this network
 # fits at 16 KB tiles, and the pass forms as many kernels as without a budget (the `buffer_kb=192` rows above). Is the seed's "split above 5
-# ops" a step like this one, set by one device's buffer? Notebook 05 §5 asks you to predict that for YOLOv5 and
+# ops" a step like this one, set by one device's buffer? Notebook 07 §5 asks you to predict that for YOLOv5 and
 # BERT on every Ascend preset, and then answers it.
 
 # %%
@@ -362,12 +361,12 @@ print(seed_claims.claim("s22-mixed-40-60pct").summary())
 #   than double at 64 KB, a budget below any real Ascend core's UB.
 # - The seed's 40–60% for mixed fusion is not measured here: onnxruntime inlines the ONNX functions, so the groups
 #   run as the ops they hold (§6). The ledger's verdict (`s22-mixed-40-60pct`, printed in §7) says what the cost
-#   model of notebook 05 predicts instead.
+#   model of notebook 07 predicts instead.
 # - The partitioner's rule that a reduction only ends a group is conservative; TVM's own Relax pipeline fuses a
 #   reduction with its elementwise consumers, and XLA, Inductor and CANN fuse reductions with the ops around them
-#   (notebook 07).
+#   (notebook 08).
 # - Lowered to ONNX functions, the model still verifies against the original.
 #
 # **Try next:** change `tile_kb` and `buffer_kb` together (256 KB for a 310P3 core, `cann_facts.md` §3.3); plan BERT-tiny
 # (`zoo.get("bert_tiny")`) and look at the LayerNorm groups with and without recompute; compare the
-# groups with what onnxruntime fuses on its own (notebook 02, section 5).
+# groups with what onnxruntime fuses on its own (notebook 03, section 5).

@@ -1,21 +1,17 @@
 # %% [markdown]
-# # 05 · When to stop fusing: a cost model and the threshold explorer
+# # 07 · When to stop fusing: a cost model and the threshold explorer
 #
-# **What you will learn**
+# **What you will be able to do**
 #
-# 1. how a **roofline cost model** predicts a fusion plan's latency and peak memory on a device, from
-#    shapes alone: FLOPs and bytes per kernel, the kernels each group's lowering really launches, and
-#    memory liveness over the execution order;
-# 2. how a fused kernel uses the on-chip buffer: **in tiles**, with the same working-set model the mixed
-#    pass of notebook 04 uses, and what that costs when a group holds many tensors at once;
-# 3. what device figures the Ascend presets use, where they come from, and which ones are uncertain;
-# 4. whether fusing more can make a model slower or fatter, with the mechanisms that would do it, and where
-#    the minimum of the curve really is for two networks;
-# 5. how well the model predicts what onnxruntime measures on this CPU, comparing the same kernels, with the
-#    error shown.
+# 1. predict a fusion plan's latency and peak memory on a device from shapes alone, with a **roofline cost model**
+#    (FLOPs and bytes per kernel, the kernels each lowering launches, memory liveness);
+# 2. size a fused kernel's on-chip working set **in tiles**, with the model the mixed pass of notebook 06 uses;
+# 3. read the Ascend presets: which figures they use, where they come from, which are uncertain;
+# 4. decide whether fusing more makes a model slower or fatter, and compare the model's predictions with what
+#    onnxruntime measures on this CPU.
 #
 # What elementwise fusion buys when it *really* runs fused (a generated one-pass loop against onnxruntime's
-# unfused kernels, in bytes and GB/s) is notebook 06.
+# unfused kernels, in bytes and GB/s) is notebook 01.
 #
 # The seed reports two numbers this notebook is about: "over-fusion raised peak device memory by 15–20 %
 # on an Atlas 800T" and "on Atlas 800I A2, split custom ops of more than 5 basic ops". We have no Ascend
@@ -55,13 +51,13 @@ print(devices.devices_table())
 
 # %% [markdown]
 # "This machine" is not a preset: `devices.this_machine()` measures it with `fusionlab.cost.calibrate`, which
-# defines each quantity once; notebook 10 §3 and §8 read the same function, so the two notebooks quote the same
+# defines each quantity once; notebook 13 §3 and §8 read the same function, so the two notebooks quote the same
 # quantities (each run measures them again, so the figures below vary from run to run):
 #
 # * **bandwidth**: DRAM streaming bandwidth, the better of a copy and an add over fp32 arrays of at least four
 #   times the last-level cache (smaller arrays stay partly in the cache and read high);
 # * **launch**: what one more node costs onnxruntime with the profiler off (a chain of tiny ops, per op). A
-#   profile shows larger gaps between kernels, because the profiler adds its own cost per kernel (notebook 10 §3
+#   profile shows larger gaps between kernels, because the profiler adds its own cost per kernel (notebook 13 §3
 #   measures both);
 # * **peak**: single-thread numpy fp32 matmul.
 
@@ -157,7 +153,7 @@ for b in k.buffers.transfers():
 # A fused kernel does not hold whole tensors on chip. It streams them through each AI core's Unified Buffer
 # (UB) in **tiles**, as the canonical Ascend C kernel does (`TQue<..., BUFFER_NUM=2>`, `tileLength`;
 # `cann_facts.md` §3.2). `fusionlab.analysis.working_set` is the one model of that, used by the mixed pass to decide
-# whether a group fits (notebook 04 §5) and by the cost model to price it:
+# whether a group fits (notebook 06 §5) and by the cost model to price it:
 #
 # * a tensor read from or written to device memory through the UB takes **two** tiles (double buffering: the
 #   copy of tile *i + 1* overlaps the compute on tile *i*);
@@ -230,7 +226,7 @@ display(Markdown(
 # multipliers of YOLOv5n, not of YOLOv5s), 320×320 input, exported the way `torch.onnx`
 # does. We make a plan per fusion kind and cost each on every preset; the speedup is against the unfused model on
 # the same device. A group costs the kernels its lowering launches: the vertical pass lowers Conv + BN + SiLU to
-# `Conv` + onnxruntime's `QuickGelu`, **two** kernels (notebook 02 §3). A backend with a fused kernel for the whole
+# `Conv` + onnxruntime's `QuickGelu`, **two** kernels (notebook 03 §3). A backend with a fused kernel for the whole
 # chain (CANN's UB fusion, a custom op) launches **one**; `cost.one_kernel_per_group` costs the same plan that way.
 
 # %%
@@ -251,7 +247,7 @@ print(cost.compare(yolo, plans).table())
 # elementwise ops after it (`cann_facts.md` §6; that YOLOv5's SiLU, a Sigmoid and a Mul, is among the patterns
 # it takes in is not in our references: unverified). So against a model converted by ATC with its defaults, a
 # hand-written Conv+BN+SiLU custom op is predicted to gain nothing; its 2.9–3.0×
-# is against a model with every op a kernel. Notebook 02 §8 puts the seed's 23 % against both baselines.
+# is against a model with every op a kernel. Notebook 03 §7 puts the seed's 23 % against both baselines.
 #
 # Per group, the model shows what fusion saves (MiB unfused → fused), the group's UB footprint, the tile it uses
 # and what limits it. On the Atlas 300I Pro most groups are **launch-bound** (the count under the table): at
@@ -279,21 +275,21 @@ print(f"{bounds.count('launch')} of the {len(bounds)} groups launch-bound, {boun
 # 3. **Longer lifetimes.** A fused kernel needs all its inputs and outputs at once, which can raise the peak of
 #    live memory.
 #
-# Two real networks, the 640×640 detector and a BERT encoder (2 layers, hidden 256, sequence 128), on every
-# preset, recompute allowed. **Predict:** where is the minimum of the latency curve, at 5 ops or beyond?
+# Two real networks, the 640×640 detector and a BERT encoder (2 layers, hidden 256, sequence 128), on the Atlas
+# 800I A2 preset (a 910B: the card of the seed's "split above 5 ops"), recompute allowed. **Predict:** where is the
+# minimum of the latency curve, at 5 ops or beyond?
 
 # %%
 yolo640 = fusionlab.load(zoo.get("yolov5s", image_size=640, width_mult=0.25, depth_mult=0.33))
 bert = fusionlab.load(zoo.get("bert", layers=2, hidden=256, heads=4, intermediate=1024, vocab=1000))
 networks = {"YOLOv5 640": (yolo640, None), "BERT 2x256": (bert, {"batch": 1, "sequence": 128})}
 limits = (1, 2, 3, 4, 5, 6, 7, 8, 12)
-sweeps = {}
-for net, (model, dims) in networks.items():
-    for dev in devices.load_devices():
-        sweeps[net, dev] = widgets.sweep_group_size(model, limits, dev, dims=dims, allow_recompute=True)
-print(widgets.sweep_table(sweeps["YOLOv5 640", "Atlas 800I A2 (Ascend 910B)"]))
+a2 = "Atlas 800I A2 (Ascend 910B)"
+sweeps = {(net, a2): widgets.sweep_group_size(model, limits, a2, dims=dims, allow_recompute=True)
+          for net, (model, dims) in networks.items()}
+print(widgets.sweep_table(sweeps["YOLOv5 640", a2]))
 print()
-print(widgets.sweep_table(sweeps["BERT 2x256", "Atlas 800I A2 (Ascend 910B)"]))
+print(widgets.sweep_table(sweeps["BERT 2x256", a2]))
 
 # %%
 print(f"{'network':<11} {'device':<27} {'best max ops':>12} {'at 5 ops':>9} {'best':>9} {'5 vs best':>9} "
@@ -306,7 +302,7 @@ for (net, dev), rows in sweeps.items():
           f"{best['peak_vs_unfused']:>12.3f}")
 
 # %%
-fig, axes = plt.subplots(2, 4, figsize=(16, 6.4))
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
 for ax, ((net, dev), rows) in zip(axes.flat, sweeps.items()):
     widgets.plot_sweep(rows, ax=ax, title=f"{net}, {dev.split(' (')[0]}")
 fig.tight_layout()
@@ -319,14 +315,27 @@ for cid in ("s42-split-above-5-ops", "s1-overfusion-memory-15-20pct"):
     print(seed_claims.claim(cid).summary(), end="\n\n")
 
 # %% [markdown]
-# **The curve does not turn upward.** On every preset, predicted latency falls as groups grow and then stays flat:
+# **The curve does not turn upward.** Predicted latency falls as groups grow and then stays flat:
 # the minimum is at the largest group TVM's rules form on each network (5 ops on YOLOv5: one Conv per group, with
 # its BN, SiLU and a residual Add; 7 on BERT: the FFN's MatMul, bias and erf-GELU), and the flat part is where
 # the rules, not the limit, stop the groups. Peak memory falls with fusion too (to 0.70 of the unfused peak on
-# YOLOv5), because fewer intermediates are ever written. None of the three mechanisms bites here:
+# YOLOv5), because fewer intermediates are ever written. Peak memory is a property of the plan and the execution
+# order, not of the device: at the best limit it is the same fraction of the unfused peak on every preset, the
+# Atlas 800T of the seed's "15–20 %" included:
 
 # %%
-bert_rows = sweeps["BERT 2x256", "Atlas 800I A2 (Ascend 910B)"]
+for net, (model, dims) in networks.items():
+    best_ops = min(sweeps[net, a2], key=lambda r: (r["latency_us"], r["max_group_ops"]))["max_group_ops"]
+    peaks = {dev: widgets.sweep_group_size(model, (best_ops,), dev, dims=dims, allow_recompute=True)[0]["peak_vs_unfused"]
+             for dev in devices.load_devices()}
+    print(wrap(f"{net}, max {best_ops} ops, peak / unfused peak: "
+               + ", ".join(f"{dev.split(' (')[0]} {p:.3f}" for dev, p in peaks.items())))
+
+# %% [markdown]
+# None of the three mechanisms bites here:
+
+# %%
+bert_rows = sweeps["BERT 2x256", a2]
 bert_best = min(bert_rows, key=lambda r: (r["latency_us"], r["max_group_ops"]))
 bert_plan = widgets.make_plan(bert, ("mixed",), bert_best["max_group_ops"], None, networks["BERT 2x256"][1],
                               allow_recompute=True)
@@ -350,14 +359,12 @@ at5_vs_best = {}
 for (net, dev), rows in sweeps.items():
     best = min(rows, key=lambda r: (r["latency_us"], r["max_group_ops"]))
     at5 = next(r for r in rows if r["max_group_ops"] == 5)
-    at5_vs_best.setdefault(net, []).append((at5["latency_us"] / best["latency_us"], best["max_group_ops"]))
-yolo_cost, bert_cost = at5_vs_best["YOLOv5 640"], at5_vs_best["BERT 2x256"]
-bert_best_ops = sorted({b for _, b in bert_cost})
+    at5_vs_best[net] = (at5["latency_us"] / best["latency_us"], best["max_group_ops"])
+(yolo_ratio, _), (bert_ratio, bert_best_ops) = at5_vs_best["YOLOv5 640"], at5_vs_best["BERT 2x256"]
 display(Markdown(
     f"So this model does **not** support the seed's \"split above 5 ops\" on these networks: on YOLOv5 the limit of "
-    f"5 costs {'nothing (no group is larger)' if max(r for r, _ in yolo_cost) < 1.005 else 'a little'}, and on BERT "
-    f"a limit of 5 is predicted to take {min(r for r, _ in bert_cost):.2f}–{max(r for r, _ in bert_cost):.2f} times "
-    f"the latency of the best limit ({', '.join(map(str, bert_best_ops))} ops) across the presets (the `5 vs best` "
+    f"5 costs {'nothing (no group is larger)' if yolo_ratio < 1.005 else 'a little'}, and on BERT a limit of 5 is "
+    f"predicted to take {bert_ratio:.2f} times the latency of the best limit ({bert_best_ops} ops; the `5 vs best` "
     f"column), because it splits the FFN's group."))
 
 # %% [markdown]
@@ -368,7 +375,7 @@ display(Markdown(
 #
 # Peak memory also bounds the batch a card can hold. The seed (§2.2) says fusing a matrix multiplication with its
 # activation let ResNet-50 run a 1.5× larger batch; ResNet-50's only MatMul, the classifier's `Gemm`, has no
-# activation after it (notebook 01 §7). Its Conv+BN+ReLU chains are what shrink the live activations:
+# activation after it (notebook 02 §7). Its Conv+BN+ReLU chains are what shrink the live activations:
 
 # %%
 resnet50 = fusionlab.load(zoo.get("resnet50"))
@@ -432,7 +439,7 @@ for k in (2, 4, 6, 8, 12, 16, 24):
 #
 # * **vertical** groups become real onnxruntime kernels: a `Conv` with BN folded in or a `FusedConv` (one kernel),
 #   or `Conv` + `QuickGelu` (two);
-# * **horizontal** groups become one wide Conv per chain position and a `Split` (notebook 03);
+# * **horizontal** groups become one wide Conv per chain position and a `Split` (notebook 05);
 # * **mixed** groups become ONNX local functions, which onnxruntime *inlines* when it loads the model: it runs the
 #   same kernels as the original, so the like-with-like prediction is 1.00×, whatever a fusing backend would gain.
 #

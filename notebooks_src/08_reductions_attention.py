@@ -1,27 +1,22 @@
 # %% [markdown]
-# # 07 · Reductions and attention: the fusion that made transformers fast
+# # 08 · Reductions and attention: the fusion that made transformers fast
 #
-# **What you will learn**
+# **What you will be able to do**
 #
-# 1. what an unfused Softmax and an unfused LayerNorm read and write, counted node by node (the
-#    argument of Triton's fused-softmax tutorial), and what one fused kernel moves instead;
-# 2. the **one-pass** forms that make the fusion possible, written as plain numpy loops and checked:
-#    the *online softmax* (a running max and a rescaled running sum) and *Welford's* mean and variance
-#    (and why the textbook E[x²] − E[x]² form is not good enough);
-# 3. a generated fused kernel for each (numba, one thread), checked against onnxruntime, then timed
-#    against the limit: its GB/s beside this machine's measured streaming bandwidth, and beside
-#    onnxruntime's own `Softmax` and `LayerNormalization` kernels;
-# 4. why attention's score matrix is O(N²), how FlashAttention's tiling with an online softmax avoids
-#    ever writing it, and what onnxruntime's fused `MultiHeadAttention` gains on this CPU;
-# 5. how the same kernel maps onto an Ascend AI core (CANN's `FlashAttentionScore`), with a tile chosen
-#    from the core's on-chip buffers, **modelled**, not measured.
+# 1. count what an unfused Softmax and an unfused LayerNorm read and write, node by node, against one fused kernel;
+# 2. write the **one-pass** forms that make the fusion possible, the *online softmax* and *Welford's* mean and
+#    variance, and say why E[x²] − E[x]² is not good enough;
+# 3. time a generated fused kernel against the limit: its GB/s beside this machine's streaming bandwidth and
+#    onnxruntime's own kernels;
+# 4. explain why attention's score matrix is O(N²), how FlashAttention's tiling avoids writing it, and how the same
+#    kernel maps onto an Ascend AI core (**modelled**, not measured).
 #
-# Notebook 04's partitioner follows TVM Relay's FuseOps rule, under which a reduction may only *end* a
+# Notebook 06's partitioner follows TVM Relay's FuseOps rule, under which a reduction may only *end* a
 # group: a decomposed LayerNorm took three or more kernels there, and Softmax stayed one opaque op. Here
 # we fuse through the reductions, the way XLA, Inductor, Triton and CANN do. (TVM's newer Relax pipeline
 # fuses a `mean` with its elementwise consumers, but not by a rule for reductions: the legalised `mean`, a sum
 # followed by a division in one function, is labelled like a Conv, an anchor that takes in the elementwise ops
-# after it; a plain `ReduceSum` still only ends a group, as in Relay. Notebook 04 §2 has the details.)
+# after it; a plain `ReduceSum` still only ends a group, as in Relay. Notebook 06 §2 has the details.)
 # Every section follows the same order: bytes first, the unfused loop, the fused loop checked, then
 # timed against the limit. Before each measurement you are asked to predict it.
 
@@ -537,4 +532,4 @@ display(Markdown(
 #   what happens to the fused kernel's GB/s?
 # * Set `LANES = 1` (`R.softmax_kernel(lanes=1)`) and time it: the row max no longer vectorises.
 # * In section 7, try `d = 64` and `N = 16384`, or `R.ascend_flash_tile("Atlas 800I A2", 4096, 256)`.
-# * Notebook 08 shows what a real compiler (IREE) does with LayerNorm and GELU on the same CPU.
+# * Notebook 11 shows what a real compiler (IREE) does with LayerNorm and GELU on the same CPU.

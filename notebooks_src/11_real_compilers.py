@@ -1,21 +1,17 @@
 # %% [markdown]
-# # 08 · Real compilers side by side: IREE runs fused, TVM groups, CANN ATC reports
+# # 11 · Real compilers side by side: IREE runs fused, TVM groups, CANN ATC reports
 #
-# **What you will learn**
+# **What you will be able to do**
 #
-# 1. how a real ML compiler, **IREE**, turns an ONNX graph into *dispatches* (its fusion groups), and
-#    how to count them, run the compiled program on this CPU and check it against onnxruntime;
-# 2. what fusion buys when something really runs fused: IREE's normal build against a build in which
-#    every ONNX node is its own module, on the same inputs, one thread;
-# 3. how many kernels each tool runs for the same zoo models: fusionlab's plan, onnxruntime's
-#    optimised graph, IREE's dispatches;
-# 4. how far fusionlab's mixed pass agrees with **TVM Relax**'s `FuseOps`, the algorithm it imitates,
-#    as a number, with every disagreement explained and judged;
-# 5. how **CANN's ATC** decides fusion (graph fusion, then UB fusion), how its `--fusion_switch_file`
-#    turns passes off, and fusionlab's plan written as ATC's own `fusion_result.json`.
+# 1. compile an ONNX graph with **IREE**, count its *dispatches* (its fusion groups), run it on this CPU and check
+#    it against onnxruntime, and measure what running fused buys;
+# 2. count the kernels each tool runs for the same models: fusionlab's plan, onnxruntime's optimised graph, IREE;
+# 3. measure how far fusionlab's mixed pass agrees with **TVM Relax**'s `FuseOps`, with every disagreement explained;
+# 4. read how **CANN's ATC** decides fusion (graph fusion, then UB fusion), turn its passes off with
+#    `--fusion_switch_file`, and write fusionlab's plan as ATC's `fusion_result.json`.
 #
 # Until now the mixed-fusion groups were lowered to ONNX functions that onnxruntime inlines, so nothing
-# ran fused and the gain of mixed fusion was only modelled (notebook 05). Here a compiler runs the
+# ran fused and the gain of mixed fusion was only modelled (notebook 07). Here a compiler runs the
 # groups. IREE (`iree-base-compiler` and `iree-base-runtime`, pinned in `pyproject.toml`) is part of
 # the workbook's environment. TVM is not: it is about 320 MB more [src: `du` of its wheel installed into `.venv`] and is used only for its grouping,
 # so `benchmarks/bench_tvm_agreement.py` (with the `oracle` extra) ran it once and this notebook reads
@@ -297,17 +293,17 @@ for name, names_ in iree_names.items():
 #   with the elementwise tail). fusionlab's vertical `layernorm` rule rewrites the nine ops into one
 #   `LayerNormalization` node, one kernel. fusionlab is better by one launch and one round trip of a
 #   full-size tensor (IREE's first dispatch writes `x - mean` for the second to read);
-#   notebook 07's fused kernel shows that one pass over a cached row is enough.
+#   notebook 08's fused kernel shows that one pass over a cached row is enough.
 # * **BERT, bias + GELU after the FFN MatMul**: IREE puts the bias and the whole GELU in the MatMul's
 #   dispatch (an epilogue). fusionlab's `bias_gelu` rule makes a `BiasGelu` node after the MatMul: two
 #   kernels and one intermediate of 32 × 512 floats. IREE is better; a GEMM epilogue is the right place.
 # * **BERT, Q/K/V projections**: IREE keeps three separate MatMul dispatches; fusionlab's horizontal
 #   pass concatenates the three weights into one GEMM, which reads the input once and launches once;
-#   whether that is faster depends on the shapes (notebook 03 measures when it pays).
+#   whether that is faster depends on the shapes (notebook 05 measures when it pays).
 #
 # ## 5. TVM Relax: the oracle for the mixed pass
 #
-# fusionlab's mixed pass imitates TVM's `FuseOps` (notebook 04). TVM itself is the natural referee.
+# fusionlab's mixed pass imitates TVM's `FuseOps` (notebook 06). TVM itself is the natural referee.
 # `benchmarks/bench_tvm_agreement.py` imports each model with `tvm.relax.frontend.onnx.from_onnx`,
 # runs TVM's own pipeline (its `static_shape_tuning_pipeline` without the tuning: DecomposeOpsForInference,
 # CanonicalizeBindings, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR), and traces
@@ -377,7 +373,7 @@ for (name, label), a in agreements.items():
 #   the erf-GELU (Div, Erf, Add, Mul, Mul). TVM puts MatMul, bias and GELU in one group (7 ops);
 #   fusionlab stops at 5. A threshold, not a rule: without it the two agree. For a CPU or GPU, TVM's
 #   group is right (a GEMM epilogue costs no traffic). The seed states its 5-op limit for an Ascend custom op
-#   and gives no reason (notebook 05 §5 finds none in the UB model); whether it holds there needs a
+#   and gives no reason (notebook 07 §5 finds none in the UB model); whether it holds there needs a
 #   measurement we cannot make here.
 # * **`ReduceMean -> Sub`, `ReduceMean -> Add` (BERT LayerNorm, only TVM)**: TVM fuses the `mean` with
 #   its elementwise *consumers* (not by a rule for reductions: the legalised `mean`, a sum and a division,
@@ -390,7 +386,7 @@ for (name, label), a in agreements.items():
 #   things: fusionlab's saves writing and reading the full-size squared tensor (2 × M × N × 4 bytes),
 #   TVM's save a launch and only a row-sized vector. By bytes fusionlab's choice is the better one; by
 #   launches TVM's. The best choice is both: one kernel per LayerNorm, as fusionlab's vertical
-#   `layernorm` rule, XLA, Inductor and CANN do, and as notebook 07's fused kernel runs.
+#   `layernorm` rule, XLA, Inductor and CANN do, and as notebook 08's fused kernel runs.
 # * **`Gather -> Add` (BERT embeddings, only fusionlab)**: TVM lowers the embedding Gather to an index
 #   fix-up plus a `take` and keeps the `take` alone; fusionlab lets the (injective) gather feed the Adds
 #   that sum the three embeddings. Legal, and it saves writing the gathered rows once: fusionlab is right,
@@ -459,7 +455,7 @@ for stage, passes in cann.read_fusion_result(published).items():
 #   is an upper bound on what fusion buys, to be read beside onnxruntime's unfused kernels.
 # * fusionlab's mixed pass agrees with TVM's FuseOps on almost every edge of ResNet, MobileNetV2 and
 #   YOLOv5n; on BERT the reductions are handled as mirror images (TVM: mean + consumers; fusionlab:
-#   producers + reduction); notebook 07 times a fused LayerNorm kernel against both the nine-op graph and
+#   producers + reduction); notebook 08 times a fused LayerNorm kernel against both the nine-op graph and
 #   onnxruntime's `LayerNormalization` (not against TVM's grouping).
 # * Installing the compilers: IREE adds about 390 MB to `.venv` (two wheels, about 20 s to install on
 #   this machine); TVM about 320 MB (about 10 s), kept in the `oracle` extra [src: `du` and `pip install` timed

@@ -1,17 +1,15 @@
 # %% [markdown]
-# # 09 · A custom fused operator, from declaration to package
+# # 12 · A custom fused operator, from declaration to package
 #
-# **What you will learn**
+# **What you will be able to do**
 #
-# 1. how CANN declares an operator (`REG_OP(...).INPUT(...).OUTPUT(...).ATTR(...).OP_END_FACTORY_REG`) and
-#    how fusionlab mirrors it in Python;
-# 2. the seed's three rules for a custom fused op, each turned into a check that catches a bad declaration;
-# 3. how a fusion group (Conv + BatchNormalization + ReLU) becomes a custom op automatically: inputs,
-#    attributes and name derived from the member ops;
-# 4. how to **run** that op in onnxruntime with a Python kernel, verify it, and what a Python kernel costs;
-# 5. which files a developer takes to an Ascend machine: op prototype, msopgen JSON, Ascend C project,
-#    `atc` command and `fusion_switch.cfg`;
-# 6. that CANN already fuses Conv + BN + ReLU on its own, and when a custom fused op is still worth writing.
+# 1. declare an operator the way CANN does (`REG_OP(...).INPUT(...).OUTPUT(...).ATTR(...)`), in Python, and check
+#    a declaration against the seed's three rules;
+# 2. turn a fusion group (Conv + BatchNormalization + ReLU) into a custom op automatically, run it in onnxruntime
+#    with a Python kernel, verify it and say what the Python kernel costs;
+# 3. generate the files a developer takes to an Ascend machine: op prototype, msopgen JSON, Ascend C project, `atc`
+#    command and `fusion_switch.cfg`;
+# 4. decide when a custom fused op is worth writing, given that CANN already fuses Conv + BN + ReLU.
 #
 # This is the seed's §3.2 (operator prototype) and §6.1 (deployment package), done for real. There is no
 # Ascend hardware or CANN toolkit here: the generated C++ is not compiled, and the kernel body is left as a
@@ -135,7 +133,7 @@ except ValueError as err:
 # %% [markdown]
 # ## 4. From a fusion group to a declaration, automatically
 #
-# Writing declarations by hand does not scale to a network. The vertical-fusion pass (notebook 02) already
+# Writing declarations by hand does not scale to a network. The vertical-fusion pass (notebook 03) already
 # finds the Conv → BatchNormalization → ReLU chains. `declare_group` turns one group into a declaration:
 #
 # - **inputs** are the values flowing into the group; a Conv's data, weight and bias become CANN's
@@ -144,7 +142,7 @@ except ValueError as err:
 #   `group` becomes `groups`, 2-D strides become 4-D, ONNX pads (top, left, bottom, right) become
 #   (top, bottom, left, right);
 # - **BatchNormalization is folded** into the filter and bias at declaration time
-#   (`fusionlab.analysis.derive.fold_conv_bn`, notebook 01). CANN does the same in its `ConvBatchnormFusionPass`.
+#   (`fusionlab.analysis.derive.fold_conv_bn`, notebook 02). CANN does the same in its `ConvBatchnormFusionPass`.
 #
 # *Naming decision.* After folding, the op computes `relu(conv(x, W') + b')`. Its interface has no mean,
 # variance or scale, so it is a **`ConvRelu`**, not a `ConvBnRelu`. Naming an op after what its kernel
@@ -284,7 +282,7 @@ display(Markdown(
 #
 # A **native** fused kernel has none of these costs. It keeps the conv result on chip, applies bias and ReLU
 # before writing, and saves the round trip of two intermediate tensors through memory plus two launches.
-# onnxruntime's own `FusedConv` (notebook 02) is such a kernel on CPU, and so is an Ascend C kernel in the
+# onnxruntime's own `FusedConv` (notebook 03) is such a kernel on CPU, and so is an Ascend C kernel in the
 # Unified Buffer. The seed reports 23 % lower latency for Conv+BN+ReLU fusion in YOLOv5 on an Atlas 300I.
 # We cannot measure that without the hardware. This prototype shows that the *interface* and the *rewrite*
 # are correct; its speed says nothing about the speed of a native kernel.
@@ -342,7 +340,7 @@ print(json.dumps(doc["input_desc"][0]), json.dumps(doc["attr"][0]), sep="\n")
 # later only, are `shared/reference/cann_facts.md` §3.1; the 20 AIC / 40 AIV cores of the 910B3/B4 are §3.3;
 # `reluEn` is a field of `FixpipeParamsV220` in Ascend C's `Fixpipe` API, read in public kernel code, not run.)
 # An op with no matmul or conv (elementwise, but also a reduction or a norm) takes the vector path
-# CopyIn (MTE2) → Compute (Vector) → CopyOut (MTE3) of notebook 11. `framework/onnx_plugin/conv_relu_plugin.cc`
+# CopyIn (MTE2) → Compute (Vector) → CopyOut (MTE3) of notebook 14. `framework/onnx_plugin/conv_relu_plugin.cc`
 # registers the op for ATC's ONNX parser: `OriginOpType("ai.onnx.contrib::1::ConvRelu")`.
 
 # %%
@@ -369,7 +367,7 @@ print(files["fusion_switch.cfg"])
 # Conv + BN + ReLU by default, in two steps.
 #
 # - **Graph fusion** (`ConvBatchnormFusionPass`) folds the BN into the conv's filter and bias at compile time,
-#   with the same algebra as notebook 01 (it inserts `ConvBnFilterHost` / `ConvBnBiasHost` ops that the compiler
+#   with the same algebra as notebook 02 (it inserts `ConvBnFilterHost` / `ConvBnBiasHost` ops that the compiler
 #   evaluates once).
 # - **UB fusion** (`TbeCommonRules0FusionPass`, `TbeConv2DReluv2Pass` and relatives) compiles the conv and the
 #   elementwise op after it as one kernel: the conv's result stays on chip (in the Unified Buffer, or passing

@@ -1,22 +1,15 @@
 # %% [markdown]
-# # 10 · A profiling case: find where the time goes, apply the seed's three fixes, measure again
+# # 13 · A profiling case: find where the time goes, apply the seed's three fixes, measure again
 #
-# **What you will learn in this notebook**
+# **What you will be able to do**
 #
-# - how to profile an ONNX model with onnxruntime and read the result the way msprof's `op_summary` is read on
-#   Ascend: op name, type, start, duration, and the *wait time* before each op (the launch gap); the real msprof
-#   command line and `op_summary` columns, and the ACL calls that exist (the seed's `aclmdlReportComputationTime`
-#   does not);
-# - what the profiler itself costs, measured, and why much of a profile's "no kernel running" time is the
-#   profiler's own bookkeeping;
-# - how to draw a timeline (one lane per thread) and write a trace file for Perfetto / `chrome://tracing`;
-# - what fusion changes in a profile: op count, launch gaps, time per op type;
-# - the seed's three fixes (§4.1), each measured here with interleaved runs: **launch gaps** → fusion and
-#   parallel branches; **frequent allocation** → memory arena and IO binding; **low compute density** → threads;
-# - the seed's evaluation model (§6.2): compute utilisation, bandwidth utilisation and TOPS/W, measured for this
-#   CPU and modelled for the Atlas presets, with the seed's targets on a roofline;
-# - when a fusion changes the answer, how `fusionlab blame` finds which of onnxruntime's graph transformers did
-#   it, how far each result is from a float64 reference, and what disabling it costs (§10).
+# - profile an ONNX model with onnxruntime and read it the way msprof's `op_summary` is read on Ascend (op, type,
+#   start, duration, the launch gap before each op), knowing what the profiler itself costs;
+# - draw a timeline and write a trace for Perfetto, and see what fusion changes in a profile;
+# - apply the seed's three fixes (§4.1), **launch gaps** → fusion and parallel branches, **frequent allocation** →
+#   memory arena and IO binding, **low compute density** → threads, each measured with interleaved runs;
+# - read the seed's evaluation model (§6.2) for this CPU and the Atlas presets, and find with `fusionlab blame` which
+#   of onnxruntime's graph transformers changed an answer (§10).
 #
 # **What is measured and what is modelled.** Everything timed here runs on this machine's CPU with onnxruntime.
 # The seed's numbers come from Ascend hardware (msprof on Atlas cards), which we do not have: for those devices
@@ -160,7 +153,7 @@ print("\n" + cal.summary())
 
 # %% [markdown]
 # The last block is `fusionlab.cost.calibrate`, measured on a chain of tiny ops: what one more kernel costs onnxruntime
-# with the profiler off (the *launch overhead*, the figure the cost model of notebook 05 charges this machine for
+# with the profiler off (the *launch overhead*, the figure the cost model of notebook 07 charges this machine for
 # each kernel), and with it on. Their difference is the profiler's bookkeeping per kernel, measured a second way.
 # Part of that bookkeeping lands between kernels and part inside them, so the profile both lengthens the run and
 # widens its gaps: where the profiler's cost per kernel is as large as the gap per kernel, **most of what the
@@ -593,4 +586,4 @@ for cid in ("s42-accuracy-anomaly", "s42-memory-leak", "s42-build-failure", "s42
 # - `fusionlab profile your_model.onnx --fuse -o trace.json`, then open the trace in <https://ui.perfetto.dev>.
 # - Profile BERT (`zoo.bert(layers=2, hidden=128, heads=2, intermediate=512)`): many small MatMul/Add/Softmax
 #   kernels, so launch gaps weigh more.
-# - Notebook `11_double_buffering`: the pipeline trick behind the seed's "+18%".
+# - Notebook `14_double_buffering`: the pipeline trick behind the seed's "+18%".

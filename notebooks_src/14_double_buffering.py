@@ -1,19 +1,14 @@
 # %% [markdown]
-# # 11 · Double buffering: overlap data movement with compute
+# # 14 · Double buffering: overlap data movement with compute
 #
-# **What you will learn in this notebook**
+# **What you will be able to do**
 #
-# - what double buffering is on an Ascend AI Core: three hardware queues (copy-in, compute, copy-out) and
-#   `TQue` buffers of depth `BUFFER_NUM = 2` in Ascend C;
-# - why copy-in and copy-out do not add up: they share the core's memory bandwidth, so no schedule moves its
-#   bytes faster than bytes ÷ bandwidth, and double buffering can only hide compute behind copying (or the
-#   reverse);
-# - a simulator of one AI Core's vector pipeline, and the timelines it produces with one buffer and with two;
-# - when double buffering pays (copies and compute balanced) and when it cannot (one dominates), with stage
-#   times modelled from the Atlas presets' published bandwidth and Unified Buffer size;
-# - for which stage ratios the seed's "+18%" would hold, and what its "IPC 1.7×" can and cannot mean;
-# - how fusion and double buffering combine, derived from the model's numbers;
-# - a real CPU analogue, measured: loading tiles in one thread while another computes.
+# - describe double buffering on an Ascend AI Core: three hardware queues (copy-in, compute, copy-out) and `TQue`
+#   buffers of depth `BUFFER_NUM = 2` in Ascend C, with copy-in and copy-out sharing the core's bandwidth;
+# - simulate one AI Core's vector pipeline with one buffer and with two, and read its timelines;
+# - predict when double buffering pays (copies and compute balanced) and when it cannot, from the Atlas presets'
+#   bandwidth and Unified Buffer size, and for which stage ratios the seed's "+18%" would hold;
+# - measure a real CPU analogue: loading tiles in one thread while another computes.
 #
 # **Where this comes from.** The seed's §3.3 shows a TBE kernel with `tvm.tag_scope("double_buffer")` and says
 # double buffering gave +18%. That code is pseudo-code: TBE has no such scope. The real forms are
@@ -506,4 +501,4 @@ display(Markdown("\n\n".join(notes)))
 # - Change `ops_per_elem` and `inputs` in `modelled` to model your own kernel, or pass `latency_us` to
 #   `core_from_device` to see how a fixed per-transfer cost punishes the smaller tiles double buffering needs.
 # - Try `BUFFER_NUM = 3` in `double_buffer.simulate`: when does a third buffer help on one memory path?
-# - Notebook `10_profiling_case` for the measured side of the seed's performance advice.
+# - Notebook `13_profiling_case` for the measured side of the seed's performance advice.

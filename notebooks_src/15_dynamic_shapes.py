@@ -1,18 +1,15 @@
 # %% [markdown]
-# # 12 · Dynamic shapes: caching fused kernels by shape
+# # 15 · Dynamic shapes: caching fused kernels by shape
 #
-# **What you will learn in this notebook**
+# **What you will be able to do**
 #
-# - why a static-shape compiler such as Ascend's ATC compiles a model *per input shape*, and how it handles
-#   variable sequence lengths with a few shape **gears** (档位) chosen ahead of time, and its other answer, a real
-#   dynamic-shape model compiled for a shape *range*, tiled at run time;
-# - what is wrong with the seed's `DynamicFusionOp` cache: a key that is a hash of a string, and no bound on
-#   its size;
-# - why padding a request up to a gear does not change the answer, checked on a real BERT-style encoder;
-# - what compiling per shape costs and gains on this machine, measured with onnxruntime: build time against run
-#   time, the time padding wastes, and a static-shape session against a dynamic one;
-# - a replay of one realistic stream of requests through three caching policies, and what that says about the
-#   seed's "×2.1".
+# - say why a static-shape compiler such as Ascend's ATC compiles a model *per input shape*, and handle variable
+#   sequence lengths with shape **gears** (档位) or a shape *range*;
+# - fix the seed's `DynamicFusionOp` cache (a key that is a hash of a string, no bound on its size), and show that
+#   padding a request up to a gear does not change the answer, on a real BERT-style encoder;
+# - measure what compiling per shape costs and gains with onnxruntime: build time against run time, the time
+#   padding wastes, static against dynamic sessions;
+# - replay a stream of requests through three caching policies, and read the seed's "×2.1" against it.
 #
 # **Where this comes from.** The seed's §5.1 proposes "dynamic fusion for Transformers": a class that compiles
 # a fused operator for each combination of input shapes it sees and keeps it in a dict, and says that in BERT
@@ -90,7 +87,7 @@ except ValueError as exc:
 # At run time the application sets the real input shape with `aclmdlSetDatasetTensorDesc` before
 # `aclmdlExecute`, and reads the output shapes back with `aclmdlGetDatasetTensorDesc`. The operators were compiled
 # for the range, not for one shape, so each one computes its **tiling at run time**: the host-side tiling function
-# of an Ascend C operator (the `TilingFunc` in `op_host/<op>.cpp` of notebook 09's package, filling the
+# of an Ascend C operator (the `TilingFunc` in `op_host/<op>.cpp` of notebook 12's package, filling the
 # `TilingData` that `op_host/<op>_tiling.h` declares) runs for every
 # call with the actual shapes and hands the kernel its block and tile sizes. The price is that tiling work per
 # call, and kernels that cannot be specialised for one shape; the gain is one model, no padding and no
@@ -691,4 +688,4 @@ display(Markdown(
 # - Use a bigger encoder (`zoo.get("bert", layers=4, hidden=256, heads=4, intermediate=1024)`): does the build
 #   cost grow faster or slower than the run time?
 # - Batch requests of similar lengths together before padding: how does the waste change?
-# - Notebook `02_vertical_fusion` for the fusions that make up the "fused op" here.
+# - Notebook `03_vertical_cnn` for the fusions that make up the "fused op" here.

@@ -25,8 +25,8 @@ on every rebuild. Not measurements, so not checked:
 - a number written as a literal in the notebook's own code cells, when it is an integer or has a unit (a
   setting the reader can see: "a 16 KiB budget"); decimals, percentages and ratios must be printed.
 
-**Cross-notebook figures.** A sentence that cites another notebook ("notebook 10 §3 measured ...", "(notebook
-02)") attributes its figures to that notebook, so each checked number in it must be printed by a cited notebook's
+**Cross-notebook figures.** A sentence that cites another notebook ("notebook 13 §3 measured ...", "(notebook
+03)") attributes its figures to that notebook, so each checked number in it must be printed by a cited notebook's
 outputs (a literal of the cited notebook's code, under the same rule as above): that this notebook prints the same
 number (its own typed constant, say) does not make it the other notebook's measurement, so this notebook's own
 figures go in a sentence of their own (or come from code). A verdict in such a
@@ -246,7 +246,7 @@ def _allowed(stem: str, typed: str, sentence: str) -> bool:
 
 
 def cited_notebooks(sentence: str, stem: str) -> set[str]:
-    """The two-digit numbers of the other notebooks a sentence cites ("notebook 10 §3", "notebooks 02 and 10")."""
+    """The two-digit numbers of the other notebooks a sentence cites ("notebook 13 §3", "notebooks 03 and 13")."""
     out = set()
     for m in _CITES.finditer(sentence):
         out |= set(_CITED_NUMBER.findall(m.group("list")))

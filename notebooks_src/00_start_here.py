@@ -306,12 +306,11 @@ print("onnxruntime's fused model is equivalent:", report.ok)
 # %% [markdown]
 # ## Summary
 #
-# - Fusion merges operators so intermediate tensors skip the trip to memory and kernels launch less often.
-#   Sometimes, as with Conv+BN, the algebra removes an operator outright.
-# - Every notebook follows the same pipeline: model → analysis → fusion plan → rewrite → verify → measure →
-#   explain.
-# - Measurements here are medians with confidence intervals from interleaved runs on this CPU. Ascend numbers
-#   are modelled from published specifications, not measured.
+# - Fusion merges operators so intermediate tensors skip the trip to memory and kernels launch less often;
+#   sometimes, as with Conv+BN, the algebra removes an operator outright.
+# - Every notebook follows the same pipeline: model → analysis → fusion plan → rewrite → verify → measure → explain.
+# - Measurements here are medians with confidence intervals from interleaved runs on this CPU; Ascend numbers are
+#   modelled from published specifications, not measured.
 #
 # **Try next:** change `C_out` or `H, W` above and re-run the timing cells. Does the gain from onnxruntime's
 # fusion grow or shrink with the tensor size? Then open `02_conv_bn_folding` to fold the BatchNormalization

@@ -323,17 +323,11 @@ print("Attention nodes after onnxruntime's extended level:", ops.get("Attention"
 #
 # ## Summary
 #
-# - Siblings reading the same tensor with constant weights and equal attributes become one wide op and a
-#   `Split`; the concatenated weights make it exact (`derive.concat_*_weights`).
-# - The pass refuses what it cannot prove legal: dynamic weights, different attributes, grouped convs,
-#   dependent siblings; followers (bias Add, BN, activation) join only when every branch has them.
-# - Every rewrite is verified against onnxruntime with optimisations off; outputs and names are unchanged.
-# - Run the vertical pass first, as the seed advises: it folds BN and fuses activations, so horizontal groups are
-#   a stack of single fused ops.
-# - Whether it is faster depends on sizes and on what onnxruntime already does: measure both ways. At `all` the
-#   `Split` breaks onnxruntime's NCHWc layout and costs reorders; the fused Inception runs more kernels, not fewer.
-# - onnxruntime's own horizontal Q/K/V fusion is part of its `AttentionFusion`, which needs a whole recognised
-#   attention block.
+# - Siblings that read the same tensor with constant weights and equal attributes become one wide op and a
+#   `Split`, exact by the concatenated weights; the pass refuses what it cannot prove legal.
+# - Run the vertical pass first, as the seed advises, so horizontal groups stack single fused ops.
+# - Whether it is faster depends on sizes and on what onnxruntime already does (at `all` the `Split` breaks its NCHWc
+#   layout): measure both ways.
 #
 # **Try next:** raise `min_branches` to 3 (the default `min_num_branches` of Relay's `CombineParallelConv2D`) and see which groups remain; compare at
 # longer sequences (`dims={"sequence": 128}`, then `256`); run the horizontal pass alone on Inception and compare its groups with the ones above;

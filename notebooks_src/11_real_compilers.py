@@ -448,18 +448,11 @@ for stage, passes in cann.read_fusion_result(published).items():
 # ## Summary
 #
 # * A real compiler's fusion groups can be counted (IREE's dispatches, TVM's fused functions, ATC's
-#   fusion_result.json) and set beside fusionlab's plan: on ResNet all agree on Conv+BN+activation; on
-#   BERT they differ in instructive ways (LayerNorm, GEMM epilogues, Q/K/V concatenation).
-# * Fusion measured inside one compiler: IREE's fused LayerNorm+GELU against the same ops compiled one
-#   by one holds the code generator fixed, but the per-op build also pays a module call per op; its ratio
-#   is an upper bound on what fusion buys, to be read beside onnxruntime's unfused kernels.
-# * fusionlab's mixed pass agrees with TVM's FuseOps on almost every edge of ResNet, MobileNetV2 and
-#   YOLOv5n; on BERT the reductions are handled as mirror images (TVM: mean + consumers; fusionlab:
-#   producers + reduction); notebook 08 times a fused LayerNorm kernel against both the nine-op graph and
-#   onnxruntime's `LayerNormalization` (not against TVM's grouping).
-# * Installing the compilers: IREE adds about 390 MB to `.venv` (two wheels, about 20 s to install on
-#   this machine); TVM about 320 MB (about 10 s), kept in the `oracle` extra [src: `du` and `pip install` timed
-#   once into `.venv`, not measured by this notebook].
+#   fusion_result.json) and set beside fusionlab's plan: all agree on Conv+BN+activation, and differ on BERT.
+# * IREE's fused build against the same ops compiled one by one measures what running fused buys, an upper bound
+#   (the per-op build also pays a module call per op).
+# * fusionlab's mixed pass agrees with TVM's FuseOps on almost every edge of the CNNs; on BERT the two handle
+#   reductions as mirror images.
 #
 # **What to try next**
 #

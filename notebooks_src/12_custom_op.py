@@ -417,18 +417,11 @@ print(seed_claims.claim("s1-yolov5-23pct").summary())
 #
 # ## Summary
 #
-# - A CANN op prototype is a typed interface: inputs with data types, attributes with types and defaults.
-#   fusionlab's `reg_op` mirrors it and checks the seed's three rules. The seed's own example fails rule 2.
-# - A fusion group becomes a custom op mechanically: inputs from the values that enter it, attributes from
-#   the member ops (renamed and re-laid-out for CANN), BN folded away, and a name from the fused ops.
-# - onnxruntime runs the op through a Python kernel, and the model matches the unfused original within
-#   fp32 tolerances. It is slower, because a Python/numpy kernel pays marshalling, the GIL and an unoptimised
-#   convolution. That says nothing about a native fused kernel.
-# - The generated package has the prototype, the msopgen input, the Ascend C project with marked stubs (the
-#   cube data path for a conv, the vector one for elementwise ops), the ONNX plugin, the `atc` command and a
-#   `fusion_switch.cfg`.
-# - ATC already fuses Conv + BN + ReLU (graph fusion folds the BN, UB fusion the activation). Write a custom
-#   fused op for a pattern ATC does not fuse, or fuses badly, and measure it against ATC's default.
+# - A CANN op prototype is a typed interface; fusionlab's `reg_op` mirrors it and checks the seed's three rules
+#   (the seed's own example fails rule 2), and a fusion group becomes a custom op mechanically.
+# - onnxruntime runs it through a Python kernel and matches the unfused model; the generated package holds the
+#   prototype, msopgen input, Ascend C project, ONNX plugin, `atc` command and `fusion_switch.cfg`.
+# - ATC already fuses Conv + BN + ReLU: write a custom fused op for a pattern ATC does not fuse, and measure it.
 #
 # **What to try next**
 #

@@ -562,24 +562,11 @@ for cid in ("s42-accuracy-anomaly", "s42-memory-leak", "s42-build-failure", "s42
 # %% [markdown]
 # ## Summary
 #
-# - A profile answers "where does the time go?" per kernel. The msprof-style wait time shows the gaps between
-#   kernels; the zoomed timeline shows them as white space; the trace file lets you zoom in with Perfetto. On
-#   Ascend the same columns are in msprof's `op_summary` (`Task Wait Time(us)`, `Block Dim`, `aicore_time`,
-#   `mte2_ratio`, ...); profiling from code is `aclprof*`, not the seed's nonexistent `aclmdlReportComputationTime`.
-# - The profiler costs time of its own, per kernel, and much of a profile's "no kernel running" time is that cost
-#   (§3). Measure what a change saves with the profiler off.
-# - **Launch gaps → fusion** removes kernels, and with them gaps and arithmetic (the folded BN). Whether that
-#   shows as a speedup on your CPU is in §6: the measured ratio with its confidence interval.
-# - **Launch gaps → parallel branches** does not run branches in parallel with onnxruntime ≥ 1.14 on CPU: all
-#   nodes run in one stream, on one lane, as the parallel-mode profile shows. What the mode costs or gains
-#   otherwise is the measured ratio in §6.
-# - **Frequent allocation → preallocation**: onnxruntime already preallocates by default (arena + memory
-#   patterns); §7 measures what switching them off costs and what IO binding adds.
-# - **Low compute density → more parallelism** is measured in §8 and expressed as utilisation of the cores used.
-# - **An accuracy anomaly after fusion** has a culprit you can name: `fusionlab blame` bisects onnxruntime's
-#   transformers, compares both results with a float64 reference and prints what disabling the culprit costs (§10).
-# - The seed's evaluation model is easy to compute once FLOPs and bytes are known (cost model) and time is known
-#   (profile or roofline). Its 4 TOPS/W target is above what the 300I Duo can reach at rated power.
+# - A profile answers "where does the time go?" per kernel, with the gaps between kernels; the profiler costs time
+#   of its own (§3), so measure what a change saves with it off.
+# - The seed's three fixes, measured: fusion removes kernels and gaps, parallel branches do not run in parallel on
+#   this CPU (onnxruntime ≥ 1.14), preallocation is already the default, and §8 shows what threads do to utilisation.
+# - When a fusion changes the answer, `fusionlab blame` names the graph transformer that did it (§10).
 #
 # **What to try next**
 #

@@ -662,24 +662,11 @@ display(Markdown(
 #
 # ## Summary
 #
-# - A static-shape compiler compiles per input shape. ATC's `--dynamic_dims` compiles a few gears (2 to 100, 3
-#   to 4 recommended) into one model; requests are padded up to the nearest gear, chosen at run time with
-#   `aclmdlSetInputDynamicDims`. Each gear lists one value per `-1` of `--input_shape`.
-# - ATC's dynamic-shape mode (a range such as `1~512` in `--input_shape`, formerly `--input_shape_range`)
-#   compiles one model for the whole range; its operators compute their tiling at run time for the actual shape,
-#   set with `aclmdlSetDatasetTensorDesc`.
-# - The seed's `DynamicFusionOp` compiles per distinct shape and never evicts: on a realistic stream it holds
-#   hundreds of compiled models. Its key, `hash(str(shapes))`, spells one shape several ways and trusts a hash
-#   to be unique; key by the shape tuple itself (`dynamic_shapes.shape_key`, `dynamic_shapes.ShapeCache`).
-# - Bound the number of shapes with gears, then size the LRU cache to hold them: a cache smaller than the
-#   working set recompiles all the time.
-# - Padding with attention mask 0 is exact, because `exp(-10000)` is exactly 0 in fp32; without the mask it is
-#   wrong. Checked here on a real BERT encoder at every gear.
-# - Measured with onnxruntime on this CPU: a compilation costs many runs; padding costs time that grows with the
-#   padded tokens; a static-shape session enables more fusion (`SkipLayerNormalization`,
-#   `Gemm`), and section 4 separates what the shape knowledge and that fusion are each worth.
-# - The seed's ×2.1 cannot be reproduced without its baseline and workload. Against padding everything to the
-#   maximum length, short-request traffic gains several times; long sequences gain far less from padding alone.
+# - A static-shape compiler compiles per input shape: bound the shapes with gears (ATC's `--dynamic_dims`) or
+#   compile for a range, and key a cache by the shape tuple with a bound on its size.
+# - Padding up to a gear is exact with the attention mask, checked on a real BERT encoder at every gear.
+# - Measured here, a compilation costs many runs and padding costs time; the seed's ×2.1 cannot be reproduced
+#   without its baseline and workload.
 #
 # **What to try next**
 #

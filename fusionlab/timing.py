@@ -470,7 +470,6 @@ def machine_info() -> dict:
     }
     for dist, key in (("onnx-ir", "onnx_ir"), ("matplotlib", "matplotlib"), ("netron", "netron")):
         try:
-
             info[key] = version(dist)
         except Exception:  # not installed
             info[key] = "not installed"

@@ -21,11 +21,12 @@ import numpy as np
 
 from common import machine_line, markdown_table, parser, write_result
 
-from fusionlab import runtime, timing, zoo
+from fusionlab import timing, zoo
 from fusionlab.compilers import MODELS, iree, ort
 from fusionlab.graph import load
 from fusionlab.lessons import reductions as R
 from fusionlab.passes import plan
+from fusionlab.verification import runtime
 
 
 def fusionlab_kernels(graph) -> int:

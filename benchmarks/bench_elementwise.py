@@ -17,9 +17,10 @@ import numpy as np
 
 from common import machine_line, markdown_table, parser, write_result
 
-from fusionlab import runtime, timing
+from fusionlab import timing
 from fusionlab.cost import calibrate
 from fusionlab.lessons import codegen as elementwise
+from fusionlab.verification import runtime
 
 CHAINS = {
     "cheap": [("Mul", 0.5), ("Add", "b"), ("Relu",), ("Sub", 0.1), ("Mul", "b"), ("Clip", -1.0, 1.0)],

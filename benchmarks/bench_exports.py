@@ -35,7 +35,7 @@ from common import RESULTS, ROOT, machine_line, markdown_table, parser
 import fusionlab
 from fusionlab import timing
 from fusionlab.passes import fuse
-from fusionlab.runtime import make_feeds, session
+from fusionlab.verification.runtime import make_feeds, session
 
 FULL = ROOT / ".cache" / "corpus-full"
 SOURCE: Path | None = None  # the models' folder of this run (main sets it)

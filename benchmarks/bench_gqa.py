@@ -23,7 +23,7 @@ from common import RESULTS, ROOT, machine_line, markdown_table, parser
 import fusionlab
 from fusionlab import timing
 from fusionlab.passes import fuse, vertical
-from fusionlab.runtime import make_feeds, session, verify
+from fusionlab.verification.runtime import make_feeds, session, verify
 
 sys.path.insert(0, str(ROOT / "tests"))
 

@@ -15,8 +15,8 @@ from common import machine_line, markdown_table, parser, write_result
 from fusionlab import zoo
 from fusionlab.graph import load
 from fusionlab.passes import fuse
-from fusionlab.runtime import verify
 from fusionlab.timing import compare_models
+from fusionlab.verification.runtime import verify
 
 
 def models(quick: bool):

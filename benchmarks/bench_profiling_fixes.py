@@ -25,8 +25,8 @@ from fusionlab import cost, profile, zoo
 from fusionlab.cost import devices, metrics
 from fusionlab.lessons import double_buffer as pipeline
 from fusionlab.passes import fuse
-from fusionlab.runtime import verify
 from fusionlab.timing import bench, compare
+from fusionlab.verification.runtime import verify
 
 
 def fmt_time(s: float) -> str:

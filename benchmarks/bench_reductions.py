@@ -22,9 +22,10 @@ from onnx import numpy_helper
 
 from common import machine_line, markdown_table, parser, write_result
 
-from fusionlab import runtime, timing
+from fusionlab import timing
 from fusionlab.cost import calibrate
 from fusionlab.lessons import reductions as R
+from fusionlab.verification import runtime
 
 
 def row_kernels(m: int, n: int, min_time: float, bw: float) -> tuple[list, list]:

@@ -23,8 +23,8 @@ from common import machine_line, markdown_table, parser, write_result
 from fusionlab import zoo
 from fusionlab.graph import load
 from fusionlab.passes import fuse
-from fusionlab.runtime import verify
 from fusionlab.timing import _median, compare_models
+from fusionlab.verification.runtime import verify
 
 PY = sys.executable
 

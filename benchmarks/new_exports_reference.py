@@ -39,7 +39,7 @@ import onnx  # noqa: E402
 
 import fusionlab  # noqa: E402
 from fusionlab.passes import fuse  # noqa: E402
-from fusionlab.runtime import session  # noqa: E402
+from fusionlab.verification.runtime import session
 
 CORPUS = ROOT / "tests" / "corpus"
 NEW = ("llama", "t5_encoder", "whisper_encoder", "swin", "resnet_fp16", "bert_fp16", "bert_eager_fp16")

@@ -5,7 +5,7 @@ model → analysis → fusion plan → rewrite → verify → measure → explai
 
 from .graph import Graph, ModelError, load, save_model
 from .plan import FusionGroup, FusionPlan
-from .runtime import make_feeds, run, session, verify
+from .verification.runtime import make_feeds, run, session, verify
 
 __version__ = "0.1.0"
 

@@ -1,3 +1,5 @@
+"""`python -m fusionlab ...`: the command line (fusionlab.cli), as the `fusionlab` script runs it."""
+
 import sys
 
 from .cli import main

@@ -5,7 +5,7 @@ optimiser?", onnxruntime #18959; "LayerNorm fusion changes results", #4293), ans
 
 1. run the model unoptimised (DISABLE_ALL, the reference `verify` uses) and at the level the user deploys,
    on several input draws, and compare every output with its dtype's tolerance (`fusionlab.verify`);
-   a float64 run (`fusionlab.precision`) says which of the two is nearer the exact result;
+   a float64 run (`fusionlab.verification.precision`) says which of the two is nearer the exact result;
 2. if they differ, find the graph transformer responsible: onnxruntime's verbose log names every
    transformer it ran and whether it changed the graph; those that did are bisected by disabling them
    (`InferenceSession(..., disabled_optimizers=[...])`) until the smallest set whose absence brings the
@@ -40,9 +40,9 @@ from .fuzz.shrink import shrink
 from .graph import Graph, as_graph, load, save_model
 from .passes import apply, fuse, options_for
 from .plan import DEFAULT_PASSES, FusionPlan
-from .precision import Reference
-from .runtime import LEVELS, make_feeds, model_bytes, quiet_onnxruntime, run, session, verify
 from .timing import Comparison, interleaved
+from .verification.precision import Reference
+from .verification.runtime import LEVELS, make_feeds, model_bytes, quiet_onnxruntime, run, session, verify
 
 __all__ = ["OrtTransformer", "ORT_TRANSFORMERS", "ORT_SOURCE", "LEVEL_NUMBER", "transformers_run", "blame_ort",
            "blame_passes", "OrtBlame", "PassBlame", "transformer"]

@@ -24,7 +24,7 @@ from .files import atomic_write
 from .graph import as_graph
 from .passes import options_for, plan
 from .plan import DEFAULT_PASSES
-from .runtime import session
+from .verification.runtime import session
 
 __all__ = ["counts", "ort_fused_ops", "check", "save", "read", "Drift", "FORMAT"]
 

@@ -26,8 +26,8 @@ from .commands.explain import why_not_lines
 from .graph import as_graph
 from .passes import fuse
 from .plan import DEFAULT_PASSES
-from .runtime import make_feeds, session, verify
 from .timing import Comparison, Timing, format_seconds, interleaved
+from .verification.runtime import make_feeds, session, verify
 from .viz import draw
 
 __all__ = ["report", "LEVELS"]

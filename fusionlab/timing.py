@@ -27,8 +27,8 @@ import numpy
 import onnx
 import onnxruntime
 
-from . import runtime
 from .text import text_table
+from .verification import runtime
 
 __all__ = [
     "Timing", "Comparison", "bench", "bench_session", "compare", "compare_models", "comparisons_table", "interleaved",

@@ -20,9 +20,9 @@ from .graph import as_graph
 from .passes import apply, fuse, options_for, plan as plan_passes
 from .passes.rules import VERTICAL_RULES
 from .plan import DEFAULT_PASSES, FusionPlan
-from .runtime import verify
 from .text import text_table, wrap
 from .timing import compare_models
+from .verification.runtime import verify
 
 __all__ = ["ExplorerResult", "make_plan", "explore_state", "change_line", "what_each_control_governs",
            "result_text", "result_html", "device_chart_html", "bar_width", "sweep_group_size", "sweep_table", "plot_sweep", "measure", "explore"]
@@ -30,8 +30,6 @@ __all__ = ["ExplorerResult", "make_plan", "explore_state", "change_line", "what_
 KINDS = ("vertical", "horizontal", "mixed")
 #: device name -> the precision its float models run in ("float16" on the Ascend presets, "float32" here)
 _PRECISION: dict[str, str] = {}
-
-
 
 
 def make_plan(model, kinds=DEFAULT_PASSES, max_group_ops: int | None = 5, buffer_kb: float | None = None,

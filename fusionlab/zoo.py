@@ -30,7 +30,8 @@ from onnx import helper
 
 from .build import make_model, tensor, value_info
 from .files import atomic_write
-from .runtime import model_bytes
+from .graph import onnx_opset
+from .verification.runtime import model_bytes
 
 __all__ = [
     "MODELS", "get", "path", "build", "cache_dir", "summary", "extract", "conv_bn_relu", "tanh_gelu", "resnet50", "resnet18",
@@ -766,7 +767,7 @@ def summary(model) -> dict:
     init_names = {t.name for t in g.initializer}
     return {
         "name": g.name,
-        "opset": next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None),
+        "opset": onnx_opset(proto, None),
         "nodes": len(g.node),
         "ops": dict(sorted(ops.items())),
         "params": params,
@@ -832,7 +833,7 @@ def extract(model, nodes: str | Iterable[str]) -> onnx.ModelProto:
     outputs = [o for n in selected for o in n.output if o and (o in outside or o in graph_outputs)]
     if not outputs:
         outputs = [o for o in selected[-1].output if o]
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 17)
+    opset = onnx_opset(proto, 17)
     extra = {o.domain: o.version for o in proto.opset_import if o.domain not in ("", "ai.onnx")}
     return make_model(selected, inputs, [vi(o) for o in outputs], used_inits, opset=opset,
                       name=f"{g.name}_extract", extra_opsets=extra)

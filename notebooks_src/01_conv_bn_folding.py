@@ -27,10 +27,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 import fusionlab
-from fusionlab import cost, derive, seed_claims, timing, viz, zoo
-from fusionlab.cost import devices
+from fusionlab import cost, seed_claims, timing, viz, zoo
+from fusionlab.analysis import derive
+from fusionlab.analysis.legality import conv_bn_legal
 from fusionlab.build import make_model, tensor, value_info
-from fusionlab.legality import conv_bn_legal
+from fusionlab.cost import devices
 from fusionlab.text import wrap
 
 rng = np.random.default_rng(0)
@@ -261,7 +262,7 @@ print(f"folded weights:  largest |value| {np.abs(folded_dead.weight).max():,.0f}
 #
 # ## 5. When folding is illegal
 #
-# The algebra assumes things the graph must guarantee. `fusionlab.legality.conv_bn_legal` checks them
+# The algebra assumes things the graph must guarantee. `fusionlab.analysis.legality.conv_bn_legal` checks them
 # before a pass rewrites anything:
 #
 # | condition | why it breaks the fold |

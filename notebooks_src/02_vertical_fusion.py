@@ -30,8 +30,8 @@ from fusionlab.build import make_model, value_info
 from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import codegen
 from fusionlab.passes import fuse, plan as plan_passes, vertical
-from fusionlab.runtime import make_feeds, session
 from fusionlab.text import wrap
+from fusionlab.verification.runtime import make_feeds, session
 from IPython.display import Markdown, display
 
 # %% [markdown]

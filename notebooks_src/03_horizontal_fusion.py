@@ -24,13 +24,14 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from fusionlab import derive, seed_claims, timing, viz, zoo
+from fusionlab import seed_claims, timing, viz, zoo
+from fusionlab.analysis import derive
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.graph import load
 from fusionlab.passes import fuse, horizontal
 from fusionlab.plan import FusionPlan
-from fusionlab.runtime import session, verify
 from fusionlab.timing import compare_models
+from fusionlab.verification.runtime import session, verify
 from IPython.display import Markdown, display
 
 rng = np.random.default_rng(0)
@@ -45,7 +46,7 @@ rng = np.random.default_rng(0)
 # of the weight, axis 1 of the result) — provided the siblings share strides, pads, dilations and kernel
 # size, and `group = 1`.
 #
-# `fusionlab.derive.concat_matmul_weights` does the concatenation; let us check the claim numerically.
+# `fusionlab.analysis.derive.concat_matmul_weights` does the concatenation; let us check the claim numerically.
 
 # %%
 x = rng.standard_normal((4, 8)).astype(np.float32)

@@ -20,12 +20,13 @@ import collections
 import numpy as np
 from onnx import helper
 
-from fusionlab import opclass, seed_claims, viz, zoo
+from fusionlab import seed_claims, viz, zoo
+from fusionlab.analysis import opclass
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.graph import load
 from fusionlab.passes import fuse, mixed
-from fusionlab.runtime import verify
 from fusionlab.text import wrap
+from fusionlab.verification.runtime import verify
 from IPython.display import Markdown, display
 
 rng = np.random.default_rng(0)
@@ -196,7 +197,7 @@ viz.draw(g, p3, title="max_group_ops=3")
 # **On-chip buffer budget.** A fused kernel keeps its intermediates on chip. On an Ascend AI core that is
 # the Unified Buffer: 192 KB on Ascend 910B, 256 KB on 310P3, according to the published specifications
 # (`cann_facts.md` §3.3 in the reference notes). A kernel streams its tensors through the UB in tiles, and
-# `fusionlab.cost.working_set` models that, once, for this pass and for the cost model of notebook 05:
+# `fusionlab.analysis.working_set` models that, once, for this pass and for the cost model of notebook 05:
 #
 # - every tensor the group touches takes a tile of `min(size, 16 KB)`: 16 KB is the efficient transfer size
 #   (Huawei's Ascend C best-practice guide, [*Transferring a Large Data Block at a Time*](https://www.hiascend.com/document/detail/en/canncommercial/800/opdevg/ascendcbestP/atlas_ascendc_best_practices_10_0013.html): transfers

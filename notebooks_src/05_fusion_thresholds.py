@@ -28,10 +28,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import fusionlab
-from fusionlab import cost, runtime, seed_claims, timing, widgets, zoo
-from fusionlab.cost import calibrate, devices, working_set
+from fusionlab import cost, seed_claims, timing, widgets, zoo
+from fusionlab.analysis import working_set
+from fusionlab.cost import calibrate, devices
 from fusionlab.passes import fuse, mixed, options_for
 from fusionlab.text import wrap
+from fusionlab.verification import runtime
 from IPython.display import Markdown, display
 
 # %% [markdown]
@@ -154,7 +156,7 @@ for b in k.buffers.transfers():
 #
 # A fused kernel does not hold whole tensors on chip. It streams them through each AI core's Unified Buffer
 # (UB) in **tiles**, as the canonical Ascend C kernel does (`TQue<..., BUFFER_NUM=2>`, `tileLength`;
-# `cann_facts.md` §3.2). `fusionlab.cost.working_set` is the one model of that, used by the mixed pass to decide
+# `cann_facts.md` §3.2). `fusionlab.analysis.working_set` is the one model of that, used by the mixed pass to decide
 # whether a group fits (notebook 04 §5) and by the cost model to price it:
 #
 # * a tensor read from or written to device memory through the UB takes **two** tiles (double buffering: the
@@ -202,7 +204,7 @@ for dev in devices.load_devices().values():
     tiles5[dev.name] = k
     print(f"{dev.name:<28} UB {dev.ub_kb:>4g} KiB: tile {k.tile / 1024:6.1f} KiB, transfers x{k.transfer_factor:.2f}")
 account5 = mixed.working_set_detail(yolo, g5.nodes)
-print(wrap("what fills it (fusionlab.cost.working_set, the function both call): "
+print(wrap("what fills it (fusionlab.analysis.working_set, the function both call): "
            + account5.describe(int(working_set.DEFAULT_TILE_KB * 1024))))
 
 # %%

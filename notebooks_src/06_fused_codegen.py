@@ -21,10 +21,11 @@ import re
 
 import numpy as np
 
-from fusionlab import runtime, seed_claims, timing
+from fusionlab import seed_claims, timing
 from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import codegen
 from fusionlab.text import wrap
+from fusionlab.verification import runtime
 from IPython.display import Markdown, display
 
 

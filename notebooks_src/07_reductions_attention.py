@@ -33,10 +33,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 from onnx import numpy_helper
 
-from fusionlab import runtime, timing
+from fusionlab import timing
 from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import reductions as R
 from fusionlab.text import text_table, wrap
+from fusionlab.verification import runtime
 from IPython.display import Markdown, display
 
 rng = np.random.default_rng(0)

@@ -28,12 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
-from fusionlab import runtime, timing, zoo
-from fusionlab.compilers import MODELS, cann, grouping, iree, ort
+from fusionlab import timing, zoo
+from fusionlab.compilers import MODELS, grouping, iree, ort
+from fusionlab.export import cann
 from fusionlab.graph import load
 from fusionlab.lessons import reductions as R
 from fusionlab.passes import plan as fusion_plan
 from fusionlab.text import text_table, wrap
+from fusionlab.verification import runtime
 
 print("IREE", iree.version())
 
@@ -396,7 +398,7 @@ for (name, label), a in agreements.items():
 # * **`Resize -> Concat` (YOLOv5n neck, only TVM)**: TVM classes a nearest-neighbour Resize as injective
 #   (an index mapping) and computes it inside the Concat's copy; fusionlab's op classes treat Resize as
 #   opaque. TVM is right: the upsampled tensor need never be written. A candidate for fusionlab's op
-#   table (`fusionlab.opclass`).
+#   table (`fusionlab.analysis.opclass`).
 #
 # `benchmarks/results/tvm_agreement.md` has the same tables for all five models, with TVM's run time.
 #
@@ -415,7 +417,7 @@ for (name, label), a in agreements.items():
 #
 # Every built-in pass is on by default. `--fusion_switch_file` can only turn passes off (some cannot
 # be turned off at all), in a JSON or a line format. After conversion ATC writes `fusion_result.json`,
-# with the number of matches and of applied fusions per pass. `fusionlab.compilers.cann` writes
+# with the number of matches and of applied fusions per pass. `fusionlab.export.cann` writes
 # fusionlab's plan in exactly that format: each fusionlab rule is filed under the real ATC pass that does
 # the same fusion where one is documented, and under a `Fusionlab…` name otherwise, so that nobody takes
 # it for an ATC pass. ResNet's plan:

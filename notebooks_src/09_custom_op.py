@@ -27,11 +27,10 @@ import numpy as np
 
 import fusionlab
 from fusionlab import seed_claims, timing, viz, zoo
-from fusionlab.customop import (DeclarationError, compute, declare_group, library_path, package_files,
-                                reg_op, replace_groups, write_package)
+from fusionlab.export import DeclarationError, compute, declare_group, library_path, package_files, reg_op, replace_groups, write_package
 from fusionlab.passes import vertical
-from fusionlab.runtime import make_feeds, session, verify
 from fusionlab.text import wrap
+from fusionlab.verification.runtime import make_feeds, session, verify
 
 # %% [markdown]
 # ## 1. Declare: the REG_OP chain in Python
@@ -145,7 +144,7 @@ except ValueError as err:
 #   `group` becomes `groups`, 2-D strides become 4-D, ONNX pads (top, left, bottom, right) become
 #   (top, bottom, left, right);
 # - **BatchNormalization is folded** into the filter and bias at declaration time
-#   (`fusionlab.derive.fold_conv_bn`, notebook 01). CANN does the same in its `ConvBatchnormFusionPass`.
+#   (`fusionlab.analysis.derive.fold_conv_bn`, notebook 01). CANN does the same in its `ConvBatchnormFusionPass`.
 #
 # *Naming decision.* After folding, the op computes `relu(conv(x, W') + b')`. Its interface has no mean,
 # variance or scale, so it is a **`ConvRelu`**, not a `ConvBnRelu`. Naming an op after what its kernel
@@ -171,7 +170,7 @@ print(wrap(f"attributes of this node: {json.dumps(op.attrs)}"))
 # both). This network has neither, so the cell below, on the first group of each pattern, shows the first reason.
 
 # %%
-from fusionlab.customop import UnsupportedGroup
+from fusionlab.export import UnsupportedGroup
 
 first_of_each = {}
 for g in plan:
@@ -189,7 +188,7 @@ for g in first_of_each.values():
 # onnxruntime-extensions' **PyOp** bridge. `replace_groups` registers a numpy implementation of the
 # declaration's body under the op's name, in domain `ai.onnx.contrib`. Loading the extensions library
 # (`library_path()`) into a session makes onnxruntime call back into Python for every `ConvRelu` node.
-# The numpy convolution is `fusionlab.derive.conv_nd`. One quirk of the bridge shapes the model: it reads
+# The numpy convolution is `fusionlab.analysis.derive.conv_nd`. One quirk of the bridge shapes the model: it reads
 # only int, float and string attributes, so `strides="1,1,1,1"` travels as a string. The generated ATC
 # plugin (§8) accepts both forms.
 

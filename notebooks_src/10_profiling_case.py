@@ -34,9 +34,9 @@ import fusionlab
 from fusionlab import cost, profile, seed_claims, zoo
 from fusionlab.cost import calibrate, devices, metrics
 from fusionlab.passes import fuse
-from fusionlab.runtime import verify
 from fusionlab.text import wrap
 from fusionlab.timing import bench, compare, compare_models, ratio_verdict
+from fusionlab.verification.runtime import verify
 
 plt.rcParams["figure.dpi"] = 80
 

@@ -39,8 +39,8 @@ import numpy as np
 from fusionlab import seed_claims
 from fusionlab.cost import devices
 from fusionlab.lessons import double_buffer
-from fusionlab.timing import bench, compare, ratio_verdict
 from fusionlab.text import text_table, wrap
+from fusionlab.timing import bench, compare, ratio_verdict
 from IPython.display import Markdown, display
 
 plt.rcParams["figure.dpi"] = 80

@@ -36,9 +36,9 @@ from fusionlab import seed_claims, zoo
 from fusionlab.lessons import dynamic_shapes
 from fusionlab.passes import fuse
 from fusionlab.text import wrap
-from fusionlab.runtime import make_feeds, session
 from fusionlab.text import text_table
 from fusionlab.timing import Comparison, compare, interleaved
+from fusionlab.verification.runtime import make_feeds, session
 from IPython.display import Markdown, display
 
 plt.rcParams["figure.dpi"] = 80

@@ -9,7 +9,7 @@ import numpy as np
 from onnx import numpy_helper
 
 import fusionlab
-from fusionlab.runtime import make_feeds
+from fusionlab.verification.runtime import make_feeds
 
 #: sizes for the dynamic axes in the checks: not the exported ones (batch 2, sequence 32)
 DIMS = {"batch": 2, "sequence": 16}

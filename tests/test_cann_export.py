@@ -1,11 +1,11 @@
-"""fusionlab.compilers.cann: a FusionPlan as ATC's fusion_result.json and fusion switch file."""
+"""fusionlab.export.cann: a FusionPlan as ATC's fusion_result.json and fusion switch file."""
 
 import json
 
 from fusionlab import zoo
-from fusionlab.compilers import cann
-from fusionlab.graph import load
 from fusionlab import passes
+from fusionlab.export import cann
+from fusionlab.graph import load
 from fusionlab.plan import FusionGroup, FusionPlan
 
 

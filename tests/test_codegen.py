@@ -5,10 +5,10 @@ import onnx
 import pytest
 from onnx import helper
 
-from fusionlab import runtime
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.graph import load
 from fusionlab.lessons import codegen as ew
+from fusionlab.verification import runtime
 
 RTOL, ATOL = 1e-4, 1e-5  # fp32, as every fusion in fusionlab
 

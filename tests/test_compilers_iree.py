@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from fusionlab import runtime
 from fusionlab.build import make_model, tensor, value_info
+from fusionlab.verification import runtime
 
 iree = pytest.importorskip("fusionlab.compilers.iree")
 if not iree.available():  # pragma: no cover - the default environment has IREE

@@ -33,7 +33,7 @@ import pytest
 import fusionlab
 from corpus_cases import corpus_feeds, norm_weights_into_mul, norms_at_one
 from fusionlab.passes import fuse
-from fusionlab.runtime import run, session
+from fusionlab.verification.runtime import run, session
 
 pytestmark = pytest.mark.slow  # every export, every check: `make check` leaves it to `make test`
 

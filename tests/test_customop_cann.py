@@ -11,9 +11,9 @@ import onnx
 import pytest
 
 from fusionlab import zoo
-from fusionlab.customop import package_files, reg_op, replace_groups, write_package
-from fusionlab.customop.cann import MSOPGEN_ATTR_TYPES, STUB_MARK, msopgen_json, proto_header, proto_source, snake
-from fusionlab.customop.declare import DTYPES
+from fusionlab.export import package_files, reg_op, replace_groups, write_package
+from fusionlab.export.cann import MSOPGEN_ATTR_TYPES, STUB_MARK, msopgen_json, proto_header, proto_source, snake
+from fusionlab.export.declare import DTYPES
 from fusionlab.graph import load
 from fusionlab.plan import FusionGroup
 
@@ -165,7 +165,7 @@ def test_cli_output_is_byte_identical_across_runs(tmp_path):
 
 
 def test_kernel_stub_describes_the_cube_path_for_a_conv_and_the_vector_path_otherwise():
-    from fusionlab.customop.cann import has_fixpipe, kernel_pipeline, op_kernel
+    from fusionlab.export.cann import has_fixpipe, kernel_pipeline, op_kernel
 
     conv = decls()[0]  # ConvRelu: Conv on the Cube, ReLU in the epilogue
     on_310p = op_kernel(conv, "Ascend310P3")

@@ -7,9 +7,9 @@ import pytest
 
 from fusionlab import zoo
 from fusionlab.cli import main
-from fusionlab.customop import library_path
+from fusionlab.export import library_path
 from fusionlab.graph import load
-from fusionlab.runtime import verify
+from fusionlab.verification.runtime import verify
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from hypothesis import given, strategies as st
 from onnx import helper
 
 from fusionlab.build import make_model, tensor, value_info
-from fusionlab.customop import DeclarationError, compute, name_for, reg_op
-from fusionlab.customop.declare import canonical_dtype
+from fusionlab.export import DeclarationError, compute, name_for, reg_op
+from fusionlab.export.declare import canonical_dtype
 
 F = ["DT_FLOAT16", "DT_FLOAT"]
 

@@ -9,11 +9,10 @@ from onnx import helper
 
 from fusionlab import zoo
 from fusionlab.build import make_model, tensor, value_info
-from fusionlab.customop import (DeclarationError, UnsupportedGroup, compute, declare_group, library_path, register,
-                                replace_groups, reg_op)
+from fusionlab.export import DeclarationError, UnsupportedGroup, compute, declare_group, library_path, register, replace_groups, reg_op
 from fusionlab.graph import load
 from fusionlab.plan import FusionGroup
-from fusionlab.runtime import run, session, verify
+from fusionlab.verification.runtime import run, session, verify
 
 rng = np.random.default_rng(0)
 OUT4 = ["d0", "d1", "d2", "d3"]  # symbolic output shape (the checker wants one)
@@ -197,7 +196,7 @@ def test_loading_the_custom_op_library_leaves_the_environment_alone():
     import subprocess
     import sys
 
-    code = ("import os; from fusionlab.customop import kernels; kernels.library_path(); "
+    code = ("import os; from fusionlab.export import kernels; kernels.library_path(); "
             "print(os.environ.get('PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION', 'unset'))")
     env = {k: v for k, v in os.environ.items() if k != "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)

@@ -5,8 +5,9 @@ import pytest
 from hypothesis import given, strategies as st
 from onnx import helper
 
-from fusionlab import build, derive
-from fusionlab.runtime import run
+from fusionlab import build
+from fusionlab.analysis import derive
+from fusionlab.verification.runtime import run
 
 FP32 = dict(rtol=1e-4, atol=1e-5)
 FP64 = dict(rtol=1e-9, atol=1e-11)
@@ -355,3 +356,19 @@ def test_concat_matmul_weights_scalar_bias_and_mismatch():
     np.testing.assert_array_equal(b_cat, [2, 2, 2, 0])
     with pytest.raises(ValueError, match="K"):
         derive.concat_matmul_weights([np.ones((2, 3)), np.ones((3, 3))])
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_fold_linear_affine_is_the_affine_map_after_the_product(trans_b):
+    """W' = W·diag(s), b' = s·b + t: x @ W' + b' equals s·(x @ W + b) + t, with W stored as (K, N) or (N, K)."""
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((5, 4)), rng.standard_normal((4, 3))
+    b, s, t = rng.standard_normal(3), rng.uniform(0.5, 2.0, 3), rng.standard_normal(3)
+    stored = w.T.copy() if trans_b else w
+    f = derive.fold_linear_affine(stored, b, s, t, trans_b=trans_b)
+    w_new = f.weight.T if trans_b else f.weight
+    np.testing.assert_allclose(x @ w_new + f.bias, s * (x @ w + b) + t, rtol=1e-12, atol=1e-12)
+    assert not f.overflow
+    no_bias = derive.fold_linear_affine(stored, None, s, t, trans_b=trans_b)
+    np.testing.assert_allclose(x @ (no_bias.weight.T if trans_b else no_bias.weight) + no_bias.bias,
+                               s * (x @ w) + t, rtol=1e-12, atol=1e-12)

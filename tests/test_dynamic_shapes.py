@@ -6,9 +6,10 @@ import numpy as np
 import onnx
 import pytest
 
+from fusionlab import zoo
 from fusionlab.lessons import dynamic_shapes as D
-from fusionlab import runtime, zoo
 from fusionlab.passes import fuse
+from fusionlab.verification import runtime
 
 
 # --------------------------------------------------------------------------------------------------

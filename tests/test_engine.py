@@ -10,10 +10,10 @@ import pytest
 from onnx import helper as h
 
 from fusionlab import load, verify, zoo
+from fusionlab import viz, widgets
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.passes import StaleGroup, apply, engine, fuse, plan
 from fusionlab.plan import FusionPlan, PlanError
-from fusionlab import viz, widgets
 
 ALL = ("vertical", "horizontal", "mixed")
 RNG = np.random.default_rng(5)

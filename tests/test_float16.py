@@ -248,8 +248,8 @@ def test_generator_writes_float16_skip_layernorm_with_the_projection_bias_and_it
     found within a bounded scan, and it fuses into SkipLayerNormalization with its bias input."""
     import random
 
-    from fusionlab.fuzz.generate import build, generate_with_tags
-    from fusionlab.fuzz.judge import Case
+    from fusionlab.fuzz.generator import build, generate_with_tags
+    from fusionlab.verification.judge import Case
     from fusionlab.fuzz.oracle import judge
     from fusionlab.passes.vertical import RULE_NAMES
 

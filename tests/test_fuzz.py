@@ -22,16 +22,17 @@ from onnx import helper as h
 from fusionlab.build import make_model, tensor, value_info
 from patching import patch_everywhere
 from fusionlab.fuzz import generate, generate_with_tags, validate
+from fusionlab.fuzz import oracle
 from fusionlab.fuzz.campaign import options_for, pass_sets_for, run_campaign
-from fusionlab.fuzz.compare import judge_output
 from fusionlab.fuzz.diagnose import diagnose
-from fusionlab.fuzz.feeds import draws
-from fusionlab.fuzz import judge as judge_mod, oracle
-from fusionlab.fuzz.judge import Case
 from fusionlab.fuzz.oracle import PASS_SETS, Outcome, check_fused, interface_problems, judge, normalize
-from fusionlab.precision import Reference, to_float64
 from fusionlab.fuzz.shrink import same_failure, shrink
 from fusionlab.plan import VERTICAL, FusionGroup, FusionPlan
+from fusionlab.verification import judge as judge_mod
+from fusionlab.verification.compare import judge_output
+from fusionlab.verification.feeds import draws
+from fusionlab.verification.judge import Case
+from fusionlab.verification.precision import Reference, to_float64
 
 F32 = np.float32
 RNG = np.random.default_rng(7)
@@ -107,7 +108,7 @@ def test_generator_writes_what_exporters_write():
     norm weights of exactly one, symbolic dims; every emitter module declares its patterns."""
     from fusionlab.fuzz import exporters
     from fusionlab.fuzz.builder import Pattern
-    from fusionlab.fuzz.generate import MODULES
+    from fusionlab.fuzz.generator import MODULES
 
     assert exporters in MODULES and all(isinstance(p, Pattern) for m in MODULES for p in m.PATTERNS)
     tags, dims = Counter(), 0
@@ -329,7 +330,7 @@ def test_a_layernorm_of_rows_far_from_zero_mean_is_judged_against_the_originals_
 
 
 def test_the_rounding_envelope_moves_each_op_by_one_ulp_of_its_dtype_and_exact_ops_not_at_all():
-    from fusionlab.fuzz.rounding import rounded_runs
+    from fusionlab.verification.rounding import rounded_runs
 
     x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32) + 10
     # a value already called like the envelope's own names must not collide with them
@@ -543,7 +544,7 @@ def test_ci_budget_no_crash_invalid_or_wrong():
 def test_judge_accepts_agreement_with_the_reference_and_the_end_of_the_range():
     """Two fair judgements: the fused NaN where the float64 reference is NaN too (the original's finite value was
     the rounding artifact), and an overflow to inf where the original sits within 256x of the largest float."""
-    from fusionlab.fuzz.compare import judge_output
+    from fusionlab.verification.compare import judge_output
 
     o = np.array([0.25, 1.0], np.float32)
     f = np.array([np.nan, 1.0], np.float32)
@@ -712,7 +713,7 @@ def test_an_infinite_sensitivity_excuses_no_finite_deviation():
     bug (Sigmoid -> Tanh) on a generated graph whose BatchNorm sits there was once judged 'ok, ill-conditioned'
     and the safety net's right refusal counted as a false alarm (test_shrinker_cuts_a_planted_failure_down).
     The judge and the safety net share `within_rounding` (through `judge_mod.excuse`), so both refuse it."""
-    from fusionlab.fuzz.compare import within_rounding
+    from fusionlab.verification.compare import within_rounding
 
     o = np.array([2.07, 1.0, 3.0], np.float32)
     f = np.array([2.24, 1.0, 3.0], np.float32)
@@ -729,8 +730,8 @@ def test_an_infinite_sensitivity_excuses_no_finite_deviation():
 def _traced_outputs_problem(model, b) -> str | None:
     """Every value the Builder tracked, made a graph output declared with the tracked shape and dtype, checked
     against a run on each draw (`declared_shape_problem` for shapes, the element type beside it)."""
-    from fusionlab.fuzz.feeds import draws, feeds_for, session
-    from fusionlab.fuzz.generate import declared_shape_problem
+    from fusionlab.verification.feeds import draws, feeds_for, session
+    from fusionlab.fuzz.generator import declared_shape_problem
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -760,7 +761,7 @@ def test_generator_tracks_the_shape_onnxruntime_computes_for_every_value():
     cannot see it behind a run-time Reshape target; a run can."""
     import random
 
-    from fusionlab.fuzz.generate import build_traced, validate
+    from fusionlab.fuzz.generator import build_traced, validate
 
     checked, problems = 0, []
     for i in range(int(os.environ.get("FUSIONLAB_SHAPE_SEEDS", "120"))):
@@ -781,7 +782,7 @@ def test_generator_tracks_the_shape_onnxruntime_computes_for_every_value():
 def test_validate_rejects_an_output_declared_with_the_wrong_rank():
     """The campaign-21 model 2157 class in miniature: a declared [2, 6] output that computes [1, 2, 6], behind a
     Reshape whose target is computed at run time (the checker's shape inference stops there)."""
-    from fusionlab.fuzz.generate import validate
+    from fusionlab.fuzz.generator import validate
 
     x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 6])
     y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 6])
@@ -801,7 +802,7 @@ def test_validate_rejects_an_output_declared_with_the_wrong_rank():
 
 
 def _pattern_cases():
-    from fusionlab.fuzz.generate import MODULES
+    from fusionlab.fuzz.generator import MODULES
 
     return [pytest.param(module, p, id=f"{module.__name__.rsplit('.', 1)[-1]}.{p.name}")
             for module in MODULES for p in module.PATTERNS]
@@ -816,7 +817,7 @@ def test_every_pattern_and_its_near_misses_track_the_shapes_onnxruntime_computes
     import random
 
     from fusionlab.fuzz.builder import Builder
-    from fusionlab.fuzz.generate import _layout, validate
+    from fusionlab.fuzz.generator import _layout, validate
 
     built, problems = 0, []
     for i in range(24):
@@ -858,7 +859,7 @@ def test_judge_accepts_nan_at_the_end_of_the_range_and_on_an_output_the_original
     """Rules 5 and 6 of `compare`: a reordered sum near FLT_MAX may add +inf and -inf to NaN; and where the original
     itself overflowed on an output, its finite values that miss the reference are no witness against a NaN. Neither
     excuses a NaN where the original is finite, correct and far from the range's end."""
-    from fusionlab.fuzz.compare import judge_output
+    from fusionlab.verification.compare import judge_output
 
     big = np.float32(np.finfo(np.float32).max / 10)
     assert judge_output(np.array([big]), np.array([np.nan], np.float32)) is None            # rule 5

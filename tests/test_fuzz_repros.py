@@ -18,8 +18,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from fusionlab.fuzz.judge import Case
 from fusionlab.fuzz.oracle import judge
+from fusionlab.verification.judge import Case
 
 DATA = Path(__file__).resolve().parent / "data" / "fuzz_repros"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())

@@ -283,7 +283,7 @@ def test_save_failure_leaves_no_file(tmp_path, monkeypatch):
 
 def test_huge_model_keeps_weights_on_disk_and_still_runs(tmp_path, monkeypatch):
     """Models over 2 GiB keep their weights external; sessions read them from files (simulated limit)."""
-    import fusionlab.graph as graph_module
+    import fusionlab.graph.loading as graph_module
     from fusionlab.graph import has_external_tensors
 
     p, raw = external_model(tmp_path)

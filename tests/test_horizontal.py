@@ -5,11 +5,12 @@ import onnx
 import pytest
 from onnx import helper
 
-from fusionlab import derive, zoo
+from fusionlab import zoo
+from fusionlab.analysis import derive
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.graph import load
 from fusionlab.passes import fuse, horizontal
-from fusionlab.runtime import run, verify
+from fusionlab.verification.runtime import run, verify
 
 RNG = np.random.default_rng(0)
 

@@ -5,8 +5,9 @@ import onnx
 import pytest
 from onnx import helper
 
-from fusionlab import build, derive, load, verify
-from fusionlab.legality import conv_bn_legal, constant_inputs, matmul_bn_legal, bn_inference_mode
+from fusionlab import build, load, verify
+from fusionlab.analysis import derive
+from fusionlab.analysis.legality import conv_bn_legal, constant_inputs, matmul_bn_legal, bn_inference_mode
 
 RNG = np.random.default_rng(0)
 F = np.float32

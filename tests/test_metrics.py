@@ -7,10 +7,10 @@ import pytest
 from onnx import helper
 
 from fusionlab import cost
-from fusionlab.cost import devices
-from fusionlab.cost import metrics as M
 from fusionlab import profile as P
 from fusionlab.build import make_model, tensor, value_info
+from fusionlab.cost import devices
+from fusionlab.cost import metrics as M
 from fusionlab.graph import load
 
 

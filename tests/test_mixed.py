@@ -6,9 +6,9 @@ import pytest
 from onnx import helper
 
 from fusionlab import zoo
+from fusionlab.analysis.opclass import KIND_OF, OpKind, classify, combine, table
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.graph import load
-from fusionlab.opclass import KIND_OF, OpKind, classify, combine, table
 from fusionlab.passes import mixed
 
 RNG = np.random.default_rng(1)
@@ -278,7 +278,7 @@ def test_buffer_budget_splits_a_group():
 # --------------------------------------------------------------------------------------------------
 
 from fusionlab.passes import fuse  # noqa: E402
-from fusionlab.runtime import verify  # noqa: E402
+from fusionlab.verification.runtime import verify
 
 
 def _check_lowered(g, result, dims=None):

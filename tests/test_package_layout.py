@@ -8,6 +8,7 @@ found here rather than by a user.
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,19 @@ def test_no_imports_inside_functions_but_optional_heavy_packages():
 ])
 def test_the_cycle_finder_finds_a_planted_cycle(edges, expected):
     assert cycles(edges) == expected
+
+
+def test_no_module_is_hidden_behind_a_name_its_package_exports():
+    """`fusionlab.graph.load` must be the module, not the function `load` the package exports under the same name:
+    otherwise `import fusionlab.graph.load as m` hands a test or a user the function, and patching `m.X` fails (or
+    patches nothing)."""
+    hidden = []
+    for mod in sorted(MODULES):
+        if "." not in mod or mod.endswith("__main__"):  # a __main__ runs its command line when imported
+            continue
+        parent, leaf = mod.rsplit(".", 1)
+        pkg = importlib.import_module(parent)
+        importlib.import_module(mod)
+        if not isinstance(getattr(pkg, leaf), type(pkg)):
+            hidden.append(f"{mod} (the package's {leaf!r} is a {type(getattr(pkg, leaf)).__name__})")
+    assert not hidden, hidden

@@ -15,7 +15,7 @@ import pytest
 
 from fusionlab import ModelError, load, verify
 from fusionlab.passes import fuse
-from fusionlab.runtime import make_feeds, run, session
+from fusionlab.verification.runtime import make_feeds, run, session
 
 pytestmark = pytest.mark.slow  # 440 models, five sweeps: `make check` leaves it to `make test`
 
@@ -156,7 +156,7 @@ def test_cli_exit_class_of_every_model(tmp_path, capsys):
     load or run the original on the verification inputs; exit 1 ("not equivalent") only where the original is
     nondeterministic (training-mode Dropout); otherwise 0 and a fused model written."""
     from fusionlab.cli import main
-    from fusionlab.runtime import random_sources
+    from fusionlab.verification.runtime import random_sources
 
     paths = sorted(MODELS.rglob("*.onnx"))
     assert len(paths) == 440

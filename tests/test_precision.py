@@ -1,4 +1,4 @@
-"""fusionlab.precision: the float64 reference the judge measures every fused model against.
+"""fusionlab.verification.precision: the float64 reference the judge measures every fused model against.
 
 Without a reference the judge can only compare with the original, and a rounding difference the original itself
 makes looks wrong (fuzz campaign 26's one `wrong`: onnx.reference's BatchNormalization_6 returned a tuple for an
@@ -13,8 +13,8 @@ from onnx import helper as h
 
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.fuzz import generate
-from fusionlab.fuzz.feeds import draws, feeds_for
-from fusionlab.precision import Reference, ReferenceUnavailable
+from fusionlab.verification.feeds import draws, feeds_for
+from fusionlab.verification.precision import Reference, ReferenceUnavailable
 
 RNG = np.random.default_rng(3)
 

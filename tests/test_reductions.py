@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from fusionlab import runtime
 from fusionlab.lessons import reductions as R
+from fusionlab.verification import runtime
 
 RNG = np.random.default_rng(0)
 

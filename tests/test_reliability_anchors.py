@@ -4,7 +4,7 @@ The catalogue is section 2 (items 1-34) and section 4 (loading untrusted models)
 `reliability_anchors.md`; `docs/reliability_anchors.md` maps every item to its test here or says why it
 does not apply. Each test builds a tiny model, runs the pass(es) the bug was in, and asserts the outcome:
 an illegal rewrite must leave the graph alone (and the result still verifies), a legal one must happen
-*and* verify at the project tolerances (fusionlab.runtime.TOLERANCES). The last test keeps the doc and
+*and* verify at the project tolerances (fusionlab.verification.runtime.TOLERANCES). The last test keeps the doc and
 this file in step.
 """
 
@@ -24,7 +24,7 @@ from onnx import helper as h
 from fusionlab import ModelError, load, run, verify
 from fusionlab.build import make_model, save_with_external_weight, tensor, value_info
 from fusionlab.passes import fuse
-from fusionlab.runtime import TOLERANCES
+from fusionlab.verification.runtime import TOLERANCES
 
 RNG = np.random.default_rng(2024)
 F32, F16, F64 = np.float32, np.float16, np.float64

@@ -9,10 +9,10 @@ import pytest
 from onnx import helper as h
 
 from fusionlab import verify
+from fusionlab.analysis.layout import base_layout, reshape
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.passes import fuse
 from fusionlab.passes.vertical import DEFAULT_RULES
-from fusionlab.passes.rules.layout import base_layout, reshape
 
 RNG = np.random.default_rng(7)
 HID, HEADS = 16, 2
@@ -132,7 +132,7 @@ def test_fully_masked_row_with_neg_inf_mask_matches_the_guard():
     """A query whose keys are all masked: SDPA's guard gives 0; the fused op + kept guard gives 0 too."""
     import onnxruntime  # noqa: F401
 
-    from fusionlab.runtime import run
+    from fusionlab.verification.runtime import run
 
     m = attention_model("sdpa", "neg_inf")
     res, _ = _fused(m)
@@ -170,7 +170,7 @@ def test_the_kept_guard_keeps_a_nan_that_comes_from_v(build, options):
     """SDPA's guard zeroes P's fully masked rows before P @ V, so such a row of the output is 0 * V: 0 where a V
     column is finite, NaN where it is not. The guard kept after the fused op must give the same per column, for V
     in every form the fused op reads (fuzz campaign 25 found the fill of 0 that zeroed V's NaN)."""
-    from fusionlab.runtime import run
+    from fusionlab.verification.runtime import run
 
     m = _poisoned_v(build(), column=3)
     res, n = _fused(m, **options)
@@ -340,7 +340,7 @@ def _causal_padded(batch, seq, pad):
 def test_grouped_query_attention_after_an_explicit_repeat(case):
     """LLaMA's GQA, rule gqa off -> MultiHeadAttention on the repeated K/V (4-D key/value), the graph's own mask as
     bias."""
-    from fusionlab.runtime import run
+    from fusionlab.verification.runtime import run
 
     m = gqa_model(**case)
     res, n = _fused(m, rules=MHA_RULES)
@@ -439,7 +439,7 @@ def test_grouped_query_attention_becomes_groupqueryattention(case):
     """Default rules (gqa on): LLaMA's repeat_kv goes, one GroupQueryAttention on the unrepeated K/V with causal=0
     and the graph's own causal + padding mask as attention_bias; a padded batch row (queries that see no key)
     computes what the unfused graph does."""
-    from fusionlab.runtime import run
+    from fusionlab.verification.runtime import run
 
     m = gqa_model(**case)
     res, n = _fused(m)
@@ -489,7 +489,7 @@ def test_corpus_llama_attention_is_groupqueryattention_and_exact_with_padding(na
     from pathlib import Path
 
     import fusionlab
-    from fusionlab.runtime import make_feeds
+    from fusionlab.verification.runtime import make_feeds
 
     path = Path(__file__).parent / "corpus" / f"{name}.onnx"
     g = fusionlab.load(path)

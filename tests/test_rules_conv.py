@@ -250,7 +250,7 @@ def test_zero_variance_uses_epsilon():
 def test_fp16_model_folds_in_high_precision():
     m = conv_model([bn_node("c", "n"), h.make_node("Relu", ["n"], ["y"], name="relu")],
                    bn_params(8, dtype=np.float16), dtype=np.float16)
-    res = check(m, {"Conv": 1, "Relu": 1})  # no fp16 FusedConv; fp16 tolerances from fusionlab.runtime
+    res = check(m, {"Conv": 1, "Relu": 1})  # no fp16 FusedConv; fp16 tolerances from fusionlab.verification.runtime
     conv = res.graph.node(res.plan[0].extra["fused_nodes"][0])
     assert conv.inputs[1].const_value.numpy().dtype == np.float16
 

@@ -5,7 +5,7 @@ import pytest
 from onnx import helper
 
 from fusionlab.build import make_model, tensor, value_info
-from fusionlab.runtime import make_feeds, random_sources, run, session, verify
+from fusionlab.verification.runtime import make_feeds, random_sources, run, session, verify
 
 
 def scale_model(k=2.0, dtype=np.float32, out_name="y"):
@@ -149,7 +149,7 @@ def test_random_sources_are_found_in_every_form_of_model(tmp_path):
 
     from fusionlab import load
     from fusionlab.build import make_model, tensor, value_info
-    from fusionlab.runtime import random_sources
+    from fusionlab.verification.runtime import random_sources
 
     m = make_model([oh.make_node("Dropout", ["x", "r", "t"], ["y"], name="drop")], [value_info("x", shape=[2, 3])],
                    [value_info("y", shape=[2, 3])], [tensor("r", np.array(0.5, np.float32)), tensor("t", np.array(True))],

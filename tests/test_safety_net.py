@@ -116,7 +116,7 @@ def test_outputs_of_a_nondeterministic_original_are_compared_by_shape_only():
 def test_the_check_keeps_its_sessions_and_the_cli_reuses_them(tmp_path, monkeypatch, capsys):
     """Two sessions in all for `fusionlab fuse` (the original's and the fused model's): the run check makes them,
     verification reuses them."""
-    from fusionlab import runtime
+    from fusionlab.verification import runtime
     from fusionlab.cli import main
 
     made = []
@@ -308,9 +308,9 @@ def test_a_nan_where_the_original_is_finite_by_a_rounding_residue_is_no_alarm_in
     it exactly (NaN). One-ulp parameter changes make the original give NaN there too: the net and the fuzzer's judge
     both accept it (`compare.within_rounding`, one function), and the class is really exercised: on some of the
     random instances the fused model has NaN where the original is finite (the old net raised on those)."""
-    from fusionlab.fuzz.judge import Case
+    from fusionlab.verification.judge import Case
     from fusionlab.fuzz.oracle import judge
-    from fusionlab.runtime import make_feeds
+    from fusionlab.verification.runtime import make_feeds
 
     nan_where_finite = 0
     for seed in range(12):
@@ -333,7 +333,7 @@ def test_a_nan_no_run_of_the_original_shows_is_still_wrong_for_net_and_judge():
     input or parameter change of the original produces outside the padded rows. Both the net and the judge reject it."""
     from onnx import numpy_helper
 
-    from fusionlab.fuzz.judge import Case
+    from fusionlab.verification.judge import Case
     from fusionlab.fuzz.oracle import check_fused
 
     m = _padded_row_norm(8)
@@ -349,7 +349,7 @@ def test_a_nan_no_run_of_the_original_shows_is_still_wrong_for_net_and_judge():
 
 
 def test_within_rounding_excuses_a_nan_or_inf_only_where_a_run_of_the_original_holds_it():
-    from fusionlab.fuzz.compare import within_rounding
+    from fusionlab.verification.compare import within_rounding
 
     o = np.array([1.0, 1.0, 1.0, np.inf, 2.0, 2.0], np.float16)
     runs = [np.array([-1.0, 1.0, 1.0, 3.0, 2.5, 2.0], np.float16),
@@ -367,7 +367,7 @@ def test_net_and_judge_excuse_by_one_function_on_the_nets_inputs():
     calls the judge's `oracle.excuse` on the inputs it ran, and says which excuse held."""
     from pathlib import Path
 
-    from fusionlab.fuzz.judge import Case
+    from fusionlab.verification.judge import Case
     from fusionlab.fuzz.oracle import judge
 
     path = Path(__file__).parent / "data" / "fuzz_repros" / "fuzz_safety_net_fp16_concat_conv_amplified_downstream.onnx"
@@ -384,7 +384,7 @@ def test_a_net_alarm_is_judged_on_the_nets_inputs_too(monkeypatch):
     values above 50, which no standard-normal draw reaches and the net's (planted) inputs do."""
     import fusionlab.passes as passes_mod
     from fusionlab.fuzz import oracle
-    from fusionlab.fuzz.judge import Case
+    from fusionlab.verification.judge import Case
 
     x, y = value_info("x", np.float32, [2, 3]), value_info("y", np.float32, [2, 3])
     original = make_model([h.make_node("Relu", ["x"], ["y"])], [x], [y], [], opset=17)
@@ -437,7 +437,7 @@ def test_an_argmax_that_ties_to_rounding_is_no_alarm_and_a_wrong_index_still_is(
     still be an error."""
     from pathlib import Path
 
-    from fusionlab.fuzz.judge import Case
+    from fusionlab.verification.judge import Case
     from fusionlab.fuzz.oracle import judge
 
     path = Path(__file__).parent / "data" / "fuzz_repros" / "fuzz_safety_net_maxpool_indices_tie.onnx"

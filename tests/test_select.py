@@ -8,9 +8,9 @@ from onnx import helper as h
 from fusionlab import load, verify
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.passes import apply, fuse, plan
-from fusionlab.plan import FusionGroup, FusionPlan
 from fusionlab.passes.prepare import prepare
 from fusionlab.passes.select import extract, select
+from fusionlab.plan import FusionGroup, FusionPlan
 from fusionlab.shapes import ShapeInfo
 
 RNG = np.random.default_rng(2)

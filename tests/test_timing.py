@@ -8,8 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from onnx import helper
 
-from fusionlab import runtime, timing
+from fusionlab import timing
 from fusionlab.build import make_model, value_info
+from fusionlab.verification import runtime
 
 
 class FakeClock:

@@ -299,7 +299,7 @@ def test_netron_view_serves_only_the_model_and_cleans_up():
         other.stop()
     assert not view.alive and not _port_open(view.port) and not os.path.exists(view.dir)
     assert not os.path.exists(other.dir)
-    assert view not in viz._LIVE
+    assert view not in viz.netron._LIVE
 
 
 def test_values_read_inside_subgraphs_are_edges_into_the_owner():
@@ -339,11 +339,11 @@ def test_a_value_from_an_undrawn_node_is_a_stub_not_an_input():
     """The mirror of a cut edge: a drawn node reading a value that a node left out of the picture makes gets a
     dashed "from Op" stub, never an "input …" pill (only graph inputs are inputs)."""
     model = residual()
-    sc = viz._scene(model, residual_plan(), ["/l0/relu2/Relu"])
+    sc = viz.scene.scene_of(model, residual_plan(), ["/l0/relu2/Relu"])
     terminals = [it for it in sc.items if it.kind != "op"]
     froms = [it for it in terminals if it.kind == "from"]
     assert [it.title for it in froms] == ["from Add"] and not [it for it in terminals if it.kind == "input"]
-    whole = viz._scene(model, residual_plan(), None)
+    whole = viz.scene.scene_of(model, residual_plan(), None)
     assert [it for it in whole.items if it.kind == "from"] == [] and [it for it in whole.items if it.kind == "input"]
     fig = viz.draw(model, residual_plan(), nodes=["/l0/relu2/Relu"])
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
@@ -357,12 +357,12 @@ def test_a_cut_edge_is_a_stub_not_an_output():
     """A value read by nodes left out of the picture is no graph output: it leaves through a dashed stub labelled
     "→ N more consumers", never through an "output …" pill (notebook 02's plan picture drew such pills)."""
     model = residual()
-    sc = viz._scene(model, residual_plan(), ["/l0/add/Add", "/l0/relu2/Relu"])
+    sc = viz.scene.scene_of(model, residual_plan(), ["/l0/add/Add", "/l0/relu2/Relu"])
     kinds = {it.key: it for it in sc.items if it.kind != "op"}
     assert not [k for k, it in kinds.items() if it.kind == "output"]  # nothing drawn is a graph output
     cuts = [it for it in kinds.values() if it.kind == "cut"]
     assert [it.key for it in cuts] == ["cut:o0"] and cuts[0].title == "→ 2 more consumers"
-    whole = viz._scene(model, residual_plan(), None)
+    whole = viz.scene.scene_of(model, residual_plan(), None)
     assert [it.key for it in whole.items if it.kind == "cut"] == []  # the whole graph: real outputs only
     assert [it.kind for it in whole.items if it.key.startswith("output:")] == ["output"]
     fig = viz.draw(model, residual_plan(), nodes=["/l0/add/Add", "/l0/relu2/Relu"])

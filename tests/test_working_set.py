@@ -1,12 +1,12 @@
-"""fusionlab.cost.working_set: the tile model the mixed pass and the cost model share."""
+"""fusionlab.analysis.working_set: the tile model the mixed pass and the cost model share."""
 
 import numpy as np
 import pytest
 from onnx import helper
 
 from fusionlab import cost, zoo
+from fusionlab.analysis import working_set as ws
 from fusionlab.build import make_model, tensor, value_info
-from fusionlab.cost import working_set as ws
 from fusionlab.graph import load
 from fusionlab.passes import mixed
 

@@ -7,7 +7,8 @@ import onnx
 import pytest
 
 import fusionlab
-from fusionlab import runtime, zoo
+from fusionlab import zoo
+from fusionlab.verification import runtime
 
 # Small configurations: same topology as the defaults, sizes cut so the whole file runs in seconds.
 SMALL = {

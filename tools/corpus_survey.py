@@ -98,7 +98,7 @@ def ort_optimised(path: Path, level: str) -> onnx.ModelProto:
 
 def feeds_for(graph) -> dict:
     """Random inputs at DIMS; text batches get a padded last sequence so the mask computes something."""
-    from fusionlab.runtime import make_feeds
+    from fusionlab.verification.runtime import make_feeds
 
     feeds = make_feeds(graph, dims=DIMS)
     if "attention_mask" in feeds:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from fusionlab import ModelError, load, verify  # noqa: E402
 from fusionlab.passes import fuse  # noqa: E402
-from fusionlab.runtime import make_feeds, run, session  # noqa: E402
+from fusionlab.verification.runtime import make_feeds, run, session
 
 PEER = ROOT.parent / "shared" / "peer-tests" / "ort-transform"
 TARGETS = [

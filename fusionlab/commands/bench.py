@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cli import UsageError
-from ..runtime import make_feeds, quiet_onnxruntime, session
 from ..text import text_table
 from ..timing import Comparison, Timing, bench_session, compare_models, format_seconds, interleaved
+from ..verification.runtime import make_feeds, quiet_onnxruntime, session
 from . import add_dim_option, load_input, parse_dims
 
 LEVEL_CHOICES = ["disable", "basic", "extended", "all"]

@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cli import UsageError
-from ..customop import UnsupportedGroup, declare_group, library_path, package_files, replace_groups, write_package
+from ..export import UnsupportedGroup, declare_group, library_path, package_files, replace_groups, write_package
 from ..graph import save_model
 from ..passes import plan
 from ..passes.prepare import graph_of
 from ..plan import DEFAULT_PASSES
-from ..runtime import verify
 from ..text import MAX_WIDTH, wrap
+from ..verification.runtime import verify
 from . import load_input, parse_passes
 
 

@@ -14,7 +14,7 @@ from ..files import atomic_write
 from ..graph import ModelError, save_model
 from ..passes import FusionError, StaleGroup, apply, fuse, options_for
 from ..plan import DEFAULT_PASSES, FusionPlan, PlanError
-from ..runtime import session, verify
+from ..verification.runtime import session, verify
 from . import add_dim_option, check_output, load_input, parse_dims, parse_passes
 
 

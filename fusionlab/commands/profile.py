@@ -6,7 +6,7 @@ from ..cli import UsageError
 from ..passes import fuse
 from ..plan import DEFAULT_PASSES
 from ..profile import profile_model, side_by_side, write_trace
-from ..runtime import make_feeds
+from ..verification.runtime import make_feeds
 from . import add_dim_option, check_output, load_input, parse_dims
 
 

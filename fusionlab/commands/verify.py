@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..runtime import verify
+from ..verification.runtime import verify
 from . import add_dim_option, load_input, parse_dims
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import onnx
 
-from .. import runtime
+from ..verification import runtime
 
 __all__ = ["optimized_ops", "kernel_count"]
 

@@ -9,7 +9,8 @@
 - `metrics`: utilisation against the roofline, measured or modelled.
 """
 
-from . import calibrate, devices, metrics, schedule, working_set
+from ..analysis import working_set
+from . import calibrate, devices, metrics, schedule
 from .model import (Analysis, CostTable, ELEMENTWISE_COST, KernelCost, NodeCost, PlanCost, VIEW_OPS, as_launched,
     compare, node_costs, one_kernel_per_group, plan_cost, predicted_speedup)
 

@@ -34,7 +34,7 @@ import numpy as np
 from onnx import helper
 
 from ..build import make_model, value_info
-from ..runtime import session
+from ..verification.runtime import session
 
 __all__ = ["Calibration", "calibrate", "matmul_gflops", "stream_bandwidth", "stream_elements", "launch_overhead_us",
            "cache_sizes_kb"]
@@ -159,7 +159,6 @@ def launch_overhead_us(n_ops: int = 64, repeats: int = 30, *, profiled: bool = F
 
     ``profiled=True`` measures the same with onnxruntime's profiler on (its trace file is deleted).
     """
-
 
 
     def chain(n: int):

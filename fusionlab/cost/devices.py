@@ -48,7 +48,7 @@ class Device:
     #: precision the device runs a float model in: "fp16" (ATC converts fp32 models for inference) or "fp32"
     precision: str = "fp16"
     #: transfers of at least this many KiB reach the full bandwidth; smaller ones pay a modelled per-transfer
-    #: overhead (`fusionlab.cost.working_set`). 16 KB is Huawei's Ascend C best-practice figure; None: not modelled
+    #: overhead (`fusionlab.analysis.working_set`). 16 KB is Huawei's Ascend C best-practice figure; None: not modelled
     efficient_transfer_kb: float | None = 16.0
     #: chips on the card the figures describe (the 300I Duo is two 310P3): work that runs on one chip, such as
     #: one attention head, sees 1/chips of the peak and of the bandwidth

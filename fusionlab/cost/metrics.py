@@ -24,8 +24,8 @@ import numpy as np
 from onnx import helper
 
 from ..build import make_model, tensor, value_info
-from ..runtime import session
 from ..timing import bench
+from ..verification.runtime import session
 from . import devices, model as cost
 
 __all__ = ["TARGETS", "OpPoint", "Utilisation", "cost_table", "op_points", "utilisation", "modelled", "with_cores",
@@ -85,7 +85,6 @@ class OpPoint(_Rates):
     def intensity(self) -> float:
         """FLOPs per byte moved."""
         return self.flops / self.bytes if self.bytes else math.inf
-
 
 
 @dataclass

@@ -9,7 +9,7 @@ The model, in five rules (each a simplification, stated so it can be checked aga
    the UB travels twice) and writes its outputs once; its intermediates stay on chip, tile by tile, and
    cost no traffic, except those its emitted lowering still writes (Conv + QuickGelu writes the Conv's
    output and reads it back: `FusionGroup.kernels`).
-3. **Tiles** (`fusionlab.cost.working_set`, the model the mixed pass uses too): a kernel streams its tensors
+3. **Tiles** (`fusionlab.analysis.working_set`, the model the mixed pass uses too): a kernel streams its tensors
    through one core's Unified Buffer in tiles; the more tensors it holds at once, the smaller its tiles.
    Transfers below 16 KiB waste bandwidth (a modelled per-transfer overhead), so a group that holds many
    live tensors moves its bytes more slowly. Nothing spills unless not even one 32-byte block per buffer fits.
@@ -32,15 +32,16 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from ..analysis import working_set as ws_model
+from ..analysis.opclass import OpKind, classify
 from ..graph import Graph, as_graph
-from ..opclass import OpKind, classify
 from ..passes.fold import is_host_side
 from ..passes.prepare import graph_of, settings
 from ..plan import FusionPlan
-from ..runtime import run
 from ..shapes import DEFAULT_DIMS, ShapeInfo
 from ..text import text_table
-from . import schedule, working_set as ws_model
+from ..verification.runtime import run
+from . import schedule
 from .devices import Device, get as get_device, load_devices
 
 __all__ = ["NodeCost", "KernelCost", "PlanCost", "CostTable", "node_costs", "plan_cost", "compare",
@@ -267,8 +268,6 @@ class Analysis:
         if op in ("MaxPool", "AveragePool"):
             return _prod(out) * _prod(list(n.attributes["kernel_shape"].value))
         return 0
-
-
 
 
 def node_costs(graph, dims: dict | None = None, precision: str | None = None) -> list[NodeCost]:

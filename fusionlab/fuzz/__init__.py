@@ -5,6 +5,6 @@
 See docs/fuzz.md.
 """
 
-from .generate import generate, generate_with_tags, validate
+from .generator import generate, generate_with_tags, validate
 
 __all__ = ["generate", "generate_with_tags", "validate"]

@@ -31,10 +31,10 @@ from pathlib import Path
 import onnx
 
 from ..passes.vertical import RULE_NAMES
+from ..verification.judge import Case
 from . import summary
 from .diagnose import diagnose
-from .generate import generate_with_tags
-from .judge import Case
+from .generator import generate_with_tags
 from .oracle import Kind, Outcome, REPLAYABLE, blame, judge
 from .shrink import same_failure, shrink
 

@@ -25,9 +25,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from ..precision import convert
-from .generate import validate
-from .judge import Case
+from ..verification.judge import Case
+from ..verification.precision import convert
+from .generator import validate
 from .names import rename_tensor, tensor_names
 from .oracle import judge
 from .shrink import _finish

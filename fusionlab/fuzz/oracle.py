@@ -54,9 +54,9 @@ from pathlib import Path
 import onnx
 import onnx.numpy_helper
 
-from .compare import judge_output
-from .feeds import overridable, session as _session
-from .judge import Case, excuse
+from ..verification.compare import judge_output
+from ..verification.feeds import overridable, session as _session
+from ..verification.judge import Case, excuse
 from fusionlab import ModelError, load
 from fusionlab.passes import FusionError, fuse, options_for
 from fusionlab.passes.validate import checker_problem, unknown_ops

@@ -25,9 +25,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .feeds import NP_TYPES
-from .generate import validate
-from .judge import Case
+from ..verification.feeds import NP_TYPES
+from ..verification.judge import Case
+from .generator import validate
 from .names import rename_tensor
 from .oracle import judge
 

@@ -34,8 +34,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from .. import runtime
 from ..text import text_table
+from ..verification import runtime
 
 __all__ = [
     "MAX_GEARS", "POLICIES", "gears", "gear_for", "atc_dynamic_dims", "shape_key", "ShapeCache", "pad_feeds", "unpad",

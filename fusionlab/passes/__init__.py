@@ -92,8 +92,6 @@ def options_for(passes, **options) -> dict:
     return {k: v for k, v in options.items() if k in mine}
 
 
-
-
 def _merge(combined: FusionPlan, part: FusionPlan) -> None:
     for group in part:
         combined.add(group)
@@ -177,7 +175,6 @@ def fuse(model, passes=("vertical",), *, prepare: bool = True, fold: bool = True
 def plan(model, passes=("vertical",), *, prepare: bool = True, fold: bool = True, **options) -> FusionPlan:
     """The plan `fuse` makes for these passes and options (groups of later passes see earlier rewrites)."""
     return fuse(model, passes, prepare=prepare, fold=fold, validate=False, **options).plan
-
 
 
 def _prepare(graph: Graph, fplan: FusionPlan, *, fold: bool) -> None:

@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from ..graph import Graph
+from ..graph import DEFAULT_DOMAIN, Graph, attr, consumers, is_op, sole_consumer
 from ..plan import FusionGroup, FusionPlan, PlanError, Refusal
 from ..shapes import ShapeInfo
 from .options import Lowering
@@ -38,9 +38,6 @@ __all__ = ["Refused", "StaleGroup", "Match", "Rule", "Context", "is_op", "attr",
            "other_input", "only_read_by", "readers_text", "next_reader", "scalar", "exact", "escapes", "find",
            "recheck", "replace", "written",
            "import_domains", "annotate", "node_index", "copy_attrs", "DEFAULT_DOMAIN"]
-
-DEFAULT_DOMAIN = ("", "ai.onnx")
-
 
 class Refused(Exception):
     """The pattern is there but the rewrite is not legal; the message says why.
@@ -152,32 +149,6 @@ class Rule:
 # --------------------------------------------------------------------------------------------------
 # the pattern vocabulary rules are written in
 # --------------------------------------------------------------------------------------------------
-
-def is_op(node: ir.Node | None, *ops: str, domain: Sequence[str] = DEFAULT_DOMAIN) -> bool:
-    return node is not None and node.domain in domain and node.op_type in ops
-
-
-def attr(node: ir.Node, name: str, default=None):
-    a = node.attributes.get(name)
-    return default if a is None else a.value
-
-
-def consumers(value: ir.Value) -> list[ir.Node]:
-    """Distinct nodes reading `value`, in use order."""
-    return Graph.consumers(value)
-
-
-def sole_consumer(value: ir.Value) -> ir.Node | None:
-    """The only node reading `value` (once), or None if it is a graph output or read elsewhere."""
-    if value.is_graph_output():
-        return None
-    uses = list(value.uses())
-    if len(uses) != 1:
-        return None
-    node = uses[0].node
-    owner = value.producer().graph if value.producer() is not None else value.graph
-    return node if node.graph is owner else None
-
 
 def other_input(node: ir.Node, value: ir.Value) -> ir.Value | None:
     """The other operand of a binary node that reads `value` exactly once."""
@@ -552,10 +523,10 @@ def annotate(info: ShapeInfo, value: ir.Value) -> None:
             value.shape = ir.Shape([d if d is not None else None for d in shape])
 
 
-def _insertion_point(g: ir.Graph, members: list[ir.Node], new_nodes: list[ir.Node]) -> ir.Node:
+def _insertion_point(body: ir.Graph, members: list[ir.Node], new_nodes: list[ir.Node]) -> ir.Node:
     """The earliest member when every external input of the new nodes is defined before it, else the last."""
     produced = {id(o) for n in new_nodes for o in n.outputs}
-    order = {id(n): i for i, n in enumerate(g)}
+    order = {id(n): i for i, n in enumerate(body)}
     first = min(members, key=lambda n: order[id(n)])
     limit = order[id(first)]
     for n in new_nodes:
@@ -563,18 +534,18 @@ def _insertion_point(g: ir.Graph, members: list[ir.Node], new_nodes: list[ir.Nod
             if v is None or id(v) in produced:
                 continue
             p = v.producer()
-            if p is not None and p.graph is g and order.get(id(p), -1) >= limit:
+            if p is not None and p.graph is body and order.get(id(p), -1) >= limit:
                 return max(members, key=lambda n: order[id(n)])
     return first
 
 
-def ensure_sorted(g: ir.Graph) -> None:
+def ensure_sorted(body: ir.Graph) -> None:
     """Sort the graph topologically if some node reads a value defined after it."""
-    seen: set[int] = {id(v) for v in g.inputs} | {id(v) for v in g.initializers.values()}
-    for node in g:
+    seen: set[int] = {id(v) for v in body.inputs} | {id(v) for v in body.initializers.values()}
+    for node in body:
         for v in node.inputs:
-            if v is not None and v.producer() is not None and id(v) not in seen and v.producer().graph is g:
-                g.sort()
+            if v is not None and v.producer() is not None and id(v) not in seen and v.producer().graph is body:
+                body.sort()
                 return
         seen.update(id(v) for v in node.outputs)
 

@@ -31,10 +31,10 @@ import onnx
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 
+from ..analysis.shape_values import ShapeValues
 from ..graph import Graph
 from ..shapes import ShapeInfo
 from .cleanup import bypass
-from .shape_values import ShapeValues
 
 __all__ = ["fold", "needed", "MAX_FOLD_BYTES", "HOST_OPS", "is_host_side"]
 

@@ -120,8 +120,6 @@ def _wrap(graph: Graph, members: list[ir.Node], name: str, domain: str, names) -
     return call
 
 
-
-
 def to_functions(graph: Graph, plan: FusionPlan, groups: Iterable[str | FusionGroup] | None = None, *,
                  domain: str = DOMAIN, members: dict[str, list[str]] | None = None) -> list[str]:
     """Replace each chosen group's nodes by one call to a model-local function; returns the function names.

@@ -2,7 +2,7 @@
 
 Siblings are Conv (or onnxruntime's `FusedConv`), MatMul or Gemm nodes that take the same data input
 and have constant weights. Conv weights stack on the output-channel axis, MatMul/Gemm weights on the
-output axis (`fusionlab.derive.concat_conv_weights` / `concat_matmul_weights` say why that is exact).
+output axis (`fusionlab.analysis.derive.concat_conv_weights` / `concat_matmul_weights` say why that is exact).
 The ops that follow every branch in the same way ride along when they are per-channel too: a constant
 bias `Add`, an inference-mode `BatchNormalization`, an activation with equal attributes. BERT's Q/K/V
 projections (three MatMul+Add) become one MatMul, one Add and a Split; Inception's 1x1 branches
@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx_ir as ir
 
-from .. import derive
+from ..analysis import derive
 from ..graph import Graph
 from ..plan import FusionPlan, HORIZONTAL
 from . import engine

@@ -28,7 +28,6 @@ __all__ = ["Target", "FUSED_CONV_ACTIVATIONS", "FUSED_GEMM_ACTIVATIONS", "ELEMEN
            "attention_target", "gqa_target", "rmsnorm_target", "FLOAT16_CPU_KERNELS", "float16_refusal"]
 
 
-
 _F32 = np.dtype(np.float32)
 
 #: The ops fusionlab writes that onnxruntime 1.31's CPU build runs on float16 itself: the MLFloat16 kernel

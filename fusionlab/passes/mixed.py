@@ -3,7 +3,7 @@
 The algorithm (after `tvm/src/relay/analysis/graph_partitioner.cc`):
 
 1. **Indexed forward graph.** Nodes in topological order; each edge producer -> consumer carries the
-   consumer's pattern kind (`fusionlab.opclass`), a broadcast edge whose input already has the output's
+   consumer's pattern kind (`fusionlab.analysis.opclass`), a broadcast edge whose input already has the output's
    shape counting as elementwise. A node whose result is a graph output is an *external reference*: it
    must be written out, so nothing fuses *past* it.
 2. **Post-dominator tree.** The immediate post-dominator of a node is the closest node that every path
@@ -29,7 +29,7 @@ The algorithm (after `tvm/src/relay/analysis/graph_partitioner.cc`):
 
 Every group records why it stopped growing (`FusionGroup.reason`); `trace()` returns every decision.
 
-**Working-set model (on-chip buffer).** The one tile model of `fusionlab.cost.working_set`, which the
+**Working-set model (on-chip buffer).** The one tile model of `fusionlab.analysis.working_set`, which the
 cost model uses too: the fused kernel streams its data through the Unified Buffer (UB) in tiles; group
 inputs and outputs take two tiles each (double buffering), intermediates one tile from the op that makes
 them to their last reader, and Conv/MatMul/Gemm/pooling inputs go to the cube through L1, not the UB:
@@ -48,10 +48,10 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
-from ..cost import working_set as ws_model
-from ..cost.working_set import Member as WSMember
+from ..analysis import working_set as ws_model
+from ..analysis.opclass import OpKind, classify, combine
+from ..analysis.working_set import Member as WSMember
 from ..graph import Graph
-from ..opclass import OpKind, classify, combine
 from ..plan import FusionGroup, FusionPlan, MIXED
 from ..shapes import ShapeInfo
 from . import engine, functions
@@ -63,7 +63,7 @@ __all__ = ["plan", "apply", "trace", "check_group", "Step", "PostDomTree", "post
 
 #: the seed's rule for Atlas 800I A2: split a fused op of more than 5 basic ops
 DEFAULT_MAX_GROUP_OPS = 5
-#: tile of one tensor in the working-set model (the efficient transfer size, `fusionlab.cost.working_set`)
+#: tile of one tensor in the working-set model (the efficient transfer size, `fusionlab.analysis.working_set`)
 DEFAULT_TILE_KB = ws_model.DEFAULT_TILE_KB
 #: the options this pass takes, with their defaults
 OPTIONS = {"max_group_ops": DEFAULT_MAX_GROUP_OPS, "buffer_kb": None, "allow_recompute": False,
@@ -225,7 +225,7 @@ def post_dominator_tree(graph: Graph, shapes: ShapeInfo | None = None) -> dict[s
 # --------------------------------------------------------------------------------------------------
 
 def _members(gnodes: list[_GNode], members: list[int], info: ShapeInfo) -> list[WSMember]:
-    """The group's members as the shared working-set model sees them (`fusionlab.cost.working_set`)."""
+    """The group's members as the shared working-set model sees them (`fusionlab.analysis.working_set`)."""
     inside = set(members)
     inside_nodes = {id(gnodes[i].node) for i in members}
     order = sorted(members)
@@ -269,11 +269,7 @@ def working_set(graph: Graph, nodes: list[str], *, tile_kb: float = DEFAULT_TILE
     """Working set in KB of a candidate group of named nodes, under the tile model above."""
     shapes = _info(graph, shapes, dims)
     gnodes = _build(graph, shapes)
-    by_name = {g.name: g.index for g in gnodes}
-    missing = [n for n in nodes if n not in by_name]
-    if missing:
-        raise KeyError(f"no node named {missing[0]!r}")
-    return _working_set(gnodes, [by_name[n] for n in nodes], shapes, int(tile_kb * 1024)) / 1024
+    return _working_set(gnodes, _indices(gnodes, nodes), shapes, int(tile_kb * 1024)) / 1024
 
 
 def working_set_detail(graph: Graph, nodes: list[str], *, shapes: ShapeInfo | None = None,
@@ -281,11 +277,16 @@ def working_set_detail(graph: Graph, nodes: list[str], *, shapes: ShapeInfo | No
     """The buffers behind `working_set` (the same model): `.account(tile)` and `.describe(tile)` say what fills it."""
     shapes = _info(graph, shapes, dims)
     gnodes = _build(graph, shapes)
+    return ws_model.working_set(_members(gnodes, _indices(gnodes, nodes), shapes))
+
+
+def _indices(gnodes, nodes: list[str]) -> list[int]:
+    """The planner's indices of the named nodes; KeyError naming the first that is not in the graph."""
     by_name = {g.name: g.index for g in gnodes}
     missing = [n for n in nodes if n not in by_name]
     if missing:
         raise KeyError(f"no node named {missing[0]!r}")
-    return ws_model.working_set(_members(gnodes, [by_name[n] for n in nodes], shapes))
+    return [by_name[n] for n in nodes]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 static checks (`validate.problems`): onnxruntime (optimisations off) loads the fused model and runs it once on
 small random inputs, symbolic dimensions bound to distinct sizes (2, 3, 4, ... by name, so a rewrite that swaps
 two dimensions or bakes one in fails), and, with `compare`, the original runs on the same inputs and every
-output is compared with `fusionlab.runtime`'s tolerances (fp32 rtol 1e-4 / atol 1e-5 scaled by the output's
+output is compared with `fusionlab.verification.runtime`'s tolerances (fp32 rtol 1e-4 / atol 1e-5 scaled by the output's
 magnitude; half-precision outputs also against a float32 run of the original). The failures:
 
 - the fused model does not load, does not run, or disagrees: `RunFailure` (the caller turns it into a
@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..fuzz.compare import accepted, judge_output
-from ..fuzz.judge import CANNOT_RUN, Case, excuse
 from ..graph import Graph, ModelError
-from ..precision import Reference
-from ..runtime import _ORT_TYPES, make_feeds, random_sources, run, session, verify
 from ..shapes import dim_value
+from ..verification.compare import accepted, judge_output
+from ..verification.judge import CANNOT_RUN, Case, excuse
+from ..verification.precision import Reference
+from ..verification.runtime import _ORT_TYPES, make_feeds, random_sources, run, session, verify
 
 __all__ = ["RunCheck", "RunFailure", "run_check", "net_dims", "MAX_FEED_BYTES", "SMALL_FEED_BYTES", "SIZES"]
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from ..analysis.shape_values import ShapeValues
 from ..graph import Graph
 from ..plan import FusionGroup, FusionPlan, HORIZONTAL, MIXED, Refusal, VERTICAL
 from ..shapes import ShapeInfo, dim_value
 from ..timing import compare_models
 from . import horizontal, mixed, vertical
 from .engine import StaleGroup
-from .shape_values import ShapeValues
 
 __all__ = ["Trial", "select", "extract"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import onnx
 import onnx_ir as ir
 
-from ..graph import Graph, has_external_tensors
+from ..graph import Graph, has_external_tensors, onnx_opset
 from ..shapes import ShapeInfo, _light_proto
 
 __all__ = ["FusionError", "problems", "interface_problems", "checker_problem", "unknown_ops"]
@@ -74,7 +74,7 @@ def unknown_ops(proto: onnx.ModelProto) -> frozenset[str]:
     LayerNormalization before opset 17); a model holding one can never pass onnx.checker, whatever a rewrite
     does. Only ops of the *original* are excused this way: a rewrite may not write one (see `lowering`).
     """
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = onnx_opset(proto, None)
     if opset is None:
         return frozenset()
     out = set()

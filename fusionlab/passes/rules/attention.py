@@ -42,12 +42,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx_ir as ir
 
+from ...analysis.layout import Atom, base_layout, names, shape_branch, step, trace_back, trace_forward
+from ...analysis.shape_values import ShapeValues
 from ..engine import Match, Refused, Rule, attr, consumers, exact, is_op, scalar, sole_consumer
 from ..lowering import attention_target, gqa_target
 from ..options import Lowering
-from ..shape_values import ShapeValues
 from .common import F32
-from .layout import Atom, base_layout, names, shape_branch, step, trace_back, trace_forward
 
 __all__ = ["Attention", "ATTENTION_DTYPES", "GQA_OPT_IN"]
 
@@ -353,6 +353,45 @@ def _nan_fill(cx, m: Match) -> list[ir.Node]:
     return nodes
 
 
+@dataclass(frozen=True, eq=False)
+class _Repeated:
+    """K and V as GroupQueryAttention reads them, before their repeat_kv: the values, the views (and the repeat)
+    that go with the fusion, how many kernels transposing K/V back from heads adds, and what the plan says of it."""
+    kv: GroupedKV
+    k: ir.Value
+    v: ir.Value
+    k_views: list
+    v_views: list
+    extra: int
+    note: str
+
+
+@dataclass(frozen=True, eq=False)
+class _Found:
+    """What `Attention._found` saw around one Softmax: each side (the tensor the fused op reads, the views on the
+    way, in heads or not), the heads (N, D) of Q/K and of V, the mask, the scale, and the nodes between."""
+    sm: ir.Node
+    values: ShapeValues
+    q: ir.Value
+    k: ir.Value
+    v: ir.Value
+    q_views: list
+    k_views: list
+    v_views: list
+    q4: bool
+    k4: bool
+    nd: tuple
+    vd: tuple
+    mask: ir.Value | None
+    scale: float
+    pre: list  # the scaling Muls/Divs on Q and K
+    nodes: list  # the score nodes between Q@K^T and the Softmax
+    guarded: tuple  # (the probabilities @V reads, the NaN-guard nodes)
+    ctx_mm: ir.Node
+    out: tuple  # (the output value, its views, flattened for a Gemm)
+    target: object  # the attention op for this lowering
+
+
 class Attention(Rule):
     """Q·K^T scaled, masked, Softmax, @V, with the head views -> com.microsoft MultiHeadAttention."""
 
@@ -362,8 +401,24 @@ class Attention(Rule):
     same_shape = False
 
     def match(self, cx, sm: ir.Node) -> Match | None:
-        rank = cx.rank(sm.inputs[0])
-        if rank != 4:
+        """Find the whole pattern around the Softmax, prove it legal, and write it both ways: GroupQueryAttention
+        on the K/V heads before their repeat (when K and V are repeats) with MultiHeadAttention as its fallback;
+        `cut` keeps the one the enabled rules ask for."""
+        f = self._found(cx, sm)
+        if f is None:
+            return None
+        gqa, why = self._grouped(cx, f.values, sm, f.q, f.q4, f.k, f.v, f.k4, f.nd) if f.k4 else (None, None)
+        mha = self._written_as(cx, f, None)
+        if why is not None and mha is not None:
+            mha = replace(mha, refusals=[why])
+        if gqa is None:
+            return mha if mha is not None or why is None else Match("attention", sm, [sm], refusals=[why])
+        grouped = self._written_as(cx, f, gqa) or Match("gqa", sm, [sm])  # (its members taken: nothing while gqa is on)
+        return replace(grouped, fallback=mha if mha is not None else Match("attention", sm, [sm]))
+
+    def _found(self, cx, sm: ir.Node) -> "_Found | None":
+        """Q·K^T (scaled, masked) -> Softmax -> @V with the views of each side, or None; a near miss raises."""
+        if cx.rank(sm.inputs[0]) != 4:
             return None
         axis = int(attr(sm, "axis", -1 if cx.graph.opset >= 13 else 1))
         if axis not in (-1, 3):
@@ -401,54 +456,48 @@ class Attention(Rule):
         if out is None:
             raise Refused("the context does not return to [B, S, N*D] through views")
         self._legal(cx, q, k, v, mask, nd[0], q4, k4)
-        pre = [n for n in (q_scale, k_scale) if n is not None]
         target = attention_target(cx.lower)
         if target is None:  # (GroupQueryAttention has a target exactly when MultiHeadAttention has one)
             raise Refused(f"no attention op for lower={cx.lower.value!r}")
-        gqa, why = self._grouped(cx, values, sm, q, q4, k, v, k4, nd) if k4 else (None, None)
+        return _Found(sm, values, q, k, v, q_views, k_views, v_views, q4, k4, nd, vd, mask, s1 * s2 * s3,
+                      [n for n in (q_scale, k_scale) if n is not None], nodes, guarded, ctx_mm, out, target)
 
-        def written_as(gqa: dict | None) -> Match | None:
-            """The match as MultiHeadAttention (gqa None) or as GroupQueryAttention on the K/V heads before the
-            repeat (the repeat goes too); None when another group has some of its members."""
-            kk, vv, kv_views, vv_views = k, v, k_views, v_views
-            if gqa is not None:
-                kk, vv = gqa["k"], gqa["v"]
-                kv_views, vv_views = gqa["k_views"] + k_views, gqa["v_views"] + v_views
-            members = q_views + kv_views + vv_views + pre + nodes + [sm] + guarded[1] + [ctx_mm] + out[1]
-            whole = members + _support(cx, members)
-            kept = [n for views in (q_views, kv_views, vv_views) for n in _kept_views(views, whole)]
-            members = [n for n in members if n not in kept]
-            members += _support(cx, members)  # the shape arithmetic of kept views (a kept repeat's Expand target) stays
-            if not cx.free(*members):
-                return None
-            keep_guard = bool(guarded[1]) and mask is not None and not _mask_finite(cx, mask)
-            # what the kept guard fills a NaN with comes from V as the fused op reads it: (in heads, K/V heads, group,
-            # head size)
-            fill = (gqa["k4"][1], gqa["kv_heads"], nd[0] // gqa["kv_heads"], nd[1]) if gqa is not None else \
-                (k4, nd[0], 1, vd[1])
-            op = gqa_target(cx.lower) if gqa is not None else target
-            heads = (f"{nd[0]} heads of {nd[1]}, K/V {gqa['kv_heads']} heads (GroupQueryAttention, causal=0, the "
-                     "repeat removed: measured faster than MultiHeadAttention after it, benchmarks/results/gqa.md)"
-                     if gqa is not None else f"{nd[0]} heads of {nd[1]}") + ", layouts proved"
-            # the kernels `rewrite` writes besides the attention op: a query in heads goes back to [B, S, N*D]
-            # (Transpose + Reshape), the flatten for a Gemm, the NaN guard, GQA's K/V transposed back
-            extra = (2 if q4 else 0) + (1 if out[2] else 0) + (2 + _fill_kernels(fill[0], fill[2]) if keep_guard else 0) \
-                + (gqa["extra"] if gqa is not None else 0)
-            grouped = GroupedKV(gqa["kv_heads"], gqa["k4"], gqa["head_size"], gqa["bs"]) if gqa is not None else None
-            return Match("gqa" if gqa is not None else "attention", sm, members,
-                         f"{heads}; mask {'none' if mask is None else 'as attention_bias'}; "
-                         f"guard {'kept' if keep_guard else 'none'}" + (f"; {gqa['note']}" if gqa and gqa["note"] else ""),
-                         op.op, op.kernels + extra, outputs=[out[0]],
-                         data=AttentionData(kk, vv, q, mask, nd[0], s1 * s2 * s3, keep_guard, fill,
-                                            out[2] and nd[0] * vd[1], q4 and nd[0] * nd[1], grouped))
-
-        mha = written_as(None)
-        if why is not None and mha is not None:
-            mha = replace(mha, refusals=[why])
-        if gqa is None:
-            return mha if mha is not None or why is None else Match("attention", sm, [sm], refusals=[why])
-        grouped = written_as(gqa) or Match("gqa", sm, [sm])  # (its members taken: nothing while gqa is on)
-        return replace(grouped, fallback=mha if mha is not None else Match("attention", sm, [sm]))
+    @staticmethod
+    def _written_as(cx, f: "_Found", gqa: "_Repeated | None") -> Match | None:
+        """The match as MultiHeadAttention (gqa None) or as GroupQueryAttention on the K/V heads before the
+        repeat (the repeat goes too); None when another group has some of its members."""
+        nd, vd, mask, out = f.nd, f.vd, f.mask, f.out
+        kk, vv, kv_views, vv_views = f.k, f.v, f.k_views, f.v_views
+        if gqa is not None:
+            kk, vv = gqa.k, gqa.v
+            kv_views, vv_views = gqa.k_views + f.k_views, gqa.v_views + f.v_views
+        members = f.q_views + kv_views + vv_views + f.pre + f.nodes + [f.sm] + f.guarded[1] + [f.ctx_mm] + out[1]
+        whole = members + _support(cx, members)
+        kept = [n for views in (f.q_views, kv_views, vv_views) for n in _kept_views(views, whole)]
+        members = [n for n in members if n not in kept]
+        members += _support(cx, members)  # the shape arithmetic of kept views (a kept repeat's Expand target) stays
+        if not cx.free(*members):
+            return None
+        keep_guard = bool(f.guarded[1]) and mask is not None and not _mask_finite(cx, mask)
+        # what the kept guard fills a NaN with comes from V as the fused op reads it: (in heads, K/V heads, group,
+        # head size)
+        fill = (gqa.kv.k4[1], gqa.kv.kv_heads, nd[0] // gqa.kv.kv_heads, nd[1]) if gqa is not None else \
+            (f.k4, nd[0], 1, vd[1])
+        op = gqa_target(cx.lower) if gqa is not None else f.target
+        heads = (f"{nd[0]} heads of {nd[1]}, K/V {gqa.kv.kv_heads} heads (GroupQueryAttention, causal=0, the "
+                 "repeat removed: measured faster than MultiHeadAttention after it, benchmarks/results/gqa.md)"
+                 if gqa is not None else f"{nd[0]} heads of {nd[1]}") + ", layouts proved"
+        # the kernels `rewrite` writes besides the attention op: a query in heads goes back to [B, S, N*D]
+        # (Transpose + Reshape), the flatten for a Gemm, the NaN guard, GQA's K/V transposed back
+        extra = (2 if f.q4 else 0) + (1 if out[2] else 0) + (2 + _fill_kernels(fill[0], fill[2]) if keep_guard else 0) \
+            + (gqa.extra if gqa is not None else 0)
+        grouped = gqa.kv if gqa is not None else None
+        return Match("gqa" if gqa is not None else "attention", f.sm, members,
+                     f"{heads}; mask {'none' if mask is None else 'as attention_bias'}; "
+                     f"guard {'kept' if keep_guard else 'none'}" + (f"; {gqa.note}" if gqa is not None and gqa.note else ""),
+                     op.op, op.kernels + extra, outputs=[out[0]],
+                     data=AttentionData(kk, vv, f.q, mask, nd[0], f.scale, keep_guard, fill,
+                                        out[2] and nd[0] * vd[1], f.q4 and nd[0] * nd[1], grouped))
 
     def cut(self, m: Match, rules: frozenset[str], limit: int | None) -> Match | None:
         """GroupQueryAttention while `gqa` is on; else MultiHeadAttention after the repeat, with `attention` on,
@@ -463,7 +512,7 @@ class Attention(Rule):
         return replace(mha, refusals=refusals)
 
     @staticmethod
-    def _grouped(cx, values, sm: ir.Node, q, q4: bool, k, v, k4: bool, nd) -> tuple[dict | None, Refused | None]:
+    def _grouped(cx, values, sm: ir.Node, q, q4: bool, k, v, k4: bool, nd) -> tuple["_Repeated | None", Refused | None]:
         """GroupQueryAttention's K and V when both are repeat_kv results of the same Nkv < N heads: V (and K
         without a rotary) as their [B, L, Nkv*D] projections, a rotated K [B, Nkv, L, D] as it is (the rewrite
         transposes it back); and None. (None, the near miss of rule `gqa`) when they are repeats but GroupQuery-
@@ -489,24 +538,20 @@ class Attention(Rule):
             why = f"dtype {cx.dtype(q)}"
         if why:
             return None, Refused(f"GroupQueryAttention not written: {why}; MultiHeadAttention after the repeat").at("gqa", sm)
-        out = {"kv_heads": nkv, "head_size": nd[1], "k_views": [], "v_views": list(v_rep), "extra": 0, "note": "",
-               "bs": (qs[0], qs[2 if q4 else 1])}
+        sides, extra = {}, 0
         for name, x, rep in (("k", xk, k_rep), ("v", xv, v_rep)):
             base, views, kvd, split = _side(cx, values, x, "bnsd", reader=rep[0] if rep else None)
             if kvd == (nkv, nd[1]) and not split and cx.rank(base) == 3:
-                out[name], out[name + "4"] = base, False
-                out[name + "_views"] = views + list(rep)
+                sides[name] = (base, views + list(rep), False)
             else:  # a value already in heads (the rotary's output): Transpose + Reshape to [B, L, Nkv*D]
-                out[name], out[name + "4"] = x, True
-                out[name + "_views"] = list(rep)
-                out["extra"] += 2
-        if not all(isinstance(d, int) for d in out["bs"]):
-            pass  # seqlens_k and total_sequence_length come from q's shape at run time (see `_gqa`): host-side
-            # shape arithmetic that launches no kernel (the cost model's `host`), so no extra kernel
-        out["k4"] = (out["k4"], out["v4"])
-        back = [n for n, four in zip("KV", out["k4"]) if four]
-        out["note"] = f"{' and '.join(back)} transposed back to [B, L, Nkv*D]" if back else ""
-        return out, None
+                sides[name] = (x, list(rep), True)
+                extra += 2
+        # seqlens_k and total_sequence_length come from q's shape at run time (see `_gqa`) when (B, S) are not
+        # ints: host-side shape arithmetic that launches no kernel (the cost model's `host`), so no extra kernel
+        (k, k_views, k4), (v, v_views, v4) = sides["k"], sides["v"]
+        back = [n for n, four in zip("KV", (k4, v4)) if four]
+        return _Repeated(GroupedKV(nkv, (k4, v4), nd[1], (qs[0], qs[2 if q4 else 1])), k, v, k_views, v_views, extra,
+                         f"{' and '.join(back)} transposed back to [B, L, Nkv*D]" if back else ""), None
 
     @staticmethod
     def _output(cx, values, ctx_mm: ir.Node, q: ir.Value, q4: bool, heads: int, dv: int):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from ... import derive
-from ...legality import bn_foldable
+from ...analysis import derive
+from ...analysis.legality import bn_foldable
 from ..engine import Refused, attr, sole_consumer
 from ..lowering import ELEMENTWISE_ACTIVATIONS, FUSED_GEMM_ACTIVATIONS
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx_ir as ir
 
-from ... import derive
-from ...legality import range_edge_input
+from ...analysis import derive
+from ...analysis.legality import range_edge_input
 from ..engine import Match, Refused, Rule, attr, consumers, copy_attrs, is_op, next_reader, other_input, sole_consumer
 from ..lowering import FUSED_CONV_ACTIVATIONS, conv_activations, conv_target, float16_refusal
 from ..options import Lowering

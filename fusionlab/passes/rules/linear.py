@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx_ir as ir
 
-from ... import derive
-from ...legality import matmul_bn_legal
+from ...analysis import derive
+from ...analysis.legality import matmul_bn_legal
 from ..engine import Match, Refused, Rule, attr, consumers, copy_attrs, is_op, next_reader, sole_consumer
 from ..lowering import FUSED_GEMM_ACTIVATIONS, float16_refusal, gemm_target
 from ..options import Lowering
@@ -116,9 +116,8 @@ def _bn_step(cx, node: ir.Node, bn: ir.Node, head: _Head):
         c = cx.constant(node.inputs[2])
         if c is None:
             raise Refused("Gemm C is not a constant")
-    n = head.n
     s, t = bn_affine(cx, bn)
-    folded = derive.fold_gemm_bn(w, None, s, t, np.zeros(n), np.ones(n), 0.0, trans_b=bool(head.trans_b))
+    folded = derive.fold_linear_affine(w, None, s, t, trans_b=bool(head.trans_b))
     beta = float(attr(node, "beta", 1.0)) if head.gemm else 1.0
     new_c = t if c is None else beta * c.astype(np.float64) * s + t
     if folded.overflow or not np.all(np.isfinite(new_c)) or np.any(np.abs(new_c) > np.finfo(w.dtype).max):

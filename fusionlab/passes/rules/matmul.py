@@ -16,7 +16,7 @@ node read only by the next one, operands of rank >= 2, and transBatch only with 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
@@ -80,12 +80,23 @@ def _scale_of(cx, node: ir.Node, data: ir.Value | None = None) -> tuple[float, i
     return (v if node.op_type == "Mul" else 1.0 / v), x
 
 
-def _operand(cx, mm: ir.Node, i: int) -> dict:
+@dataclass
+class _Operand:
+    """One side of the MatMul as FusedMatMul reads it: the value before the scales and Transpose it absorbs."""
+    value: ir.Value
+    nodes: list = field(default_factory=list)  # the absorbed Mul/Div/Transpose nodes, in graph order
+    alpha: float = 1.0
+    trans: bool = False
+    batch: bool = False
+    why: str | None = None  # why the walk stopped at a node it could not take
+
+
+def _operand(cx, mm: ir.Node, i: int) -> _Operand:
     """Walk back from input i through single-reader scales and at most one Transpose FusedMatMul takes."""
-    out = {"value": mm.inputs[i], "nodes": [], "alpha": 1.0, "trans": False, "batch": False, "why": None}
+    out = _Operand(mm.inputs[i])
     reader, transposed = mm, False
     while True:
-        v = out["value"]
+        v = out.value
         p = v.producer()
         if not (is_op(p, "Mul", "Div") and len(p.inputs) == 2) and not is_op(p, "Transpose"):
             return out
@@ -100,17 +111,17 @@ def _operand(cx, mm: ir.Node, i: int) -> dict:
                 flags = transpose_flags(perm, rank) if rank is not None and not transposed else None
                 if flags is None:
                     raise Refused(f"Transpose {p.name} perm {perm} is not one FusedMatMul takes")
-                out["trans"], out["batch"], transposed, nxt = flags[0], flags[1], True, p.inputs[0]
+                out.trans, out.batch, transposed, nxt = flags[0], flags[1], True, p.inputs[0]
             else:
                 found = _scale_of(cx, p)
                 if found is None:
                     return out
-                out["alpha"], nxt = out["alpha"] * found[0], found[1]
+                out.alpha, nxt = out.alpha * found[0], found[1]
         except Refused as exc:
-            out["why"] = str(exc)
+            out.why = str(exc)
             return out
-        out["nodes"].insert(0, p)
-        out["value"], reader = nxt, p
+        out.nodes.insert(0, p)
+        out.value, reader = nxt, p
 
 
 def _output_scales(cx, mm: ir.Node) -> tuple[list[ir.Node], float, str | None]:
@@ -130,7 +141,7 @@ def _output_scales(cx, mm: ir.Node) -> tuple[list[ir.Node], float, str | None]:
         alpha, cur = alpha * found[0], n.outputs[0]
 
 
-def _operands_refusal(cx, mm: ir.Node, a: dict, b: dict, ra, rb) -> Refused:
+def _operands_refusal(cx, mm: ir.Node, a: _Operand, b: _Operand, ra, rb) -> Refused:
     """Why FusedMatMul's CPU kernel cannot take these operands."""
     if cx.dtype(mm.inputs[0]) != F32 or cx.dtype(mm.inputs[1]) != F32:
         return Refused(f"FusedMatMul's CPU kernel takes float32 only (operands are {cx.dtype(mm.inputs[0])})")
@@ -150,26 +161,26 @@ class FusedMatMul(Rule):
             return None
         a, b = _operand(cx, mm, 0), _operand(cx, mm, 1)
         tail, out_alpha, out_why = _output_scales(cx, mm)
-        whys = [w for w in (a["why"], b["why"], out_why) if w]
-        if not (a["nodes"] or b["nodes"] or tail):
+        whys = [w for w in (a.why, b.why, out_why) if w]
+        if not (a.nodes or b.nodes or tail):
             if whys:
                 raise Refused(whys[0])
             return None
         stayed = [Refused(w) for w in whys]  # fused without them: say why they stayed
-        ra, rb = cx.rank(a["value"]), cx.rank(b["value"])
+        ra, rb = cx.rank(a.value), cx.rank(b.value)
         fp16 = float16_refusal("com.microsoft:FusedMatMul", cx.dtype(mm.inputs[0]), f"float16 MatMul {mm.name}")
         if fp16 or cx.dtype(mm.inputs[0]) != F32 or cx.dtype(mm.inputs[1]) != F32 or ra is None or rb is None \
-                or ra < 2 or rb < 2 or ((a["batch"] or b["batch"]) and not (ra == rb >= 3)):
+                or ra < 2 or rb < 2 or ((a.batch or b.batch) and not (ra == rb >= 3)):
             refused = fp16 or _operands_refusal(cx, mm, a, b, ra, rb)
             if not stayed:
                 raise refused
             return Match("fused_matmul", mm, [mm], refusals=stayed + [refused])  # nothing fused: all of them said
-        alpha = a["alpha"] * b["alpha"] * out_alpha
-        nodes = a["nodes"] + [n for n in b["nodes"] if n not in a["nodes"]] + [mm] + tail
+        alpha = a.alpha * b.alpha * out_alpha
+        nodes = a.nodes + [n for n in b.nodes if n not in a.nodes] + [mm] + tail
         return Match("fused_matmul", mm, nodes, "scalar scales and operand transposes FusedMatMul computes itself",
                      "com.microsoft:FusedMatMul", outputs=[nodes[-1].outputs[0]],
-                     data=FusedMatMulData(a["value"], b["value"], float(np.float32(alpha)),
-                                          (a["trans"], b["trans"], a["batch"], b["batch"])), refusals=stayed)
+                     data=FusedMatMulData(a.value, b.value, float(np.float32(alpha)),
+                                          (a.trans, b.trans, a.batch, b.batch)), refusals=stayed)
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
         d: FusedMatMulData = m.data

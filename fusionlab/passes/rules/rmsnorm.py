@@ -15,6 +15,8 @@ Cast is a member too. A Cast to the type a value already has is bypassed before 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_ir as ir
 
@@ -94,7 +96,22 @@ def _no_epsilon(cx, mean: ir.Node) -> None:
                   f"+ epsilon{' (epsilon is added' + where + ')' if where else ''}: not an RMSNorm")
 
 
-def _core(cx, mean: ir.Node) -> dict | None:
+@dataclass(frozen=True, eq=False)
+class _Core:
+    """x / sqrt(mean(x²) + eps) as `_core` found it: the nodes, the float32 input `xf` (a Cast's output when the
+    pattern starts with one), x² and the normalising node, where the pattern ends (`cur`, after a Cast back),
+    whether `xf` is read outside, and the second Cast of the same input that the x² side may read (`twin`)."""
+    nodes: list
+    xf: ir.Value
+    sq: ir.Node
+    norm: ir.Node
+    cur: ir.Value
+    eps: float
+    shared: bool
+    twin: ir.Node | None
+
+
+def _core(cx, mean: ir.Node) -> _Core | None:
     """The decomposed RMSNorm whose ReduceMean is `mean`: members, input, eps; Refused where it is not legal."""
     sq = mean.inputs[0].producer() if mean.inputs and mean.inputs[0] is not None else None
     if not is_op(sq, "Pow", "Mul") or consumers(sq.outputs[0]) != [mean] or sq.outputs[0].is_graph_output():
@@ -139,23 +156,22 @@ def _core(cx, mean: ir.Node) -> dict | None:
     if back is not None:
         nodes.append(back)
         cur = back.outputs[0]
-    return {"nodes": nodes, "xf": xf, "sq": sq, "norm": norm, "cur": cur, "eps": float(eps.reshape(-1)[0]),
-            "shared": shared, "twin": twin}
+    return _Core(nodes, xf, sq, norm, cur, float(eps.reshape(-1)[0]), shared, twin)
 
 
-def _scale(cx, core: dict) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
+def _scale(cx, core: _Core) -> tuple[ir.Value, ir.Value, list[ir.Node]]:
     """(input, [H] scale, readers of the input in the group): the scale Mul is appended to the members.
 
     The input is the Cast's when the group starts with one, unless the scale's dtype then differs from it
     (a float32 scale after a float16 input: the Cast stays outside and the op reads its float32 output).
     """
-    cur = core["cur"]
+    cur = core.cur
     mul = _only(cx, cur, "Mul")
     if mul is None:
         raise Refused("no scale after the normalisation (the fused op needs one)")
     gamma = other_input(mul, cur)
-    nodes, twin = core["nodes"], core["twin"]
-    x, readers = core["xf"], [core["sq"]] + ([core["norm"]] if twin is None else [])
+    nodes, twin = core.nodes, core.twin
+    x, readers = core.xf, [core.sq] + ([core.norm] if twin is None else [])
     if is_op(nodes[0], "Cast") and cx.dtype(nodes[0].inputs[0]) == cx.dtype(gamma):
         x, readers = nodes[0].inputs[0], [nodes[0]] + ([twin] if twin is not None else [])
     elif is_op(nodes[0], "Cast"):
@@ -210,14 +226,14 @@ class DecomposedRMSNorm(Rule):
 
     def match(self, cx, mean: ir.Node) -> Match | None:
         core = _core(cx, mean)
-        if core is None or not cx.free(*[n for n in core["nodes"] if not is_op(n, "Cast")]):
+        if core is None or not cx.free(*[n for n in core.nodes if not is_op(n, "Cast")]):
             return None
         x, gamma, readers = _scale(cx, core)
-        if not cx.free(*core["nodes"]):
+        if not cx.free(*core.nodes):
             return None
-        if core["shared"] and x is not core["xf"]:
-            raise Refused(f"{core['xf'].name} is read outside the RMSNorm pattern")
-        return _skip_or_plain(cx, mean, core["nodes"], x, readers, gamma, core["eps"])
+        if core.shared and x is not core.xf:
+            raise Refused(f"{core.xf.name} is read outside the RMSNorm pattern")
+        return _skip_or_plain(cx, mean, core.nodes, x, readers, gamma, core.eps)
 
     def rewrite(self, cx, m: Match) -> list[ir.Node]:
         d = m.data

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx_ir as ir
 
+from ...analysis import derive
 from ..engine import Match, Refused, Rule, attr, copy_attrs, is_op, other_input, sole_consumer
 from .common import FLOATS
 
@@ -194,7 +195,7 @@ def _projection(cx, v: ir.Value, reader: ir.Node) -> list[ir.Node] | None:
     return nodes
 
 
-def _fold_scale(cx, proj: list[ir.Node], mul: ir.Node, cur: ir.Value, axis: int) -> dict | None:
+def _fold_scale(cx, proj: list[ir.Node], mul: ir.Node, cur: ir.Value, axis: int) -> derive.Folded | None:
     """The projection's W' = W * gamma and b' = b * gamma for Mul(cur, gamma) scaling `axis` of cur, which holds
     the MatMul's output columns; None for a Mul by a non-constant, Refused when gamma does not fold."""
     mm = proj[0]
@@ -204,26 +205,25 @@ def _fold_scale(cx, proj: list[ir.Node], mul: ir.Node, cur: ir.Value, axis: int)
     g = _per_channel(cx, mul, cur, axis, w.shape[1], w.dtype)
     if g is None:
         return None
-    bias = None
+    b = None
     if len(proj) > 1:
         b_v = other_input(proj[1], mm.outputs[0])
         b = cx.constant(b_v) if b_v is not None else None
         if b is None or b.dtype != w.dtype or b.shape not in ((w.shape[1],), (1,)):
             raise Refused(f"the Add after the MatMul is not a constant [{w.shape[1]}] bias")
-        bias = np.broadcast_to(b.astype(np.float64), (w.shape[1],)) * g
-    new_w = w.astype(np.float64) * g
-    limit = float(np.finfo(w.dtype).max)
-    if np.abs(new_w).max() > limit or (bias is not None and np.abs(bias).max() > limit):
+    folded = derive.fold_linear_affine(w, b, g, np.zeros(w.shape[1]))
+    if folded.overflow:
         raise Refused(f"folded weights overflow {w.dtype}")
-    return {"w": new_w.astype(w.dtype), "b": None if bias is None else bias.astype(w.dtype)}
+    return folded
 
 
-def _emit_projection(cx, proj: list[ir.Node], fold: dict) -> list[ir.Node]:
+def _emit_projection(cx, proj: list[ir.Node], fold: derive.Folded) -> list[ir.Node]:
+    """The projection with the folded weight (and the folded bias, when it had an Add)."""
     mm = proj[0]
-    w = cx.initializer(f"{mm.name}_W_scaled", fold["w"])
+    w = cx.initializer(f"{mm.name}_W_scaled", fold.weight)
     out = [cx.node("MatMul", [mm.inputs[0], w], base=f"{mm.name}_scaled")]
-    if fold["b"] is not None:
-        out.append(cx.node("Add", [out[-1].outputs[0], cx.initializer(f"{proj[1].name}_B_scaled", fold["b"])],
+    if len(proj) > 1:
+        out.append(cx.node("Add", [out[-1].outputs[0], cx.initializer(f"{proj[1].name}_B_scaled", fold.bias)],
                            base=f"{proj[1].name}_scaled"))
     return out
 

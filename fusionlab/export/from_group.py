@@ -7,7 +7,7 @@
   `group` becomes Conv2D `groups`; `strides`/`dilations` become 4-D NCHW lists; ONNX pads
   (top, left, bottom, right) become Conv2D pads (top, bottom, left, right));
 - the name: from the member op types (`ConvRelu`);
-- Conv+BatchNormalization is folded at declaration time (`fusionlab.derive.fold_conv_bn`), so a
+- Conv+BatchNormalization is folded at declaration time (`fusionlab.analysis.derive.fold_conv_bn`), so a
   Conv+BN+ReLU group becomes a `ConvRelu` with folded weights: the kernel never sees BN, exactly as
   CANN's ConvBatchnormFusionPass folds BN into the filter before any kernel runs.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from ..derive import fold_conv_bn
+from ..analysis.derive import fold_conv_bn
 from ..graph import Graph
 from ..passes.prepare import graph_of
 from ..plan import FusionGroup, FusionPlan

@@ -26,7 +26,7 @@ An element of a fused output `f` is accepted when
    reference by more than the tolerance (a ReLU of an overflowed sum that the original clipped to 0 and the fused
    kernel, with its BatchNorm scale in the weights, saw as NaN).
 
-(rtol, atol) are the project's per-dtype tolerances (`fusionlab.runtime.TOLERANCES`: fp32 1e-4/1e-5, fp16
+(rtol, atol) are the project's per-dtype tolerances (`fusionlab.verification.runtime.TOLERANCES`: fp32 1e-4/1e-5, fp16
 1e-3/2.5e-3, fp64 1e-7/1e-7), s = max(1, max|o| over finite elements) (rounding grows with magnitude),
 FACTOR = 2, ILL_FACTOR = 10, RANGE_FACTOR = 256. Shapes and dtypes must be equal; integer and bool outputs must be equal
 exactly, except elements that flip when the original's float inputs move by a few ulps (an argmax of
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime import TOLERANCES
+from .runtime import TOLERANCES
 
 __all__ = ["FACTOR", "ILL_FACTOR", "RANGE_FACTOR", "accepted", "judge_output", "tolerance", "deviation", "spread",
            "within_rounding"]

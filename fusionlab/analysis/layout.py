@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from ..engine import attr, consumers, is_op, sole_consumer
-from ..shape_values import ShapeValues
+from ..graph import attr, consumers, is_op, sole_consumer
+from .shape_values import ShapeValues
 
 __all__ = ["Atom", "Layout", "trace_back", "trace_forward", "base_layout", "size_of", "names", "shape_branch", "step"]
 

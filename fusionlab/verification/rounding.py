@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from ..graph import fresh_name
+from ..graph.names import fresh_name
 from .feeds import session as _session
 
 __all__ = ["EXACT_OPS", "rounded_runs"]

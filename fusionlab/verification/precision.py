@@ -22,7 +22,8 @@ from onnx.reference.op_run import OpRun
 from onnx.reference.ops._op import OpRunUnaryNum
 from onnx.reference.ops.op_batch_normalization import BatchNormalization_14, _batchnorm_test_mode
 
-from .graph import fresh_name
+from ..graph import onnx_opset
+from ..graph.names import fresh_name
 
 __all__ = ["to_float64", "convert", "run_float64", "Reference", "ReferenceUnavailable"]
 
@@ -181,7 +182,7 @@ def _explicit_maxpool_pads(wide: onnx.ModelProto, elem_type: int) -> None:
     Only single-output MaxPools are changed (explicit padding would move the indices output).
     """
     g = wide.graph
-    opset = next((o.version for o in wide.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = onnx_opset(wide)
     taken = _names(g)
     dt = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
     out, extra = [], []

@@ -19,7 +19,7 @@ from math import erf
 
 import numpy as np
 
-from ..derive import conv_nd
+from ..analysis.derive import conv_nd
 from .declare import DeclarationError, OpDecl
 
 __all__ = ["DOMAIN", "run_body", "compute", "register", "encode_attr", "decode_attr", "library_path",

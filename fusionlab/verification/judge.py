@@ -20,9 +20,9 @@ import onnx.inliner
 import onnx.numpy_helper
 from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
 
-from ..precision import Reference, ReferenceUnavailable, convert
 from .compare import accepted as _close, deviation as _deviation, judge_output, spread as _spread, within_rounding
 from .feeds import Draw, draws, feeds_for, session as _session
+from .precision import Reference, ReferenceUnavailable, convert
 from .rounding import rounded_runs
 
 __all__ = ["Case", "excuse", "input_runs", "parameter_runs", "CANNOT_RUN"]

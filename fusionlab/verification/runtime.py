@@ -18,9 +18,9 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 
-from .graph import Graph, ModelError, has_external_tensors, load, save_model
+from ..graph import Graph, ModelError, has_external_tensors, load, onnx_opset, save_model
+from ..shapes import dim_value
 from .precision import Reference
-from .shapes import dim_value
 
 __all__ = [
     "LEVELS", "TOLERANCES", "session", "model_bytes", "make_feeds", "run", "verify", "VerifyReport",
@@ -518,7 +518,7 @@ def random_sources(model) -> dict[str, list[str]]:
         except Exception:
             return {}
     g = proto.graph
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = onnx_opset(proto)
     consts: dict[str, np.ndarray] = {}
     for init in g.initializer:
         if init.data_location != onnx.TensorProto.EXTERNAL and int(np.prod(init.dims)) == 1:

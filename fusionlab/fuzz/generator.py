@@ -30,9 +30,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from ..verification.feeds import draws, feeds_for, session as _session
 from . import attention, chains, convs, exporters, gelus, layouts, linears, norms, rotary
 from .builder import Builder
-from .feeds import draws, feeds_for, session as _session
 from .names import tempt
 
 __all__ = ["generate", "generate_with_tags", "validate", "declared_shape_problem", "build", "build_traced", "MAX_ATTEMPTS", "MODULES"]
@@ -135,7 +135,6 @@ def build_traced(rng: random.Random) -> tuple[onnx.ModelProto, list[str], Builde
         b.tags += tempt(model, rng)
     tags = sorted(set(b.tags)) + [f"opset{opset}", np.dtype(dtype).name]
     return model, tags, b
-
 
 
 def validate(model: onnx.ModelProto, n_draws: int = 3) -> str | None:

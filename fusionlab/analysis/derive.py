@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "bn_scale_shift", "fold_affine", "fold_conv_bn", "fold_matmul_bn", "fold_gemm_bn", "Folded",
+    "bn_scale_shift", "fold_affine", "fold_conv_bn", "fold_matmul_bn", "fold_gemm_bn", "fold_linear_affine", "Folded",
     "conv_nd", "conv_transpose_nd", "batch_norm",
     "Fp16FoldReport", "fold_fp16_report",
     "Work", "conv_bn_work", "work_table",
@@ -115,6 +115,17 @@ def fold_matmul_bn(weight, bias, gamma, beta, mean, var, eps: float = 1e-5) -> F
     w_new = w.astype(np.float64) * scale
     b_new = scale * (b64 - np.asarray(mean, dtype=np.float64)) + np.asarray(beta, dtype=np.float64)
     return _cast_back(w_new, b_new, w.dtype)
+
+
+def fold_linear_affine(weight, bias, scale, shift, *, trans_b: bool = False) -> Folded:
+    """Fold a per-column affine map `scale · y + shift` after `y = x @ W + b` into W and b: W' = W·diag(scale),
+    b' = scale·b + shift (`bias` may be None). W is (K, N), or (N, K) as Gemm's B with transB=1."""
+    w = np.asarray(weight)
+    scale, shift = np.asarray(scale, dtype=np.float64), np.asarray(shift, dtype=np.float64)
+    b64 = np.zeros(scale.shape[0]) if bias is None else np.asarray(bias, dtype=np.float64)
+    w64 = w.astype(np.float64)
+    w_new = w64 * scale[:, None] if trans_b else w64 * scale
+    return _cast_back(w_new, scale * b64 + shift, w.dtype)
 
 
 def fold_gemm_bn(weight, bias, gamma, beta, mean, var, eps: float = 1e-5, *, trans_b: bool = False) -> Folded:

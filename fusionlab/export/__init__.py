@@ -1,9 +1,11 @@
-"""Custom fused operators: declare (REG_OP style), derive from a fusion group, run in onnxruntime, emit CANN files.
+"""What leaves the package: a fused group as a custom operator (declared REG_OP style, run in onnxruntime) and the
+files a developer takes to an Ascend machine.
 
 - `declare`: `reg_op(...)` builder, the three validation rules, shape/type inference.
 - `from_group`: a fusion-plan group -> declaration + the model rewritten to use the op.
 - `kernels`: the numpy kernel and its onnxruntime-extensions registration.
-- `cann`: op_proto, msopgen JSON, Ascend C project, ONNX plugin, atc command, fusion_switch.cfg.
+- `cann`: op_proto, msopgen JSON, Ascend C project, ONNX plugin, atc command, fusion_switch.cfg; and the plan as
+  ATC reports it (fusion_result.json, a --fusion_switch_file).
 """
 
 from .cann import package_files, write_package

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from .graph import Graph
+from ..graph import Graph
 
 __all__ = ["Verdict", "conv_bn_legal", "matmul_bn_legal", "bn_foldable", "constant_inputs", "bn_inference_mode",
            "range_edge_input", "fold_rounding"]
@@ -190,7 +190,7 @@ def _producer_weights(graph: Graph, node: ir.Node, bn_node: ir.Node, ops: tuple[
     return _weights(graph, node, node.op_type)
 
 
-#: per-dtype (rtol, atol) a fold's rounding must stay within (fusionlab.runtime.TOLERANCES)
+#: per-dtype (rtol, atol) a fold's rounding must stay within (fusionlab.verification.runtime.TOLERANCES)
 _FOLD_TOLERANCE = {np.dtype(np.float16): (1e-3, 2.5e-3)}
 
 

@@ -29,6 +29,7 @@ import onnxruntime as ort
 
 from .files import atomic_write
 from .graph import ModelError
+from .text import MAX_WIDTH
 from .verification import runtime
 
 __all__ = [
@@ -178,13 +179,15 @@ class Profile:
         elif sort != "start":
             raise ValueError("sort must be 'start' or 'duration'")
         shown = rows if top is None else rows[:top]
-        width = max([len("Op Name")] + [min(len(r["Op Name"]), 40) for r in shown])
         twidth = max([len("OP Type")] + [len(r["OP Type"]) for r in shown])
+        # the name column takes what the notebook's width leaves (the other columns need 55 characters and the type)
+        cap = min(40, MAX_WIDTH - 55 - twidth)
+        width = max([len("Op Name")] + [min(len(r["Op Name"]), cap) for r in shown])
         head = (f"{'Op Name':<{width}}  {'OP Type':<{twidth}}  {'Thread':>6}  {'Start(us)':>10}  {'Duration(us)':>12}  "
                 f"{'Wait(us)':>9}  {'Share':>6}")
         lines = [head]
         for r in shown:
-            lines.append(f"{r['Op Name'][:40]:<{width}}  {r['OP Type']:<{twidth}}  {r['Thread']:>6}  "
+            lines.append(f"{r['Op Name'][:cap]:<{width}}  {r['OP Type']:<{twidth}}  {r['Thread']:>6}  "
                          f"{r['Task Start Time(us)']:>10.1f}  {r['Task Duration(us)']:>12.1f}  "
                          f"{r['Task Wait Time(us)']:>9.1f}  {r['Share(%)']:>5.1f}%")
         if top is not None and len(rows) > top:

@@ -12,6 +12,7 @@ from fusionlab import profile as P
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.cli import main
 from fusionlab.graph import ModelError
+from fusionlab.text import MAX_WIDTH
 
 
 def _branchy(branches: int = 3, ch: int = 4, size: int = 8) -> onnx.ModelProto:
@@ -219,3 +220,14 @@ def test_cli_fuse_side_by_side(tmp_path, capsys):
     assert "ops per run" in text and "fused" in text
     labels = [e["args"]["name"] for e in json.loads(out.read_text())["traceEvents"] if e["name"] == "process_name"]
     assert labels == ["original", "fused"]
+
+
+def test_the_op_table_fits_the_notebook_width_with_long_names_and_long_op_types():
+    # a profile on a loaded machine once put a 40-character BatchNormalization node at the top: 113 characters
+    long = [_ev("/model.20/m/m.0/cv1/bn/BatchNormalization_with_a_long_tail", "BatchNormalization", 205, 10),
+            _ev("/model.4/m/m.1/cv2/act/Sigmoid", "Sigmoid", 220, 4), _run(200, 35)]
+    prof = P.parse_events([SYNTH[0], _ev("w", "Conv", 105, 10), _run(100, 30)] + long, warmup=1)
+    for sort in ("start", "duration"):
+        lines = prof.op_table(sort=sort).splitlines()
+        assert max(len(line) for line in lines) <= MAX_WIDTH, lines
+        assert any(line.startswith("/model.20/m/m.0/cv1/bn/Batch") for line in lines)

@@ -2,11 +2,11 @@
 
 `core` holds the verdict (`Verdict`: PASS with what was checked, FAIL with a hint naming the first failing case,
 NOT ANSWERED YET for the stub) and the grading loop, once; each topic is a module with its hidden cases and a
-`check`: `folding` (notebook 01), `rules` (02), `bytes` (06), `thresholds` (04), `softmax` (07), `buffers` (11).
+`check`: `folding` (notebook 01), `rules` (02), `traffic` (06: bytes), `thresholds` (04), `softmax` (07), `buffers` (11).
 Reference answers and planted wrong ones live outside the package, in the repository's `solutions/`.
 """
 
-from . import folding
+from . import buffers, folding, rules, softmax, thresholds, traffic
 from .core import Case, Verdict
 
-__all__ = ["Case", "Verdict", "folding"]
+__all__ = ["Case", "Verdict", "folding", "rules", "traffic", "thresholds", "softmax", "buffers"]

@@ -71,6 +71,13 @@ class ClipAnyBound(MaxMinClip):
             return None
         return Match("max_min_clip", mx, [mx, mn], "Max then Min", "Clip", data=(x, (lo, hi)))
 
+    def rewrite(self, cx, m):
+        x, (lo, hi) = m.data
+        lo, hi = (c.reshape(()) if c.size == 1 else c for c in (lo, hi))  # a per-channel bound slips through
+        base = m.anchor.name
+        return [cx.node("Clip", [x, cx.initializer(f"{base}_min", lo), cx.initializer(f"{base}_max", hi)],
+                        base=f"{base}_clip")]
+
 
 class Stub(Rule):
     """What the notebook ships: the learner fills in match and rewrite."""

@@ -115,6 +115,11 @@ def _candidates(fused: bool, low: bool) -> list[tuple[int, str]]:
             out.append((size, f"a tensor the fused kernel keeps on chip: {_join(said)} never leave it"))
             out.append((2 * size, f"the write and read back of a tensor the fused kernel keeps on chip: "
                                   f"{_join(said)} never leave it"))
+        every = _join(sorted({t.key for t in mids}))
+        out.append((sum(2 * t.bytes for t in mids), f"the write and read back of every intermediate ({every}): the "
+                                                     "fused kernel keeps them on chip"))
+        out.append((sum(t.bytes for t in mids), f"a write of every intermediate ({every}): the fused kernel keeps "
+                                                "them on chip"))
         kept = {t.key for t in mids}
         for k, ts in twice:
             if k not in kept:

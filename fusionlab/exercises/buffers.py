@@ -24,7 +24,7 @@ from .core import AnswerRaised, Case, NotAnswered, Verdict, attempt, grade, is_s
 __all__ = ["EXERCISE", "TASK", "BUFFER_NUM", "BLOCK", "CASES", "check"]
 
 EXERCISE = "size a double buffer"
-TASK = "largest_tile(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1) -> elements per tile"
+TASK = "largest_tile(ub_bytes, in_bytes, out_bytes, inputs, outputs)"
 BUFFER_NUM = 2
 BLOCK = 32
 
@@ -110,6 +110,6 @@ def _judge(largest_tile, case: Case) -> str | None:
 
 def check(largest_tile) -> Verdict:
     """Grade `largest_tile(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1)` on the hidden device cases."""
-    return grade(EXERCISE, largest_tile, CASES, _judge,
+    return grade(EXERCISE, largest_tile, CASES, _judge, task=TASK,
                  checked=f"Each case: your tile against double_buffer.max_tile_elems with BUFFER_NUM = {BUFFER_NUM} "
                          f"and {BLOCK}-byte blocks: it fits the UB, is block-aligned, and one more block would not fit.")

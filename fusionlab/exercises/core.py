@@ -133,16 +133,19 @@ def _one_line(exc: BaseException) -> str:
 
 
 def grade(exercise: str, answer, cases: Sequence[Case], judge: Callable[[Any, Case], str | None], *,
-          checked: str = "", notes: Sequence[str] = ()) -> Verdict:
-    """Run `judge(answer, case)` on each case in order; the first that fails (or raises) ends the grading."""
+          checked: str = "", notes: Sequence[str] = (), task: str = "") -> Verdict:
+    """Run `judge(answer, case)` on each case in order; the first that fails (or raises) ends the grading.
+
+    `task` says what to write, for the NOT ANSWERED YET verdict."""
+    todo = f"write {task} in the cell above, then run this cell again" if task else ""
     if is_stub(answer):
-        return unanswered(exercise)
+        return unanswered(exercise, todo)
     names = tuple(c.name for c in cases)
     for i, case in enumerate(cases):
         try:
             problem = judge(answer, case)
         except NotAnswered:
-            return unanswered(exercise)
+            return unanswered(exercise, todo)
         except AnswerRaised as exc:
             problem = f"your answer raised {exc}"
         if problem:

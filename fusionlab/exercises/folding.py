@@ -23,7 +23,7 @@ from .core import Case, NotAnswered, Verdict, attempt, first_difference, grade, 
 __all__ = ["EXERCISE", "TASK", "CASES", "check", "exact_fold"]
 
 EXERCISE = "fold Conv -> Mul into the Conv"
-TASK = "fold(W, b, scale) -> (W2, b2): one Conv computing Conv(x, W, b) * scale"
+TASK = "fold(W, b, scale) returning (W2, b2)"
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -143,6 +143,6 @@ def _judge(fold, case: Case) -> str | None:
 
 def check(fold) -> Verdict:
     """Grade `fold(W, b, scale) -> (W2, b2)` on the hidden cases (onnxruntime, graph optimisations off)."""
-    return grade(EXERCISE, fold, CASES, _judge,
+    return grade(EXERCISE, fold, CASES, _judge, task=TASK,
                  checked="Each case: your folded Conv against onnxruntime running the unfused Conv -> Mul, fp32 rtol "
                          "1e-4, atol 1e-5 (scaled by the output's magnitude).")

@@ -35,7 +35,7 @@ from .core import AnswerRaised, Case, Verdict, attempt, grade
 __all__ = ["EXERCISE", "TASK", "RULE", "CASES", "check", "run_rule"]
 
 EXERCISE = "a rule: Max(x, lo) -> Min(., hi) becomes Clip(x, lo, hi)"
-TASK = "a Rule subclass with names = ('max_min_clip',), anchors = ('Max',), match and rewrite"
+TASK = "your rule's match and rewrite"
 RULE = "max_min_clip"
 OPSET = 17
 
@@ -265,7 +265,7 @@ def _judge(answer, case: Case) -> str | None:
 
 def check(answer) -> Verdict:
     """Grade a `Rule` subclass (or instance) for max_min_clip on the hidden positive and near-miss graphs."""
-    return grade(EXERCISE, answer, CASES, _judge,
+    return grade(EXERCISE, answer, CASES, _judge, task=TASK,
                  checked="Positives: exactly the clamp's Max and Min fused, the rewrite passes onnx's full checker and "
                          "matches onnxruntime (graph optimisations off) on the original; near misses: nothing fused.")
 

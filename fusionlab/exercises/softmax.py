@@ -24,7 +24,7 @@ from .core import AnswerRaised, Case, NotAnswered, Verdict, attempt, first_diffe
 __all__ = ["EXERCISE", "TASK", "CASES", "check", "drive", "reference"]
 
 EXERCISE = "the online-softmax update"
-TASK = "update(m, l, acc, scores, v) -> (m, l, acc) for one key block"
+TASK = "update(m, l, acc, scores, v) returning the new (m, l, acc)"
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -130,6 +130,6 @@ def _judge(update, case: Case) -> str | None:
 
 def check(update) -> Verdict:
     """Grade `update(m, l, acc, scores, v) -> (m, l, acc)` against a float64 softmax(scores) @ v."""
-    return grade(EXERCISE, update, CASES, _judge,
+    return grade(EXERCISE, update, CASES, _judge, task=TASK,
                  checked="Each case: acc / l after your update over every key block, against float64 softmax(scores) "
                          "@ v, rtol 1e-4, atol 1e-5 (scaled by the output's magnitude).")

@@ -28,7 +28,7 @@ EXERCISE = "choose max_group_ops for a UB budget"
 DEVICE = "Atlas 800I A2"
 #: one core's Unified Buffer on the device, KB
 BUDGET_KB = float(get_device(DEVICE).ub_kb)
-TASK = f"the largest max_group_ops whose mixed plan fits every group in {BUDGET_KB:g} KB ({DEVICE}'s UB)"
+TASK = "max_group_ops (an int)"
 SHAPE = [1, 16, 32, 32]
 #: the chain: (op, other input or None)
 CHAIN = (("Mul", "y1"), ("Sigmoid", None), ("Add", "y2"), ("Tanh", None), ("Mul", "y3"), ("Relu", None),
@@ -120,6 +120,6 @@ CASES = (Case(f"every group of the plan fits {BUDGET_KB:g} KB", _meets),
 
 def check(answer) -> Verdict:
     """Grade an int: the plan at max_group_ops=answer meets the budget, and no larger cap does."""
-    return grade(EXERCISE, answer, CASES, lambda a, c: c.data(a, c),
+    return grade(EXERCISE, answer, CASES, lambda a, c: c.data(a, c), task=TASK,
                  checked=f"The mixed plan at every max_group_ops from 1 to {len(CHAIN)}, each group's working set at "
                          f"{DEFAULT_TILE_KB:g} KiB tiles against {BUDGET_KB:g} KB.")

@@ -27,7 +27,7 @@ from .core import AnswerRaised, Case, NotAnswered, Verdict, grade, is_stub
 __all__ = ["EXERCISE", "TASK", "CASES", "TOLERANCE", "model", "describe", "truth", "check"]
 
 EXERCISE = "predict the bytes a plan moves"
-TASK = 'check({"unfused": bytes, "fused": bytes}) for y = a * sigmoid(a) + x, a = x * s + b'
+TASK = "your two byte counts"
 TOLERANCE = 0.01
 DEVICE = "Atlas 300I Pro"  # any preset: bytes do not depend on it; precision is fixed at the model's fp32
 C, H = 16, 32
@@ -174,5 +174,5 @@ def check(answer) -> Verdict:
         answer = {"unfused": answer[0], "fused": answer[1]}
     if not is_stub(answer) and not (isinstance(answer, dict) and {"unfused", "fused"} <= set(answer)):
         return grade(EXERCISE, answer, CASES, lambda a, c: 'answer with {"unfused": bytes, "fused": bytes}')
-    return grade(EXERCISE, answer, CASES, _judge,
+    return grade(EXERCISE, answer, CASES, _judge, task=TASK,
                  checked="Each number against fusionlab.cost.plan_cost's bytes moved, within 1 %.")

@@ -7,8 +7,9 @@ intermediate fewer. The learner writes a `Rule` subclass (`names = ("max_min_cli
 `rewrite` and `engine.replace` on each match) on hidden graphs built with the fuzzer's `Builder`:
 
 - POSITIVE graphs, where it must fuse exactly the Max and the Min named (operands in either order, bounds stored
-  as initializers or Constant nodes, shapes () and (1,), two clamps in one graph), and where the rewritten model
-  must pass onnx's full checker and compute what the original does (onnxruntime, graph optimisations off);
+  as initializers or Constant nodes, shapes () and (1,), two clamps in one graph, after one of the fuzzer's random
+  elementwise chains), where the rewritten model must pass onnx's full checker (and the generator's `validate`
+  holds for the original) and compute what the original does (onnxruntime, graph optimisations off);
 - NEAR-MISS graphs, where it must fuse nothing: a bound that is per-channel, a bound that would broadcast x up a
   rank, a Max of three inputs, a Max output another node reads too, a Max output that is a graph output (the
   engine refuses the last two by itself, `engine.escapes`; the rule must refuse the others).
@@ -25,7 +26,9 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from ..fuzz import chains
 from ..fuzz.builder import Builder
+from ..fuzz.generator import validate
 from ..graph import load
 from ..passes import cleanup, engine
 from ..passes.engine import Refused, Rule
@@ -96,6 +99,18 @@ def _two_clamps(b):
     return [mn2], [(mx1, mn1), (mx2, mn2)]
 
 
+def _after_chain(b):
+    """A clamp after one of the fuzzer's random elementwise chains (`fuzz.chains.chain`), drawn until it holds no
+    Max or Min of its own (so the only clamp is the one placed here)."""
+    x = b.input((2, 3, 4), "x")
+    start = len(b.nodes)
+    y = chains.chain(b, x, [x])
+    if any(n.op_type in ("Max", "Min") for n in b.nodes[start:]):
+        raise ValueError("the chain drew a Max or Min")
+    mx, mn = _clamp(b, y, _scalar(b, -0.75), _scalar(b, 0.75), swap=True)
+    return [mn], [(mx, mn)]
+
+
 def _per_channel(b):
     x = b.input((1, 4, 3, 3), "x")
     lo = b.const(np.array([-1.0, 0.0, -0.5, 0.5], np.float32).reshape(4, 1, 1), "lo")
@@ -137,6 +152,7 @@ CASES = (
     Case("operands swapped: Max(lo, x) -> Min(hi, .) after a Tanh", RuleCase(_swapped, True, seed=2)),
     Case("after a Conv, bounds of shape (1,) in Constant nodes", RuleCase(_after_conv, True, seed=3)),
     Case("two clamps in one graph, a bound of shape (1, 1) on a rank-3 tensor", RuleCase(_two_clamps, True, seed=4)),
+    Case("after a random elementwise chain drawn by the fuzzer", RuleCase(_after_chain, True, seed=10)),
     Case("near miss: a per-channel lower bound of shape (4, 1, 1)",
          RuleCase(_per_channel, False, "Clip's bounds are one scalar each; a bound of shape (4, 1, 1) clamps each "
                                        "channel differently", seed=5)),
@@ -153,10 +169,17 @@ CASES = (
 
 
 def build_case(c: RuleCase) -> tuple[onnx.ModelProto, list[tuple[str, str]]]:
-    """The case's model and its clamps (Max, Min output names)."""
-    b = _builder(c.seed)
-    outputs, clamps = c.build(b)
-    return b.model(outputs, ir_version=10, graph_name="clamp"), clamps
+    """The case's model and its clamps (Max, Min output names); a draw the case cannot use is drawn again."""
+    for attempt_no in range(50):
+        b = _builder(c.seed * 100 + attempt_no)
+        try:
+            outputs, clamps = c.build(b)
+        except ValueError:
+            continue
+        model = b.model(outputs, ir_version=10, graph_name="clamp")
+        if validate(model) is None:
+            return model, clamps
+    raise RuntimeError(f"no valid model for {c.build.__name__}")  # pragma: no cover - the seeds are fixed
 
 
 def _rule(answer) -> Rule:

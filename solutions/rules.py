@@ -90,3 +90,26 @@ class Stub(Rule):
 
     def rewrite(self, cx, m):
         raise NotImplementedError
+
+
+class FirstReader(MaxMinClip):
+    """Not wrong here, though it looks it: takes the Max's first reader even when the Max has others. The engine
+    refuses a match whose intermediate escapes the group (`engine.escapes`), so the rule needs no check of its own."""
+
+    def match(self, cx, mx):
+        found = _split(cx, mx)
+        readers = [u.node for u in mx.outputs[0].uses()]
+        if found is None or not readers:
+            return None
+        x, lo = found
+        mn = readers[0]
+        if not is_op(mn, "Min") or not cx.free(mn):
+            return None
+        other = other_input(mn, mx.outputs[0])
+        hi = cx.constant(other) if other is not None else None
+        if hi is None:
+            return None
+        for c in (lo, hi):
+            if c.size != 1 or cx.broadcasts_up(c, x) or c.dtype != cx.dtype(x):
+                raise Refused("the bounds must be scalars of x's dtype that keep x's rank")
+        return Match("max_min_clip", mx, [mx, mn], "Max then Min", "Clip", data=(x, (lo.reshape(()), hi.reshape(()))))

@@ -157,3 +157,13 @@ def test_softmax_reference_solution_matches_the_lesson_loop():
 def test_buffers_cases_use_the_device_presets():
     assert buffers.CASES[0].data.ub == int(devices.get("Atlas 300I Pro").ub_kb * 1024)
     assert buffers.CASES[1].data.ub == int(devices.get("Atlas 800I A2").ub_kb * 1024)
+
+
+def test_a_rule_that_ignores_the_second_consumer_is_kept_safe_by_the_engine():
+    """The brief's classic mistake cannot fail this exercise: the engine, not the rule, refuses an intermediate read
+    outside the group, and records why."""
+    assert rules.check(s_rules.FirstReader).ok
+    case = next(c for c in rules.CASES if "also read by" in c.name)
+    model, _ = rules.build_case(case.data)
+    found, _, refusals = rules.run_rule(s_rules.FirstReader(), model)
+    assert not found and any("read outside the group" in r.reason for r in refusals)

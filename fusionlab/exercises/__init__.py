@@ -2,7 +2,8 @@
 
 `core` holds the verdict (`Verdict`: PASS with what was checked, FAIL with a hint naming the first failing case,
 NOT ANSWERED YET for the stub) and the grading loop, once; each topic is a module with its hidden cases and a
-`check`: `folding` (notebook 01), `rules` (02), `traffic` (06: bytes), `thresholds` (04), `softmax` (07), `buffers` (11).
+`check`: `folding` (notebook 01), `rules` (02), `traffic` (06: bytes), `thresholds` (04), `softmax` (07),
+`buffers` (11).
 Reference answers and planted wrong ones live outside the package, in the repository's `solutions/`.
 """
 

@@ -112,4 +112,5 @@ def check(largest_tile) -> Verdict:
     """Grade `largest_tile(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1)` on the hidden device cases."""
     return grade(EXERCISE, largest_tile, CASES, _judge, task=TASK,
                  checked=f"Each case: your tile against double_buffer.max_tile_elems with BUFFER_NUM = {BUFFER_NUM} "
-                         f"and {BLOCK}-byte blocks: it fits the UB, is block-aligned, and one more block would not fit.")
+                         f"and {BLOCK}-byte blocks: it fits the UB, is block-aligned, and one more block would not "
+                         "fit.")

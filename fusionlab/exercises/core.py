@@ -16,7 +16,8 @@ import numpy as np
 
 from ..text import wrap
 
-__all__ = ["Case", "Verdict", "NotAnswered", "AnswerRaised", "attempt", "grade", "unanswered", "is_stub", "first_difference", "PASS", "FAIL",
+__all__ = ["Case", "Verdict", "NotAnswered", "AnswerRaised", "attempt", "grade", "unanswered", "is_stub",
+           "first_difference", "PASS", "FAIL",
            "UNANSWERED"]
 
 PASS, FAIL, UNANSWERED = "PASS", "FAIL", "NOT ANSWERED YET"

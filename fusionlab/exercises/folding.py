@@ -2,11 +2,11 @@
 
 The learner writes ``fold(W, b, scale) -> (W2, b2)``: W is the Conv's weight (C_out, C_in / group, kH, kW), b its
 bias (C_out,) or None, scale the Mul's constant as the graph stores it: (C_out, 1, 1), (1, C_out, 1, 1) or one
-factor (1,) (a (C_out,) constant would broadcast along the width, not the channels). `check(fold)` builds each hidden case's Conv -> Mul graph, runs it in onnxruntime with graph
-optimisations off, runs a single Conv with the learner's (W2, b2) on the same input, and compares them at float32
-tolerances (rtol 1e-4, atol 1e-5 scaled by the output's magnitude, as `fusionlab.verify` does). The hint names
-the first case whose outputs differ and, beside it, where the learner's weights or bias differ most from the exact
-fold (computed in float64).
+factor (1,) (a (C_out,) constant would broadcast along the width, not the channels). `check(fold)` builds each
+hidden case's Conv -> Mul graph, runs it in onnxruntime with graph optimisations off, runs a single Conv with the
+learner's (W2, b2) on the same input, and compares them at float32 tolerances (rtol 1e-4, atol 1e-5 scaled by the
+output's magnitude, as `fusionlab.verify` does). The hint names the first case whose outputs differ and, beside it,
+where the learner's weights or bias differ most from the exact fold (computed in float64).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import re
 
 import numpy as np
 
-from fusionlab import seed_claims, timing
+from fusionlab import exercises, seed_claims, timing
 from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import codegen
 from fusionlab.text import wrap
@@ -242,11 +242,30 @@ print(f"speed-up over onnxruntime {cmp_gelu.speedup:.2f}x vs bytes ratio {gelu.b
 #   ratio, and its GB/s against the DRAM streaming bandwidth `fusionlab.cost.calibrate` measured.
 # - Transcendentals need vectorisable approximations of known error in place of scalar library calls; even then a
 #   chain heavy in them can be compute-bound, and the bytes ratio overstates what fusion buys.
+
+# %% [markdown]
+# ## Exercises
 #
-# **What to try next**
+# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once and prints PASS with what it checked, or FAIL with a hint saying whether you are too
+# high or too low and which tensor you probably missed. The notebook is stored unanswered; the reference answer,
+# counted by hand, is in the repository's `solutions/` folder, outside the notebooks (try first).
 #
-# - `codegen.loop_vs_loop(spec, n)` with your own chain: add a `("Tanh",)` step and watch the speed-up fall below
-#   the bytes ratio.
-# - Make the tensor small enough to stay in the cache (`n=2**16`): the unfused loops get faster, and the bytes
-#   ratio stops predicting the speed-up.
-# - Notebook 07 puts these byte counts into a cost model for whole networks and devices.
+# **Exercise 1: predict a plan's bytes.** Count, as fusionlab's cost model does (notebook 07 uses it for whole
+# networks), the bytes the block below moves through device memory: unfused, one kernel per node, each kernel
+# reading every tensor it takes from memory and writing its output; fused, one kernel for the whole block (the
+# mixed pass's plan), which reads what comes from outside, writes `y`, and keeps every intermediate on chip.
+
+# %%
+print(exercises.traffic.describe())
+
+# %%
+answer = {"unfused": ..., "fused": ...}  # your two counts, in bytes
+
+# %%
+exercises.traffic.check(answer)
+
+# %% [markdown]
+# Further, unchecked: run `codegen.loop_vs_loop(spec, n)` with a chain of your own (add a `("Tanh",)` step and
+# watch the speed-up fall below the bytes ratio), or make the tensor small enough to stay in the cache
+# (`n=2**16`): the unfused loops get faster, and the bytes ratio stops predicting the speed-up.

@@ -24,7 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 import fusionlab
-from fusionlab import cost, seed_claims, timing, viz, zoo
+from fusionlab import cost, exercises, seed_claims, timing, viz, zoo
 from fusionlab.analysis import derive
 from fusionlab.analysis.legality import conv_bn_legal
 from fusionlab.build import make_model, tensor, value_info
@@ -516,10 +516,34 @@ print(ort_fold.table())
 #   true constants. A pass must prove legality or leave the graph alone.
 # - On a real layer the fold verifies within fp32 tolerances. What it saves is memory traffic and launches,
 #   not arithmetic (counted first, in §7), which is why its effect on a conv-dominated layer is modest on a CPU.
+
+# %% [markdown]
+# ## Exercises
 #
-# ## What to try next
+# Each exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell
+# after it. `check` grades the answer at once on hidden cases and prints PASS with what it checked, or FAIL with
+# a hint that names the first case your answer gets wrong. This notebook is stored with the exercise unanswered;
+# reference answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
-# - Fold a ConvTranspose+BN in an ONNX model yourself (onnxruntime has no fusion for it), and `verify` it.
-# - Change the stem to `zoo.resnet50(image_size=64)` or a 1×1 conv (`zoo.conv_bn_relu(64, 64, 1)`), where BN
-#   is a larger share of the work, and time the fold again.
-# - Notebook **02** runs the same fold as a pass over whole networks, together with Conv+Relu and MatMul+Add+Gelu.
+# **Exercise 1: fold a Conv and a per-channel Mul by hand.** A Conv followed by a Mul by a per-channel constant
+# (what a BN's scale is, once its shift has moved into the bias) is one Conv with new weights and bias. Write
+# `fold(W, b, scale)` returning `(W2, b2)`: `W` is the Conv's weight, shape `(C_out, C_in / group, kH, kW)`; `b`
+# its bias, shape `(C_out,)`, or `None` when the Conv has none; `scale` the Mul's constant as the graph stores it,
+# shape `(C_out, 1, 1)`, `(1, C_out, 1, 1)` or `(1,)` (one factor for every channel). Return a bias even when the
+# Conv had none. `check(fold)` runs each hidden case's Conv -> Mul graph in onnxruntime with graph optimisations
+# off and compares it with one Conv holding your `(W2, b2)`, at float32 tolerances (`rtol=1e-4`, `atol=1e-5`).
+# The cases include a Conv without bias, grouped and depthwise convs and every shape of `scale` above.
+
+# %%
+def fold(W, b, scale):
+    """(W2, b2): one Conv computing Conv(x, W, b) * scale."""
+    ...  # your code here
+
+
+# %%
+exercises.folding.check(fold)
+
+# %% [markdown]
+# Beyond the exercise: ConvTranspose + BN folds too (onnxruntime has no fusion for it), scaling weight axis 1 per
+# group, as §3 showed; fold one in an ONNX model yourself and `fusionlab.verify` it. Notebook **03** runs the same
+# fold as a pass over whole networks, together with Conv+Relu and MatMul+Add+Gelu.

@@ -21,12 +21,13 @@ import numpy as np
 from onnx import helper
 
 import fusionlab
-from fusionlab import cost, seed_claims, timing, viz, zoo
+from fusionlab import cost, exercises, seed_claims, timing, viz, zoo
 from fusionlab.build import make_model, value_info
 from fusionlab.compilers import ort
 from fusionlab.cost import devices
 from fusionlab.lessons import codegen
 from fusionlab.passes import fuse, plan as plan_passes, vertical
+from fusionlab.passes.engine import Match, Refused, Rule, is_op, other_input, sole_consumer
 from fusionlab.verification.runtime import session
 from IPython.display import Markdown, display
 
@@ -394,3 +395,54 @@ print(seed_claims.claim("s1-yolov5-23pct").summary())
 #   of the run; onnxruntime's ALL level adds a layout transform that is not a fusion and is measured apart.
 # * The seed's 23 % depends on its baseline: the cost model predicts 1.00× against ATC's default fusions and 1.58×
 #   or more against a model without them.
+
+# %% [markdown]
+# ## Exercises
+#
+# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once on hidden graphs and prints PASS with what it checked, or FAIL with a hint naming the
+# first graph your rule gets wrong. The notebook is stored unanswered; a reference answer is in the repository's
+# `solutions/` folder, outside the notebooks (try first).
+#
+# **Exercise 1: write a vertical rule.** Exporters write `torch.clamp` and TensorFlow's `relu6` as two ops,
+# `Max(x, lo)` then `Min(., hi)`, with constant bounds: two kernels and an intermediate where one `Clip(x, lo,
+# hi)` does. Write the rule with the engine every rule of this notebook uses (`fusionlab.passes.engine`; a
+# small rule to read first: `fusionlab/passes/rules/pool.py`, and the table in `docs/rules.md`):
+#
+# - `match(self, cx, mx)` is called on every `Max`. Return `Match("max_min_clip", mx, [mx, mn], reason, "Clip",
+#   data=...)` when the clamp may become one Clip; `None` when the pattern is not there; raise `Refused("why")`
+#   when it is there but must not fuse. Tools: `sole_consumer(value)`, `other_input(node, value)`,
+#   `is_op(node, "Min")`, `cx.constant(value)` (the array, or None if not a constant), `cx.dtype(value)`,
+#   `cx.broadcasts_up(array, x)` (would it raise x's rank?), `cx.free(node)`.
+# - `rewrite(self, cx, m)` returns the new nodes: `cx.node("Clip", [x, lo, hi], base=...)`, with the bounds as new
+#   initializers `cx.initializer(name, array)`. Clip's bounds must be scalars of rank 0.
+#
+# `check(MaxMinClip)` runs your rule as the vertical pass runs a rule (`engine.find`, then `rewrite` and
+# `engine.replace` on each match) on hidden graphs made with the fuzzer's model builder: clamps it must fuse
+# (operands in either order, bounds in initializers or Constant nodes, two clamps in one graph), where the
+# rewritten model must pass onnx's full checker and compute what the original does in onnxruntime, and near
+# misses it must leave alone (a per-channel bound, a bound that would broadcast x up a rank, a Max of three
+# inputs, a Max output read elsewhere or a graph output).
+
+# %%
+class MaxMinClip(Rule):
+    names = ("max_min_clip",)
+    anchors = ("Max",)
+    fixed = True
+
+    def match(self, cx, mx):
+        """Match([mx, the Min after it]) when the clamp may fuse; None if absent; raise Refused(why) if illegal."""
+        raise NotImplementedError  # your code here
+
+    def rewrite(self, cx, m):
+        """[one Clip node] computing Min(Max(x, lo), hi)."""
+        raise NotImplementedError  # your code here
+
+
+# %%
+exercises.rules.check(MaxMinClip)
+
+# %% [markdown]
+# On a model of your own, the same pipeline runs from the command line: `fusionlab fuse` it, then `fusionlab
+# verify`, and `fusionlab bench --level extended --level-b disable original.onnx fused.onnx` gives the "ours vs
+# theirs" comparison of section 6.

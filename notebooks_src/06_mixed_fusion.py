@@ -19,7 +19,7 @@ import collections
 import numpy as np
 from onnx import helper
 
-from fusionlab import seed_claims, viz, zoo
+from fusionlab import exercises, seed_claims, viz, zoo
 from fusionlab.analysis import opclass
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.graph import load
@@ -366,7 +366,35 @@ print(seed_claims.claim("s22-mixed-40-60pct").summary())
 #   reduction with its elementwise consumers, and XLA, Inductor and CANN fuse reductions with the ops around them
 #   (notebook 08).
 # - Lowered to ONNX functions, the model still verifies against the original.
+
+# %% [markdown]
+# ## Exercises
 #
-# **Try next:** change `tile_kb` and `buffer_kb` together (256 KB for a 310P3 core, `cann_facts.md` §3.3); plan BERT-tiny
-# (`zoo.get("bert_tiny")`) and look at the LayerNorm groups with and without recompute; compare the
-# groups with what onnxruntime fuses on its own (notebook 03, section 5).
+# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once and prints PASS with what it checked, or FAIL with a hint naming what your answer
+# gets wrong. The notebook is stored unanswered; the reference answer, with its working, is in the repository's
+# `solutions/` folder, outside the notebooks (try first).
+#
+# **Exercise 1: choose a `max_group_ops` that meets a memory budget.** The model below is a chain of elementwise
+# ops on maps of the size of §5's; some of its ops read another full-size input. The mixed pass groups the chain,
+# and every group's working set, by §5's tile rule (two tiles for each tensor read from or written to memory, one
+# for each intermediate still live), must fit the Unified Buffer of one core of the device printed below. Which is
+# the **largest** `max_group_ops` whose plan has every group within the budget? Work it out from the tile rule
+# first (the chain is short), then answer with an int; `check` plans the chain at every cap to grade it.
+
+# %%
+chain = load(exercises.thresholds.model())
+print(wrap(" -> ".join(f"{n.op_type}({', '.join(v.name for v in n.inputs)})" for n in chain.nodes())))
+print(f"each map {chain.graph.inputs[0].shape} float32, {np.prod(chain.graph.inputs[0].shape.numpy()) * 4 // 1024} KiB; budget {exercises.thresholds.BUDGET_KB:g} KB, the UB of one "
+      f"{exercises.thresholds.DEVICE} core")
+
+# %%
+max_group_ops = ...  # your answer: an int
+
+# %%
+exercises.thresholds.check(max_group_ops)
+
+# %% [markdown]
+# Further, unchecked: change `tile_kb` and `buffer_kb` together (the 310P3 core's UB, `cann_facts.md` §3.3); plan
+# BERT-tiny (`zoo.get("bert_tiny")`) and look at its LayerNorm groups with and without recompute; compare the groups
+# with what onnxruntime fuses on its own (notebook 03, section 5).

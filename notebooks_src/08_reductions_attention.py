@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from onnx import numpy_helper
 
-from fusionlab import timing
+from fusionlab import exercises, timing
 from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import reductions as R
 from fusionlab.text import text_table, wrap
@@ -525,11 +525,35 @@ display(Markdown(
 #   at N = 16 what it saves is the tiny kernels' per-kernel cost.
 # * On Ascend the same algorithm is `FlashAttentionScore` / `PromptFlashAttention`; the tile follows
 #   from the L1 and UB sizes, and the gain is predicted here by a model, not measured.
+
+# %% [markdown]
+# ## Exercises
 #
-# **What to try next**
+# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong. The notebook is stored unanswered; a reference answer is in the repository's
+# `solutions/` folder, outside the notebooks (try first).
 #
-# * Change `N` (the row length) in section 1 to 256 or 16384: when does the row stop fitting in L1, and
-#   what happens to the fused kernel's GB/s?
-# * Set `LANES = 1` (`R.softmax_kernel(lanes=1)`) and time it: the row max no longer vectorises.
-# * In section 7, try `d = 64` and `N = 16384`, or `R.ascend_flash_tile("Atlas 800I A2", 4096, 256)`.
-# * Notebook 11 shows what a real compiler (IREE) does with LayerNorm and GELU on the same CPU.
+# **Exercise 1: write the online-softmax update.** Write one key block's step of §6's loop as a function,
+# `update(m, l, acc, scores, v) -> (m, l, acc)`, for a tile of query rows: `m` (rows × 1) is the running max of
+# the scores seen so far, `l` (rows × 1) the running sum of `exp(score - m)`, `acc` (rows × d) the running sum of
+# `exp(score - m) · v`; `scores` (rows × block) are this block's scores, already scaled and masked (a masked score
+# is `-inf`), and `v` (block × d) its values. The checker starts every row at `m = -inf`, `l = 0`, `acc = 0`,
+# calls your `update` once per key block and compares `acc / l` with a float64 `softmax(scores) @ v`, at float32
+# tolerances. Its cases include a single block, a block size that does not divide the number of keys, a max that
+# rises block by block, blocks masked to `-inf` (the first one too: what is `exp(-inf - (-inf))`?) and logits
+# around `1e4`.
+
+# %%
+def update(m, l, acc, scores, v):
+    """The running (max, sum, accumulator) after one more key block."""
+    ...  # your code here
+
+
+# %%
+exercises.softmax.check(update)
+
+# %% [markdown]
+# Further, unchecked: change `N` (the row length) in section 1 to 256 or 16384 (when does the row stop fitting
+# in L1, and what happens to the fused kernel's GB/s?); set `LANES = 1` (`R.softmax_kernel(lanes=1)`) and time it,
+# the row max no longer vectorises; in section 7, try `R.ascend_flash_tile("Atlas 800I A2", 4096, 256)`.

@@ -31,7 +31,7 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fusionlab import seed_claims
+from fusionlab import exercises, seed_claims
 from fusionlab.cost import devices
 from fusionlab.lessons import double_buffer
 from fusionlab.text import text_table, wrap
@@ -495,10 +495,33 @@ display(Markdown("\n\n".join(notes)))
 #   fused ops, so any such ratio describes one kernel, not fusion.
 # - On a CPU the idea is measurable too; whether it paid in this run is the verdict printed in section 5, and
 #   the model's prediction for it assumes the loading side needs none of the cores that compute.
+
+# %% [markdown]
+# ## Exercises
 #
-# **What to try next**
+# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; a reference
+# answer is in the repository's `solutions/` folder, outside the notebooks (try first).
 #
-# - Change `ops_per_elem` and `inputs` in `modelled` to model your own kernel, or pass `latency_us` to
-#   `core_from_device` to see how a fixed per-transfer cost punishes the smaller tiles double buffering needs.
-# - Try `BUFFER_NUM = 3` in `double_buffer.simulate`: when does a third buffer help on one memory path?
-# - Notebook `13_profiling_case` for the measured side of the seed's performance advice.
+# **Exercise 1: size a double buffer.** Write `largest_tile(ub_bytes, in_bytes, out_bytes, inputs, outputs)`: the
+# largest tile, in elements, such that each of the `inputs` input queues and each of the `outputs` output queues
+# holds **two** buffers of one tile (`BUFFER_NUM = 2`, §1) in a Unified Buffer of `ub_bytes`, an input element
+# taking `in_bytes` and an output element `out_bytes`, and every buffer a whole number of the UB's 32-byte blocks
+# (`ubblock_size=32`, `cann_facts.md` §3.3). The hidden cases take the UB of one core from the device presets
+# printed in §4 (fp16 and fp32, an Add's two inputs, a Cast from fp32 to fp16) and one UB that is partly taken.
+
+# %%
+def largest_tile(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1):
+    """Elements per tile: two buffers per queue, each a whole number of 32-byte blocks, within ub_bytes."""
+    ...  # your code here
+
+
+# %%
+exercises.buffers.check(largest_tile)
+
+# %% [markdown]
+# Further, unchecked: change `ops_per_elem` and `inputs` in `modelled` to model your own kernel, or pass
+# `latency_us` to `core_from_device` to see how a fixed per-transfer cost punishes the smaller tiles double
+# buffering needs; try `BUFFER_NUM = 3` in `double_buffer.simulate` (when does a third buffer help on one memory
+# path?). Notebook `13_profiling_case` has the measured side of the seed's performance advice.

@@ -57,6 +57,7 @@
 # | [10_profiling_case](10_profiling_case.ipynb) | profile a model, find the gaps, fix them, and measure again |
 # | [11_double_buffering](11_double_buffering.ipynb) | overlap data movement with compute: the pipeline behind "+18%" |
 # | [12_dynamic_shapes](12_dynamic_shapes.ipynb) | caching compiled kernels by shape: gears, a bounded LRU cache, and the seed's "×2.1" |
+# | [14_quantization](14_quantization.ipynb) | int8 models: QDQ pairs, what onnxruntime fuses them into, why BN is folded first, AMCT and ATC |
 
 # %% [markdown]
 # ## One pipeline, every time

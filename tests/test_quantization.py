@@ -55,6 +55,18 @@ def test_zero_is_exact_and_error_within_half_a_step():
     assert quant.dequantize_array(quant.quantize_array(np.float32(0), s, z), s, z) == 0
 
 
+def test_qlinear_matmul_matches_onnxruntimes_fused_kernel():
+    rng = np.random.default_rng(2)
+    qa = rng.integers(0, 256, (5, 16)).astype(np.uint8)
+    qb = rng.integers(-127, 128, (16, 3)).astype(np.int8)
+    acc, m, qy = quant.qlinear_matmul(qa, 0.013, 120, qb, 0.0071, 0.09, 128)
+    assert acc.dtype == np.int32 and m == pytest.approx(0.013 * 0.0071 / 0.09, rel=1e-6)
+    np.testing.assert_array_equal(acc, (qa.astype(np.int64) - 120) @ qb.astype(np.int64))
+    ort, ran = quant.run_qlinear_matmul(qa, 0.013, 120, qb, 0.0071, 0.09, 128)
+    assert ran == ["QLinearMatMul"]
+    assert np.abs(ort.astype(int) - qy.astype(int)).max() <= 1 and (ort == qy).mean() > 0.9
+
+
 def test_requantize_add_matches_qlinear_add():
     rng = np.random.default_rng(1)
     qa, qb = (rng.integers(0, 256, 4000).astype(np.uint8) for _ in range(2))

@@ -39,8 +39,8 @@ from ..text import text_table
 from ..verification import runtime
 
 __all__ = [
-    "QRANGE", "VNNI_MACS", "qparams", "quantize_array", "dequantize_array", "run_qdq", "requantize_add",
-    "run_qlinear_add", "image_batches", "token_batches", "FeedsReader", "quantize", "optimized", "op_counts",
+    "QRANGE", "VNNI_MACS", "qparams", "quantize_array", "dequantize_array", "run_qdq", "qlinear_matmul",
+    "run_qlinear_matmul", "requantize_add", "run_qlinear_add", "image_batches", "token_batches", "FeedsReader", "quantize", "optimized", "op_counts",
     "op_table", "float_islands", "preprocess", "Accuracy", "accuracy", "bn_spread_layer", "bn_scales", "channel_ranges", "weight_of",
     "fold_channel_scale", "add_scales", "cpu_flags", "CANN_COUNTERPARTS", "cann_table",
 ]
@@ -113,6 +113,33 @@ def run_qdq(x, scale: float, zero_point: int, dtype: str = "uint8") -> tuple[np.
     x = np.asarray(x, np.float32).ravel()
     q, y = runtime.session(_qdq_model(scale, zero_point, dtype, x.size), "disable").run(["q", "y"], {"x": x})
     return q, y
+
+
+def qlinear_matmul(qa, sa, za, qb, sb, sy, zy) -> tuple[np.ndarray, float, np.ndarray]:
+    """What QLinearMatMul computes for uint8 `qa` (scale `sa`, zero point `za`) times int8 symmetric `qb`
+    (scale `sb`): the integer products summed in int32, then one multiply by M = sa·sb / sy and a rounding
+    onto the output's uint8 grid (`sy`, `zy`). Returns (int32 accumulator, M, uint8 output)."""
+    acc = (np.asarray(qa, np.int32) - za) @ np.asarray(qb, np.int32)
+    m = float(np.float32(sa) * np.float32(sb) / np.float32(sy))
+    return acc, m, quantize_array(acc * np.float32(m), 1.0, zy, "uint8")
+
+
+def run_qlinear_matmul(qa, sa, za, qb, sb, sy, zy) -> tuple[np.ndarray, list[str]]:
+    """onnxruntime's answer: DQ(qa), DQ(qb) → MatMul → Q at level ALL; returns (uint8 output, the op types it
+    ran, which show the pairs fused into one QLinearMatMul)."""
+    qa, qb = np.asarray(qa, np.uint8), np.asarray(qb, np.int8)
+    inits = [tensor("sa", np.float32(sa)), tensor("za", np.array(za, np.uint8)), tensor("qb", qb),
+             tensor("sb", np.float32(sb)), tensor("zb", np.array(0, np.int8)), tensor("sy", np.float32(sy)),
+             tensor("zy", np.array(zy, np.uint8))]
+    nodes = [helper.make_node("DequantizeLinear", ["qa", "sa", "za"], ["a"], name="DQa"),
+             helper.make_node("DequantizeLinear", ["qb", "sb", "zb"], ["b"], name="DQb"),
+             helper.make_node("MatMul", ["a", "b"], ["y"], name="MatMul"),
+             helper.make_node("QuantizeLinear", ["y", "sy", "zy"], ["qy"], name="Q")]
+    u8 = onnx.TensorProto.UINT8
+    model = make_model(nodes, [helper.make_tensor_value_info("qa", u8, list(qa.shape))],
+                       [helper.make_tensor_value_info("qy", u8, [qa.shape[0], qb.shape[1]])], inits, opset=13)
+    out = runtime.session(model, "all").run(["qy"], {"qa": qa})[0]
+    return out, [n.op_type for n in optimized(model).graph.node]
 
 
 def requantize_add(qa, sa, za, qb, sb, zb, sy, zy, dtype: str = "uint8") -> np.ndarray:

@@ -120,7 +120,7 @@ print(f"onnxruntime, DQ, DQ -> MatMul -> Q at level ALL, ran {ran}: {qy_ort.toli
 # ## 2. Why BatchNormalization must be folded before quantizing
 #
 # A BatchNormalization multiplies each channel `c` by its own factor `γ_c / √(var_c + ε)` and shifts it. In a
-# trained network those factors differ a lot from channel to channel, because the channels coming *out of the
+# trained network those factors can differ a lot from channel to channel, because the channels coming *out of the
 # convolution* differ in scale and the BN exists to normalise them. Quantize the unfolded graph and the tensor
 # between Conv and BN, whose channels still differ in scale, gets **one** uint8 scale for all channels: channels
 # with a small range use only a few of the 256 levels. Fold first (notebook 01) and that tensor is gone: the
@@ -167,7 +167,7 @@ print("\n".join(text_table(["spread", "unfolded, per tensor", "unfolded, per cha
 # do not help, because the damage is done in the *activation* between Conv and BN, which is quantized per tensor.
 # What onnxruntime runs shows the second cost: it cannot fold a BN into a `QLinearConv` (the conv's weight is no
 # longer a float constant but the output of a `DequantizeLinear`), so the BN stays a float island, with
-# dequantizes before it (of its input and of its own parameters, which the quantizer stored as int8 too) and a
+# dequantizes before it (of its input, and of its scale and bias, which the quantizer stored as int8 too) and a
 # quantize after it. `quant.float_islands` lists the operators that read a dequantized tensor:
 
 # %%
@@ -218,11 +218,12 @@ cnn_pc = quant.quantize(cnn_folded, cnn_calib, per_channel=True)
 #
 # **Predict:** the folded CNN has 20 `Conv`, 8 residual `Add`, 17 `Relu`, one `MaxPool`, one
 # `GlobalAveragePool` and one `Gemm`. How many `QuantizeLinear` and `DequantizeLinear` nodes will the QDQ model
-# hold? And what will onnxruntime run in their place: at its BASIC level, and at ALL (the default)?
+# hold? And what will onnxruntime run in their place: at its BASIC level, at EXTENDED, and at ALL (the default)?
 
 # %%
 cols = {"float32": quant.op_counts(cnn_folded), "QDQ model": quant.op_counts(cnn_pc),
         "QDQ at BASIC": quant.op_counts(quant.optimized(cnn_pc, "basic")),
+        "QDQ at EXTENDED": quant.op_counts(quant.optimized(cnn_pc, "extended")),
         "QDQ at ALL": quant.op_counts(quant.optimized(cnn_pc, "all"))}
 print(quant.op_table(cols))
 qconv = next(n for n in quant.optimized(cnn_pc, "all").graph.node if n.op_type == "QLinearConv")
@@ -241,9 +242,10 @@ print(f"a QLinearConv at ALL: domain {qconv.domain!r}, {len(qconv.input)} inputs
 # - at **ALL** each `DQ(x), DQ(w) → Conv → Q` became one **`QLinearConv`** (uint8 in, int8 weights, int32
 #   accumulation, the requantisation to the output's scale inside); each `DQ, DQ → Add → Q` a **`QLinearAdd`**;
 #   the pool and the classifier `QLinearGlobalAveragePool` and `QGemm`. What is left of the pairs is one
-#   `QuantizeLinear` at the input and one `DequantizeLinear` at the output. The two `Transpose`s are inserted:
-#   at ALL the int8 convolutions run channels-last (`com.microsoft` `QLinearConv` with `channels_last`, and
-#   `NhwcMaxPool`), so the layout is switched once at the input and once at the output.
+#   `QuantizeLinear` at the input and one `DequantizeLinear` at the output. The integer fusions happen at
+#   **EXTENDED** already; ALL adds layout work: the int8 convolutions run channels-last (`com.microsoft`
+#   `QLinearConv` with `channels_last`, and `NhwcMaxPool`), so two `Transpose`s switch the layout once at the
+#   input and once at the output.
 #
 # ## 4. A transformer block: QLinearMatMul, MatMulIntegerToFloat, and the fusions QDQ blocks
 #
@@ -278,12 +280,14 @@ for name, m in (("all ops", bert_all), ("MatMul only", bert_mm), ("MatMul, float
 #   and a Q/DQ pair between every two of them breaks the chain. Quantization blocked fusion.
 # - *MatMul only*: the `MatMul`s are `QLinearMatMul` (an output quantize follows, so the result is requantised to
 #   uint8 inside the kernel) and the float fusions all fire: `LayerNormalization`, `SkipLayerNormalization`,
-#   `BiasGelu`.
+#   `BiasGelu`. Only the bias `Add`s after the projections stay apart, as float islands: the float32 model
+#   folds them into its `Gemm`s, a `QLinearMatMul` has no bias input.
 # - *MatMul, float out*: with no quantize after a MatMul, `DQ, DQ → MatMul` becomes **`MatMulIntegerToFloat`**
 #   (integer product, int32 accumulation, scaled back to float inside), or `QGemm` where the bias Add folded in.
-#   Not every time, though: the float islands show `Gemm`s fed by dequantizes, projections that onnxruntime's
-#   float `MatMul + Add → Gemm` fusion took first, so they compute in float on weights dequantized at run time.
-#   Two fusions competing for the same nodes, and the float one won.
+#   Not every time, though: the float islands show `Gemm`s reading two dequantizes. Their node names end in
+#   `MatMulAddFusion`: onnxruntime's float `MatMul + Add → Gemm` rewrite made them, and no integer rule turned
+#   them into `QGemm` afterwards, as one did for the others. They compute in float on weights dequantized at run
+#   time: two fusions met on the same nodes, and for these the float one was the last word.
 #
 # ## 5. Accuracy against float32
 #
@@ -396,13 +400,14 @@ for name, qw, sw, axis in (("per channel", q_pc, s_pc, 0), ("per tensor", q_pt, 
                  f"{bn[per_ch.argmax()]:.3f}"])
 print("\n".join(text_table(["int8 weights", "integers after the fold", "max error / max |w|",
                             "worst channel", "its BN factor"], rows)))
+print(f"BN factors range over {bn.min():.3f} .. {bn.max():.3f}")
 
 # %% [markdown]
 # Per channel the fold is exact up to the float32 rounding of the new scales; per tensor it adds a second
 # rounding to every weight, and the channel that loses most (relative to its own weights) is one with a small
-# factor: its folded weights use only a few of the grid's steps. This is why a
-# compiler that folds after quantization (or fuses a scale into an int8 conv) wants per-channel weight scales,
-# and why fusing BN *before* calibration is simpler still.
+# factor: its folded weights use only a few of the grid's steps. This is why a compiler that folds after
+# quantization (or fuses a scale into an int8 conv) wants per-channel weight scales, and why fusing BN *before*
+# calibration is simpler still.
 #
 # ### 7.2 A residual Add between two differently scaled tensors
 #
@@ -438,9 +443,9 @@ if diff.any():
     print("(where they differ the exact value is within float32 rounding of a half: the kernel sums in another order)")
 
 # %% [markdown]
-# What onnxruntime does *not* do is fuse the Add into the convolution before it: in
-# float at level ALL the residual `Add` and its `Relu` go into the conv kernel (notebook 02's `conv_add_act`), in
-# int8 they cannot, because `QLinearConv` has no input for a second, differently scaled tensor. Count what runs:
+# What onnxruntime does *not* do is fuse the Add into the convolution before it. In float at level ALL the
+# residual `Add` and its `Relu` go into the conv kernel (the fusion of notebook 02's `conv_add_act`); in int8 they
+# cannot, because `QLinearConv` has no input for a second, differently scaled tensor. Count what runs:
 
 # %%
 float_all, int8_all = quant.op_counts(quant.optimized(cnn_folded)), quant.op_counts(quant.optimized(cnn_pc))

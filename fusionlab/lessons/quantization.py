@@ -7,16 +7,17 @@ A QDQ model keeps every operator in float and marks where tensors *would* be int
 ``QLinearConv``, ``DQ → MatMul → Q`` into ``QLinearMatMul`` (``MatMulIntegerToFloat`` when no Q follows),
 ``DQ → Add → Q`` into ``QLinearAdd``, and so on: the integer kernels.
 
-This module holds the pieces the notebook calls: the scale / zero-point arithmetic in numpy
-(`qparams`, `quantize_array`, `dequantize_array`, `qlinear_matmul`, `requantize_add`), checked against
-onnxruntime's own kernels (`run_qdq`, `run_qlinear_matmul`, `run_qlinear_add`); calibration data (`image_batches`, `token_batches`, `FeedsReader`);
-`quantize` (onnxruntime's ``quantize_static`` in QDQ format, uint8 activations and int8 weights, as its
-documentation recommends for x86); `preprocess` (its recommended pre-processing); `optimized`, `op_counts`, `op_table` and `float_islands` (what
-onnxruntime turns a model into, and which operators it leaves in float between int8 kernels);
-`accuracy` (against float32); `bn_spread_layer` (a Conv + BatchNormalization whose channels differ in
-scale, as a trained layer's do), `bn_scales`, `channel_ranges`; `fold_channel_scale` (folding a per-channel
-multiplier into quantized weights: exact per channel, re-rounded per tensor); `add_scales` (the scales a
-residual Add meets) and `CANN_COUNTERPARTS` (the same picture on Ascend, from the project's CANN notes).
+This module holds the pieces the notebook calls: the scale / zero-point arithmetic in numpy (`qparams`,
+`quantize_array`, `dequantize_array`, `qlinear_matmul`, `requantize_add`), checked against onnxruntime's own
+kernels (`run_qdq`, `run_qlinear_matmul`, `run_qlinear_add`); calibration data (`image_batches`,
+`token_batches`, `FeedsReader`); `quantize` (onnxruntime's ``quantize_static`` in QDQ format, uint8 activations
+and int8 weights, as its documentation recommends for x86); `preprocess` (its recommended pre-processing);
+`optimized`, `op_counts`, `op_table` and `float_islands` (what onnxruntime turns a model into, and which
+operators it leaves in float between int8 kernels); `accuracy` (against float32); `bn_spread_layer` (a Conv +
+BatchNormalization whose channels differ in scale, as a trained layer's do), `bn_scales`, `channel_ranges`;
+`fold_channel_scale` (folding a per-channel multiplier into quantized weights: exact per channel, re-rounded
+per tensor); `add_scales` (the scales a residual Add meets) and `CANN_COUNTERPARTS` (the same picture on
+Ascend, from the project's CANN notes).
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ from ..verification import runtime
 
 __all__ = [
     "QRANGE", "VNNI_MACS", "qparams", "quantize_array", "dequantize_array", "run_qdq", "qlinear_matmul",
-    "run_qlinear_matmul", "requantize_add", "run_qlinear_add", "image_batches", "token_batches", "FeedsReader", "quantize", "optimized", "op_counts",
-    "op_table", "float_islands", "preprocess", "Accuracy", "accuracy", "bn_spread_layer", "bn_scales", "channel_ranges", "weight_of",
-    "fold_channel_scale", "add_scales", "cpu_flags", "CANN_COUNTERPARTS", "cann_table",
+    "run_qlinear_matmul", "requantize_add", "run_qlinear_add", "image_batches", "token_batches", "FeedsReader",
+    "quantize", "optimized", "op_counts", "op_table", "float_islands", "preprocess", "Accuracy", "accuracy",
+    "bn_spread_layer", "bn_scales", "channel_ranges", "weight_of", "fold_channel_scale", "add_scales", "cpu_flags",
+    "CANN_COUNTERPARTS", "cann_table",
 ]
 
 #: (qmin, qmax) of the two integer types onnxruntime's quantizer uses on CPU: activations uint8 (asymmetric,

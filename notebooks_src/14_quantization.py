@@ -362,12 +362,14 @@ print(bert_cmp.table())
 display(Markdown(bert_cmp.markdown("The BERT with int8 MatMuls")))
 
 # %% [markdown]
-# Why not the full instruction ratio: only the convolutions' and MatMuls' inner loops run in VNNI, while the
-# quantize at the input, the requantisation of every output, the layout `Transpose`s and the float ops between
-# (LayerNorm, Softmax, GELU in BERT) run as before; and a float32 convolution is not always limited by its
-# multiply-adds either. The unfolded CNN also runs each BN in float, with a dequantize before and a quantize after
-# it. How much int8 gains depends on the shapes: re-run this cell with `zoo.resnet_small(width=16)` or a smaller
-# image and see how the fixed costs weigh.
+# The instruction count is not a prediction for a whole model. Only the convolutions' and MatMuls' inner loops
+# run in VNNI, while the quantize at the input, the requantisation of every output, the layout `Transpose`s and
+# the float ops between (LayerNorm, Softmax, GELU in BERT) run as before; on the other side a float32
+# convolution is not limited by its multiply-adds alone, and int8 tensors are a quarter of the bytes to move.
+# Where the ratio lands is the measurement's to say (the sentences above). The unfolded CNN also runs each BN in
+# float, with a dequantize before and a quantize after it. How much int8 gains depends on the shapes: build §1's
+# CNN with `zoo.resnet_small(width=16)` or a smaller image, run the notebook again, and see how the fixed costs
+# weigh.
 #
 # ## 7. Where fusion breaks quantization
 #

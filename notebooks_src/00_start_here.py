@@ -57,6 +57,7 @@
 # | [10_profiling_case](10_profiling_case.ipynb) | profile a model, find the gaps, fix them, and measure again |
 # | [11_double_buffering](11_double_buffering.ipynb) | overlap data movement with compute: the pipeline behind "+18%" |
 # | [12_dynamic_shapes](12_dynamic_shapes.ipynb) | caching compiled kernels by shape: gears, a bounded LRU cache, and the seed's "×2.1" |
+# | [13_decoding](13_decoding.ipynb) | LLM decoding: why one token at a time is bandwidth-bound, the KV cache, GQA, rotary, FlashDecoding, a decoder fused |
 
 # %% [markdown]
 # ## One pipeline, every time

@@ -419,14 +419,16 @@ def roofline_figure(devices: list[tuple[str, float, float]], points: list[tuple[
     xs = np.logspace(-1, 4, 200)
     for name, peak, bw in devices:
         ax.plot(xs, np.minimum(peak, xs * bw) / 1e12, label=name)
-    for j, (label, x) in enumerate(points):
-        ax.axvline(x, color="0.4", linestyle=":" if j % 2 else "--", linewidth=1)
-        ax.text(x * 1.08, 1.5e-3 * 4 ** j, label, fontsize=8, color="0.2")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    low = min(min(peak, xs[0] * bw) for _, peak, bw in devices) / 1e12 / 3
+    ax.set_ylim(bottom=low)
+    for j, (label, x) in enumerate(points):
+        ax.axvline(x, color="0.4", linestyle=":" if j % 2 else "--", linewidth=1)
+        ax.text(x * 1.1, low * 1.5, label, fontsize=8, color="0.2", rotation=90, va="bottom")
     ax.set_xlabel("arithmetic intensity (FLOP per byte)")
     ax.set_ylabel("attainable TFLOP/s")
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="major", alpha=0.3)
     return fig

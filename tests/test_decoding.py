@@ -171,3 +171,51 @@ def test_roofline_figure_draws_every_device_and_point():
     fig = dec.roofline_figure([("a", 1e12, 1e10), ("b", 1e14, 1e12)], [("decode", 0.5), ("prefill", 200.0)])
     ax = fig.axes[0]
     assert len(ax.lines) == 4 and len(ax.texts) == 2
+
+
+@pytest.mark.parametrize("context", [0, 1, 9])
+def test_decode_attention_forms_equal_the_float64_reference(context):
+    feeds = dec.decode_attention_feeds(CFG, context, batch=2, seed=context)
+    ref = dec.decode_attention_reference(CFG, feeds)
+    for gqa in (False, True):
+        m = dec.decode_attention(CFG, gqa=gqa)
+        onnx.checker.check_model(m)
+        out = _run(m, feeds)
+        assert out["present_key"].shape == (2, CFG.kv_heads, context + 1, CFG.head_dim)
+        for k in ref:
+            np.testing.assert_allclose(out[k], ref[k], rtol=1e-4, atol=1e-5, err_msg=f"gqa={gqa} {k}")
+
+
+def test_decode_attention_reference_reads_kv_head_h_over_group():
+    """A reference that paired query head h with K/V head h % Nkv (tile, not repeat) would differ."""
+    feeds = dec.decode_attention_feeds(CFG, 6, seed=3)
+    ref = dec.decode_attention_reference(CFG, feeds)["out"]
+    out = _run(dec.decode_attention(CFG, gqa=True), feeds)["out"]
+    b, n, nkv, d = 1, CFG.heads, CFG.kv_heads, CFG.head_dim
+    new = lambda t: t.reshape(b, 1, nkv, d).transpose(0, 2, 1, 3)  # noqa: E731
+    k = np.concatenate([feeds["past_key"], new(feeds["k"])], axis=2)
+    v = np.concatenate([feeds["past_value"], new(feeds["v"])], axis=2)
+    q = feeds["q"].reshape(b, 1, n, d).transpose(0, 2, 1, 3)
+    tiled = dec.attention_reference(q, np.tile(k, (1, CFG.group, 1, 1)), np.tile(v, (1, CFG.group, 1, 1)))
+    tiled = tiled.transpose(0, 2, 1, 3).reshape(b, 1, n * d)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(out, tiled, rtol=1e-4, atol=1e-5)
+
+
+def test_the_exported_decode_attention_fuses_to_multihead_attention_after_the_repeat():
+    m = dec.decode_attention(CFG, gqa=False)
+    res = fuse(fusionlab.load(m), passes=("vertical",))
+    assert res.plan.rule_counts() == {"attention": 1}
+    ops = [n.op_type for n in res.graph.to_proto().graph.node]
+    assert "MultiHeadAttention" in ops and "Expand" in ops and "GroupQueryAttention" not in ops
+    assert runtime.verify(m, res.graph.to_proto(), feeds=dec.decode_attention_feeds(CFG, 5)).ok
+    assert [n.op_type for n in dec.decode_attention(CFG, gqa=True).graph.node].count("GroupQueryAttention") == 1
+
+
+def test_decode_attention_bytes_count_the_repeat():
+    p, c = 100, CFG.kv_bytes_per_token() // CFG.layers
+    g = dec.decode_attention_bytes(CFG, p, gqa=True)
+    r = dec.decode_attention_bytes(CFG, p, gqa=False)
+    assert g == (p + 2 * (p + 1)) * c
+    assert r == (p + (p + 1) + 2 * CFG.group * (p + 1)) * c
+    assert r > g

@@ -5,6 +5,9 @@
   explicit repeat_kv, a SiLU-gated MLP), with the KV cache as graph inputs ``past_key_i`` / ``past_value_i``
   [B, Nkv, P, D] and outputs ``present_key_i`` / ``present_value_i`` [B, Nkv, P+S, D]: one graph runs the prefill
   (P = 0, S = the prompt) and every decode step (S = 1);
+- `decode_attention`: one layer's attention for a decode step over the cache, as exported (concat, repeat_kv,
+  softmax attention) or as onnxruntime's GroupQueryAttention taking the cache itself; `decode_attention_bytes`
+  what each moves, `decode_attention_reference` the float64 answer;
 - `token_bytes`, `step_flops`, `intensity`: what one forward step reads and computes, by counting (weights, KV
   cache, activations), so a decode step can be placed on a roofline beside a prefill;
 - `rope`, `attention_reference`, `flash_decode`: rotary embeddings, softmax attention in float64, and
@@ -26,7 +29,8 @@ from onnx import helper
 from ..build import make_model, tensor, value_info
 from ..cost.devices import Device
 
-__all__ = ["LlamaConfig", "llama_decoder", "empty_cache", "feeds_for", "token_bytes", "step_flops", "intensity",
+__all__ = ["LlamaConfig", "llama_decoder", "decode_attention", "decode_attention_feeds", "decode_attention_reference",
+           "decode_attention_bytes", "empty_cache", "feeds_for", "token_bytes", "step_flops", "intensity",
            "rotate_half", "rope", "rope_tables", "attention_reference", "flash_decode", "prefill", "decode", "generate",
            "modelled_decode", "roofline_figure"]
 
@@ -260,6 +264,89 @@ def llama_decoder(cfg: LlamaConfig = LlamaConfig(), *, seed: int = 0, opset: int
     if opset > 21:
         model.ir_version = 11  # IR 10 covers opsets up to 21; onnxruntime 1.31 reads up to IR 13
     return model
+
+
+def decode_attention(cfg: LlamaConfig, *, gqa: bool, opset: int = 17) -> onnx.ModelProto:
+    """One layer's attention for a decode step over the cache, as a model of its own, in two forms.
+
+    Inputs ``q`` [B, 1, N*D], ``k`` / ``v`` [B, 1, Nkv*D] (this token's projections, K already rotated) and
+    ``past_key`` / ``past_value`` [B, Nkv, P, D]; outputs ``out`` [B, 1, N*D] and ``present_key`` /
+    ``present_value`` [B, Nkv, P+1, D]. ``gqa=False``: written as the exporters write it (the heads split, the
+    past concatenated, repeat_kv, scaled scores, Softmax, the context merged); ``gqa=True``: onnxruntime's
+    ``com.microsoft:GroupQueryAttention``, which takes the cache itself and attends with the unrepeated K/V
+    heads (``seqlens_k`` = P per batch row and ``total_sequence_length`` = P + 1, computed from the past's shape).
+    """
+    g = _Graph(0, opset)
+    n, nkv, d = cfg.heads, cfg.kv_heads, cfg.head_dim
+    cache = ["batch", nkv, "past", d]
+    inputs = [value_info("q", np.float32, ["batch", 1, n * d]), value_info("k", np.float32, ["batch", 1, nkv * d]),
+              value_info("v", np.float32, ["batch", 1, nkv * d]), value_info("past_key", np.float32, cache),
+              value_info("past_value", np.float32, cache)]
+    outputs = [value_info("out", np.float32, ["batch", 1, n * d]),
+               value_info("present_key", np.float32, ["batch", nkv, "total", d]),
+               value_info("present_value", np.float32, ["batch", nkv, "total", d])]
+    s = "/attn"
+    if gqa:
+        for name, v in (("i2", [2]), ("i3", [3]), ("i0", [0]), ("i1", [1])):
+            g.const(name, v, np.int64)
+        g.const("one32", 1, np.int32)
+        shape = g.node("Shape", ["past_key"], s)
+        past = g.node("Cast", [g.node("Slice", [shape, "i2", "i3"], s)], s, to=onnx.TensorProto.INT32)  # [P]
+        batch = g.node("Slice", [shape, "i0", "i1"], s)                                                 # [B]
+        seqlens = g.node("Expand", [past, batch], s)
+        total = g.node("Squeeze", [g.node("Add", [past, "one32"], s), "i0"], s)
+        g.nodes.append(helper.make_node(
+            "GroupQueryAttention", ["q", "k", "v", "past_key", "past_value", seqlens, total],
+            ["out", "present_key", "present_value"], name=f"{s}/GroupQueryAttention", domain="com.microsoft",
+            num_heads=n, kv_num_heads=nkv, scale=float(d) ** -0.5))
+        return make_model(g.nodes, inputs, outputs, g.inits, opset=opset, name="decode_gqa",
+                          extra_opsets={"com.microsoft": 1})
+    for name, v in (("q_shape", [0, 0, n, d]), ("kv_shape", [0, 0, nkv, d]), ("merge", [0, 0, n * d]),
+                    ("grow", [1, 1, cfg.group, 1, 1]), ("rep", [0, n, -1, d]), ("axis2", [2])):
+        g.const(name, v, np.int64)
+    g.const("scale", float(d) ** -0.5)
+    q, k, v = _heads(g, "q", s, "q_shape"), _heads(g, "k", s, "kv_shape"), _heads(g, "v", s, "kv_shape")
+    k, v = g.node("Concat", ["past_key", k], s, axis=2), g.node("Concat", ["past_value", v], s, axis=2)
+    kr, vr = _repeat_kv(g, k, s, "grow", "rep"), _repeat_kv(g, v, s, "grow", "rep")
+    scores = g.node("Mul", [g.node("MatMul", [q, g.node("Transpose", [kr], s, perm=[0, 1, 3, 2])], s), "scale"], s)
+    ctx = g.node("MatMul", [g.node("Softmax", [scores], s, axis=-1), vr], s)
+    out = g.node("Reshape", [g.node("Transpose", [ctx], s, perm=[0, 2, 1, 3]), "merge"], s)
+    renames = {out: "out", k: "present_key", v: "present_value"}
+    for nd in g.nodes:
+        nd.output[:] = [renames.get(o, o) for o in nd.output]
+        nd.input[:] = [renames.get(o, o) for o in nd.input]
+    return make_model(g.nodes, inputs, outputs, g.inits, opset=opset, name="decode_attention")
+
+
+def decode_attention_feeds(cfg: LlamaConfig, context: int, *, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs of `decode_attention` with `context` tokens cached (seeded)."""
+    rng = np.random.default_rng(seed)
+    f = lambda *shape: rng.standard_normal(shape, dtype=np.float32)  # noqa: E731
+    n, nkv, d = cfg.heads, cfg.kv_heads, cfg.head_dim
+    return {"q": f(batch, 1, n * d), "k": f(batch, 1, nkv * d), "v": f(batch, 1, nkv * d),
+            "past_key": f(batch, nkv, context, d), "past_value": f(batch, nkv, context, d)}
+
+
+def decode_attention_reference(cfg: LlamaConfig, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What `decode_attention` computes, in float64 numpy: the presents, and each query head's softmax attention
+    over its K/V head (head h reads K/V head h // group)."""
+    b, n, nkv, d = feeds["q"].shape[0], cfg.heads, cfg.kv_heads, cfg.head_dim
+    new = lambda t: t.reshape(b, 1, nkv, d).transpose(0, 2, 1, 3)  # noqa: E731
+    k = np.concatenate([feeds["past_key"], new(feeds["k"])], axis=2).astype(np.float64)
+    v = np.concatenate([feeds["past_value"], new(feeds["v"])], axis=2).astype(np.float64)
+    q = feeds["q"].reshape(b, 1, n, d).transpose(0, 2, 1, 3)
+    out = attention_reference(q, np.repeat(k, cfg.group, axis=1), np.repeat(v, cfg.group, axis=1))
+    return {"out": out.transpose(0, 2, 1, 3).reshape(b, 1, n * d), "present_key": k, "present_value": v}
+
+
+def decode_attention_bytes(cfg: LlamaConfig, context: int, *, gqa: bool, dtype_bytes: int = 4) -> int:
+    """Bytes one layer's decode-step attention moves at least, each counted once: the past read and the present
+    written (past + 1 tokens), then the K/V attended over: the present itself with GroupQueryAttention, or the
+    repeat_kv copy (group x the present, written by Expand and read by the attention) after the repeat."""
+    c = 2 * cfg.kv_heads * cfg.head_dim * dtype_bytes
+    total = context + 1
+    attended = total if gqa else 2 * cfg.group * total
+    return (context + total + attended) * c
 
 
 def empty_cache(cfg: LlamaConfig, batch: int = 1) -> dict[str, np.ndarray]:

@@ -297,10 +297,10 @@ for r in prefill_only.plan.why_not():
         print(wrap(str(r)))
 
 # %% [markdown]
-# The cache this step writes is a graph output, and the rule's pattern would swallow it. onnxruntime's
-# `GroupQueryAttention` can take the cache itself (inputs `past_key` / `past_value` in [batch, K/V heads,
-# length, head size], outputs `present_key` / `present_value`), so the fused form exists; teaching the rule to
-# write it (and to prove the positions and the mask it implies) is work left open.
+# The cache this step writes is a graph output, and the rule's pattern would swallow it. Teaching the rule to
+# write GroupQueryAttention with the cache (and to prove the positions and the mask that implies) is work left
+# open. But the op exists, and what it would buy can be measured on one layer's attention alone, once the
+# fused decoder is checked.
 #
 # ### Is the fused decoder the same function?
 #
@@ -334,6 +334,68 @@ ga, gb = dec.generate(sa, cfg, prompt, 16), dec.generate(sb, cfg, prompt, 16)
 print(f"16 greedy tokens, unfused and fused: {'identical' if np.array_equal(ga, gb) else 'DIFFERENT'}")
 
 # %% [markdown]
+# ### GroupQueryAttention takes the cache itself
+#
+# `dec.decode_attention(cfg, gqa=...)` is one layer's attention for a decode step, in two forms with the same
+# inputs (this token's q, k, v and the past cache) and outputs (the context and the present cache):
+#
+# - **as exported**: the past concatenated with this token's K and V, `repeat_kv` copying each K/V head once
+#   per query head of its group, then softmax attention; fusionlab fuses the core into `MultiHeadAttention`,
+#   and the repeat stays in front of it;
+# - **GroupQueryAttention**: onnxruntime's op reads `past_key` / `past_value` as they are ([batch, K/V heads,
+#   past, head size]), appends this token and writes `present_key` / `present_value`, and lets query head h
+#   read K/V head h // group directly, with no copy. `seqlens_k` (the past length per batch row) and
+#   `total_sequence_length` (past + 1) are computed in the graph from the past's shape.
+#
+# Both are checked against a float64 numpy reference (each query head's softmax over its K/V head) at a few
+# context lengths, float32 tolerances rtol 1e-4 / atol 1e-5; the present caches must be exact copies.
+
+# %%
+exported = dec.decode_attention(cfg, gqa=False)
+attn_fused = fuse(fusionlab.load(exported), passes=("vertical",)).graph.to_proto()
+attn_gqa = dec.decode_attention(cfg, gqa=True)
+forms = {"exported": exported, "fused by fusionlab (MultiHeadAttention after the repeat)": attn_fused,
+         "GroupQueryAttention": attn_gqa}
+rows = []
+for name, m in forms.items():
+    checks = []
+    for ctx in (0, 7, 4096):
+        feeds = dec.decode_attention_feeds(cfg, ctx, seed=ctx)
+        want, got = dec.decode_attention_reference(cfg, feeds), runtime.run(m, feeds)
+        checks.append(np.allclose(got["out"], want["out"], rtol=1e-4, atol=1e-5)
+                      and all(np.array_equal(got[k], want[k]) for k in ("present_key", "present_value")))
+    rows.append([name, str(len(m.graph.node)), "yes" if all(checks) else "NO"])
+show(["form", "nodes", "equal to float64 at contexts 0, 7, 4096"], rows)
+CTX = 4096
+b_rep, b_gqa = (dec.decode_attention_bytes(cfg, CTX, gqa=g) for g in (False, True))
+print(f"one layer, {CTX} cached: {b_rep / MiB:.1f} MiB moved after the repeat, {b_gqa / MiB:.1f} MiB by "
+      f"GroupQueryAttention ({b_rep / b_gqa:.2f}x)")
+
+# %% [markdown]
+# The bytes (the last line above): with the cache of one layer at P tokens, both forms read the past and
+# write the present, P + 1 tokens. Then GroupQueryAttention reads the present once; the repeat writes a copy of
+# it `group` times over and the attention reads that copy.
+#
+# **Predict before you run the next cell:** the repeat path moves that many times the bytes. How much slower
+# will it be?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+feeds4k = dec.decode_attention_feeds(cfg, CTX)
+s_rep, s_gqa = runtime.session(attn_fused, "disable"), runtime.session(attn_gqa, "disable")
+att = timing.interleaved({"repeat": lambda: s_rep.run(None, feeds4k), "gqa": lambda: s_gqa.run(None, feeds4k)},
+                         min_time=3.0, min_rounds=20)
+ca = timing.Comparison.from_samples(att["repeat"], att["gqa"], label_a="MultiHeadAttention after the repeat",
+                                    label_b="GroupQueryAttention")
+print(ca)
+display(Markdown(ca.markdown("GroupQueryAttention on the cache", "MultiHeadAttention after the repeat")
+                 + f" Counting each byte moved once, the repeat path moves {b_rep / b_gqa:.2f}× the bytes."))
+
+# %% [markdown]
+# Where fusion can pay in decoding, then: not in the small elementwise intermediates, but in not
+# materialising a copy of the cache, the one tensor that grows with the context. CANN's IncreFlashAttention
+# takes the same grouping as an argument, `num_key_value_heads` (section 8).
+#
 # ## 7. Tokens per second, and bytes per token against the bandwidth
 #
 # First the two phases on this machine, one thread, the unfused model: a prefill of 128 tokens against a
@@ -392,8 +454,8 @@ display(Markdown(cmp.markdown("The fused decoder", "the unfused one") + (
 # Whatever the interval says on the day, the reason is in the bytes: fusion removed the *intermediate* tensors
 # between the small ops (each a few KiB for one token), but every weight still has to be read once per token,
 # fused or not. The time of a decode step is mostly that read. What shortens it is fewer bytes: weights in
-# float16 or int8 (the quantization lesson), a smaller cache (GQA, a quantized cache), or more tokens per read
-# of the weights (batching users, speculative decoding).
+# float16 or int8 (the quantization lesson), a smaller cache (GQA, a quantized cache) read without a copy
+# (GroupQueryAttention above), or more tokens per read of the weights (batching users, speculative decoding).
 #
 # ## 8. CANN's decoding operators, and a model of an Ascend card
 #
@@ -445,11 +507,9 @@ print(f"this notebook's decoder in fp16 on one 310P3, 128 cached: at most {small
 #
 # ## Summary
 #
-# - A decode step reads every weight and the whole KV cache for one token: its intensity is below one FLOP per
-#   byte in fp32, far left of every ridge, so bytes per token over bandwidth bounds the time per token.
-# - The KV cache grows by K and V per K/V head per layer per token; grouped-query attention divides it by the
-#   group size, rotary keys are stored already rotated, and FlashDecoding splits one query over the sequence,
-#   exactly, by the log-sum-exp combine.
-# - fusionlab fuses the decoder's norms, rotations, SiLU and attention into onnxruntime's contrib ops,
-#   verified equal on prefill and decode; the time per token stays set by the weights' bytes, on this CPU and,
-#   modelled, on Ascend, whose IncreFlashAttention / PromptFlashAttention / RotaryMul are the same fusions.
+# - A decode step reads every weight and the whole KV cache for one token, below one FLOP per byte in fp32: far
+#   left of every ridge, so bytes per token over bandwidth bounds its time, here and (modelled) on Ascend.
+# - The cache grows by K and V per K/V head per layer per token; GQA shrinks it by the group, rotary keys are
+#   cached rotated, and FlashDecoding splits one query over the sequence exactly by a log-sum-exp combine.
+# - Fusing norms, rotations and attention (verified on prefill and decode) leaves the weights' bytes; what can
+#   pay is reading the cache without a copy (GroupQueryAttention; CANN's IncreFlashAttention takes the groups).

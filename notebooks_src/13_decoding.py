@@ -298,9 +298,9 @@ for r in prefill_only.plan.why_not():
 
 # %% [markdown]
 # The cache this step writes is a graph output, and the rule's pattern would swallow it. Teaching the rule to
-# write GroupQueryAttention with the cache (and to prove the positions and the mask that implies) is work left
-# open. But the op exists, and what it would buy can be measured on one layer's attention alone, once the
-# fused decoder is checked.
+# see the Concat of the past and write GroupQueryAttention with `past_key` / `past_value` (its present outputs
+# replacing the Concat's) is work left open. But the op exists, and what it would buy can be measured on one
+# layer's attention alone, once the fused decoder is checked.
 #
 # ### Is the fused decoder the same function?
 #

@@ -12,6 +12,7 @@ import fusionlab
 from fusionlab.cost import devices
 from fusionlab.lessons import decoding as dec
 from fusionlab.passes import fuse
+from fusionlab.passes.vertical import DEFAULT_RULES
 from fusionlab.verification import runtime
 
 CFG = dec.LlamaConfig(vocab=128, hidden=64, heads=4, kv_heads=2, intermediate=96)
@@ -202,14 +203,39 @@ def test_decode_attention_reference_reads_kv_head_h_over_group():
     assert not np.allclose(out, tiled, rtol=1e-4, atol=1e-5)
 
 
-def test_the_exported_decode_attention_fuses_to_multihead_attention_after_the_repeat():
+def test_the_exported_decode_attention_fuses_to_groupquery_attention_on_the_cache():
     m = dec.decode_attention(CFG, gqa=False)
     res = fuse(fusionlab.load(m), passes=("vertical",))
-    assert res.plan.rule_counts() == {"attention": 1}
+    assert res.plan.rule_counts() == {"gqa": 1}
     ops = [n.op_type for n in res.graph.to_proto().graph.node]
-    assert "MultiHeadAttention" in ops and "Expand" in ops and "GroupQueryAttention" not in ops
-    assert runtime.verify(m, res.graph.to_proto(), feeds=dec.decode_attention_feeds(CFG, 5)).ok
+    assert "GroupQueryAttention" in ops and "Softmax" not in ops and "Concat" not in ops
+    for ctx in (0, 5):
+        assert runtime.verify(m, res.graph.to_proto(), feeds=dec.decode_attention_feeds(CFG, ctx, batch=2)).ok
+    # rule gqa off: MultiHeadAttention after the repeat, which stays
+    off = fuse(fusionlab.load(m), passes=("vertical",), rules=tuple(r for r in DEFAULT_RULES if r != "gqa"))
+    ops = [n.op_type for n in off.graph.to_proto().graph.node]
+    assert off.plan.rule_counts() == {"attention": 1} and "MultiHeadAttention" in ops and "Expand" in ops
+    assert runtime.verify(m, off.graph.to_proto(), feeds=dec.decode_attention_feeds(CFG, 5)).ok
     assert [n.op_type for n in dec.decode_attention(CFG, gqa=True).graph.node].count("GroupQueryAttention") == 1
+
+
+def test_the_decoder_at_batch_1_gets_groupquery_attention_with_its_cache():
+    """Batch 1: GroupQueryAttention takes past_key/past_value for any number of new tokens; the fused decoder is
+    the same function on a prefill, a decode step and a second prompt chunk after a cache."""
+    m = dec.llama_decoder(CFG, batch=1)
+    res = fuse(fusionlab.load(m), passes=("vertical",))
+    assert res.plan.rule_counts().get("gqa") == CFG.layers and "attention" not in res.plan.rule_counts()
+    fused = res.graph.to_proto()
+    ids = np.array([[3, 1, 4, 1, 5]], np.int64)
+    cache = {k.replace("present", "past"): v for k, v in _run(m, dec.feeds_for(CFG, ids)).items()
+             if k.startswith("present")}
+    for feeds in (dec.feeds_for(CFG, ids), dec.feeds_for(CFG, np.array([[7]]), cache),
+                  dec.feeds_for(CFG, np.array([[7, 2, 6]]), cache)):
+        assert runtime.verify(m, fused, feeds=feeds).ok
+    # a symbolic batch with a symbolic prompt length: onnxruntime's kernel takes neither, the refusal says so
+    sym = fuse(fusionlab.load(dec.llama_decoder(CFG)), passes=("vertical",))
+    assert sym.plan.rule_counts().get("attention") == CFG.layers
+    assert any("only at batch 1" in r.reason for r in sym.plan.why_not() if r.rule == "gqa")
 
 
 def test_decode_attention_bytes_count_the_repeat():

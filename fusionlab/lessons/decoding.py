@@ -147,7 +147,7 @@ def _repeat_kv(g: _Graph, t: str, scope: str, grow: str, target: str) -> str:
 
 
 def llama_decoder(cfg: LlamaConfig = LlamaConfig(), *, seed: int = 0, opset: int = 23,
-                  past: bool = True) -> onnx.ModelProto:
+                  past: bool = True, batch: int | str = "batch") -> onnx.ModelProto:
     """A LLaMA-style decoder with its KV cache as inputs and outputs, written as the exporters write LLaMA.
 
     Inputs ``input_ids`` [batch, sequence] and, per layer, ``past_key_i`` / ``past_value_i`` [batch, Nkv, past,
@@ -156,6 +156,7 @@ def llama_decoder(cfg: LlamaConfig = LlamaConfig(), *, seed: int = 0, opset: int
     angles and the causal mask are computed in the graph from the cache's length (Shape -> Gather -> Range), so
     one graph runs the prefill (past 0) and each decode step (sequence 1). ``past=False`` writes the prefill
     alone: no past inputs, positions from 0, the presents this step's K and V (the same weights for a seed).
+    ``batch`` fixes the batch dimension (1: one request at a time) or names it.
     Weights are deterministic (seed), LeCun-scaled; the norm scales are near one. Opset 23 (RMSNormalization
     exists from 23) is written with IR version 11.
     """
@@ -250,16 +251,16 @@ def llama_decoder(cfg: LlamaConfig = LlamaConfig(), *, seed: int = 0, opset: int
     for nd in g.nodes:
         nd.output[:] = [renames.get(o, o) for o in nd.output]
         nd.input[:] = [renames.get(o, o) for o in nd.input]
-    cache = ["batch", nkv, "past", d]
-    inputs = [value_info("input_ids", np.int64, ["batch", "sequence"])]
-    outputs = [value_info("logits", np.float32, ["batch", "sequence", cfg.vocab])]
-    total = "total" if past else "sequence"
+    cache = [batch, nkv, "past", d]
+    inputs = [value_info("input_ids", np.int64, [batch, "sequence"])]
+    outputs = [value_info("logits", np.float32, [batch, "sequence", cfg.vocab])]
+    total = None if past else "sequence"  # past + sequence: left to shape inference
     for i in range(cfg.layers):
         if past:
             inputs += [value_info(f"past_key_{i}", np.float32, cache),
                        value_info(f"past_value_{i}", np.float32, cache)]
-        outputs += [value_info(f"present_key_{i}", np.float32, ["batch", nkv, total, d]),
-                    value_info(f"present_value_{i}", np.float32, ["batch", nkv, total, d])]
+        outputs += [value_info(f"present_key_{i}", np.float32, [batch, nkv, total, d]),
+                    value_info(f"present_value_{i}", np.float32, [batch, nkv, total, d])]
     model = make_model(g.nodes, inputs, outputs, g.inits, opset=opset, name="llama_decoder")
     if opset > 21:
         model.ir_version = 11  # IR 10 covers opsets up to 21; onnxruntime 1.31 reads up to IR 13
@@ -283,8 +284,8 @@ def decode_attention(cfg: LlamaConfig, *, gqa: bool, opset: int = 17) -> onnx.Mo
               value_info("v", np.float32, ["batch", 1, nkv * d]), value_info("past_key", np.float32, cache),
               value_info("past_value", np.float32, cache)]
     outputs = [value_info("out", np.float32, ["batch", 1, n * d]),
-               value_info("present_key", np.float32, ["batch", nkv, "total", d]),
-               value_info("present_value", np.float32, ["batch", nkv, "total", d])]
+               value_info("present_key", np.float32, ["batch", nkv, None, d]),
+               value_info("present_value", np.float32, ["batch", nkv, None, d])]
     s = "/attn"
     if gqa:
         for name, v in (("i2", [2]), ("i3", [3]), ("i0", [0]), ("i1", [1])):

@@ -34,9 +34,11 @@ past_key / past_value and its outputs 1 and 2, the present cache, replace the Co
 P + S - 1, total_sequence_length = P + S; the query length must be the new keys' length, and batch or query
 length provably 1 (onnxruntime 1.31's CPU kernel: "batch_size must be 1 when sequence_length > 1 and past context
 is given"); not with a NaN guard that must stay (its fill would read the whole cache). Measured against
-MultiHeadAttention after the repeat on one LLaMA-style decode step (12 Q / 4 K/V heads of 64): 1.15x faster at a
-context of 16, 1.19x at 256, 2.4x at 4096 (notebook 13 times the last). onnxruntime 1.31's CPU kernel runs float32 and float16. It measured no slower than MultiHeadAttention after the repeat, faster on the TorchScript LLaMA exports
-(benchmarks/results/gqa.md); without `gqa` the MultiHeadAttention form is written.
+MultiHeadAttention after the repeat on one LLaMA-style decode step, faster at every context measured, the more
+the longer the cache (benchmarks/results/gqa_cache.md; notebook 13 times it at 4096).
+onnxruntime 1.31's CPU kernel runs float32 and float16. It measured no slower than MultiHeadAttention after the
+repeat, faster on the TorchScript LLaMA exports (benchmarks/results/gqa.md); without `gqa` the MultiHeadAttention
+form is written.
 A head view read elsewhere only for its shape (T5's layer 0 reads
 key_states.shape) stays outside the group for that reader.
 """

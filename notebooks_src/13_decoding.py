@@ -27,7 +27,7 @@ import fusionlab
 from fusionlab import timing, viz, zoo
 from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import decoding as dec
-from fusionlab.passes import fuse
+from fusionlab.passes import fuse, vertical
 from fusionlab.text import text_table, wrap
 from fusionlab.verification import runtime
 from IPython.display import Markdown, display
@@ -251,13 +251,13 @@ for n in (1, 7, 50, 1000):
 # The cache is part of the graph's interface: inputs `past_key_i` / `past_value_i` of shape [batch, K/V heads,
 # past, head size] and outputs `present_key_i` / `present_value_i` with this step's keys and values appended.
 # The positions (for the rotation and the causal mask) start at the cache's length, so one graph runs the
-# prefill (an empty cache) and every decode step (one token).
+# prefill (an empty cache) and every decode step (one token). It serves one request at a time: `batch=1`.
 #
 # **Predict before you run the next cell:** which of the patterns of notebooks 02 and 07 will fuse, and into
 # which onnxruntime ops?
 
 # %%
-model = dec.llama_decoder(cfg)
+model = dec.llama_decoder(cfg, batch=1)
 result = fuse(fusionlab.load(model), passes=("vertical",))
 fused = result.graph.to_proto()
 print(result.plan.table())
@@ -283,25 +283,25 @@ viz.before_after(fusionlab.load(model), result.graph, plan=result.plan,
 # What fused: each RMSNorm after a residual Add became `SkipSimplifiedLayerNormalization` (the Add and the
 # norm in one kernel, the sum handed on to the next residual), the first one (no residual before it) the
 # opset-23 `RMSNormalization`; each rotation became `RotaryEmbedding`, reading the graph's own cos/sin; SiLU
-# became `QuickGelu`; the attention core became `MultiHeadAttention`.
+# became `QuickGelu`. And the whole attention, with its cache, became one `GroupQueryAttention`: the rule
+# `gqa` sees that the repeated K and V are `Concat(past, new)` on the sequence axis, with the past a graph
+# input, and writes the op with `past_key` / `past_value` as inputs; its outputs 1 and 2 (the present cache)
+# replace the Concats' outputs, and `repeat_kv` is gone: query head h reads K/V head h // group directly.
 #
-# What did not: fusionlab's `gqa` rule writes `GroupQueryAttention` only for self-attention without a cache,
-# where it can prove the query length is the key length. Here the keys are the cache's past plus this step's,
-# so the rule leaves `repeat_kv` in place and `MultiHeadAttention` reads the repeated heads. A graph without
-# the cache inputs (`past=False`, the prefill alone) does not get it either, and `why_not` says why:
+# The rule refuses, and says why, where onnxruntime's kernel would not compute the same thing. Two cases: the
+# same decoder with a symbolic batch (the CPU kernel takes a past together with several new tokens only at
+# batch 1), and a prefill-only export whose present V is a graph output the pattern would swallow:
 
 # %%
-prefill_only = fuse(fusionlab.load(dec.llama_decoder(cfg, past=False)), passes=("vertical",))
-for r in prefill_only.plan.why_not():
-    if r.rule == "gqa":
-        print(wrap(str(r)))
+for name, m in (("symbolic batch", dec.llama_decoder(cfg)), ("prefill only", dec.llama_decoder(cfg, past=False))):
+    res = fuse(fusionlab.load(m), passes=("vertical",))
+    counts = {k: v for k, v in res.plan.rule_counts().items() if k in ("gqa", "attention")}
+    print(f"{name}: attention groups {counts or 'none'}")
+    for r in res.plan.why_not():
+        if r.rule == "gqa" and "layers.0" in r.node:
+            print(wrap("  gqa refused: " + r.reason))
 
 # %% [markdown]
-# The cache this step writes is a graph output, and the rule's pattern would swallow it. Teaching the rule to
-# see the Concat of the past and write GroupQueryAttention with `past_key` / `past_value` (its present outputs
-# replacing the Concat's) is work left open. But the op exists, and what it would buy can be measured on one
-# layer's attention alone, once the fused decoder is checked.
-#
 # ### Is the fused decoder the same function?
 #
 # Correctness first. The fused model is compared with the exported one, both run by onnxruntime with graph
@@ -334,28 +334,23 @@ ga, gb = dec.generate(sa, cfg, prompt, 16), dec.generate(sb, cfg, prompt, 16)
 print(f"16 greedy tokens, unfused and fused: {'identical' if np.array_equal(ga, gb) else 'DIFFERENT'}")
 
 # %% [markdown]
-# ### GroupQueryAttention takes the cache itself
+# ### What GroupQueryAttention on the cache buys
 #
-# `dec.decode_attention(cfg, gqa=...)` is one layer's attention for a decode step, in two forms with the same
-# inputs (this token's q, k, v and the past cache) and outputs (the context and the present cache):
-#
-# - **as exported**: the past concatenated with this token's K and V, `repeat_kv` copying each K/V head once
-#   per query head of its group, then softmax attention; fusionlab fuses the core into `MultiHeadAttention`,
-#   and the repeat stays in front of it;
-# - **GroupQueryAttention**: onnxruntime's op reads `past_key` / `past_value` as they are ([batch, K/V heads,
-#   past, head size]), appends this token and writes `present_key` / `present_value`, and lets query head h
-#   read K/V head h // group directly, with no copy. `seqlens_k` (the past length per batch row) and
-#   `total_sequence_length` (past + 1) are computed in the graph from the past's shape.
-#
-# Both are checked against a float64 numpy reference (each query head's softmax over its K/V head) at a few
-# context lengths, float32 tolerances rtol 1e-4 / atol 1e-5; the present caches must be exact copies.
+# `dec.decode_attention(cfg)` is one layer's attention for a decode step as a model of its own: this token's
+# q, k, v and the past cache in, the context and the present cache out, written as exported (Concat of the
+# past, `repeat_kv`, softmax attention). Fused with rule `gqa` it becomes `GroupQueryAttention` on the cache;
+# with the rule off, `MultiHeadAttention` after the repeat, which copies each K/V head once per query head of
+# its group before attending. Both are checked against a float64 numpy reference (each query head's softmax
+# over its K/V head) at a few context lengths, float32 tolerances rtol 1e-4 / atol 1e-5; the present caches
+# must be exact.
 
 # %%
-exported = dec.decode_attention(cfg, gqa=False)
-attn_fused = fuse(fusionlab.load(exported), passes=("vertical",)).graph.to_proto()
-attn_gqa = dec.decode_attention(cfg, gqa=True)
-forms = {"exported": exported, "fused by fusionlab (MultiHeadAttention after the repeat)": attn_fused,
-         "GroupQueryAttention": attn_gqa}
+exported = dec.decode_attention(cfg)
+no_gqa = tuple(r for r in vertical.DEFAULT_RULES if r != "gqa")
+forms = {"exported": exported,
+         "rule gqa off: MultiHeadAttention after the repeat":
+             fuse(fusionlab.load(exported), passes=("vertical",), rules=no_gqa).graph.to_proto(),
+         "rule gqa on: GroupQueryAttention": fuse(fusionlab.load(exported), passes=("vertical",)).graph.to_proto()}
 rows = []
 for name, m in forms.items():
     checks = []
@@ -364,17 +359,20 @@ for name, m in forms.items():
         want, got = dec.decode_attention_reference(cfg, feeds), runtime.run(m, feeds)
         checks.append(np.allclose(got["out"], want["out"], rtol=1e-4, atol=1e-5)
                       and all(np.array_equal(got[k], want[k]) for k in ("present_key", "present_value")))
-    rows.append([name, str(len(m.graph.node)), "yes" if all(checks) else "NO"])
-show(["form", "nodes", "equal to float64 at contexts 0, 7, 4096"], rows)
+    made_by = {o: n.op_type for n in m.graph.node for o in n.output}
+    repeat = any(n.op_type == "Expand" and made_by.get(n.input[0]) == "Unsqueeze" for n in m.graph.node)
+    attention = next((n.op_type for n in m.graph.node if n.domain), "Softmax and MatMuls")
+    rows.append([name, str(len(m.graph.node)), attention, "yes" if repeat else "no", "yes" if all(checks) else "NO"])
+show(["form", "nodes", "attention", "repeat_kv", "equal to float64 at contexts 0, 7, 4096"], rows)
 CTX = 4096
 b_rep, b_gqa = (dec.decode_attention_bytes(cfg, CTX, gqa=g) for g in (False, True))
 print(f"one layer, {CTX} cached: {b_rep / MiB:.1f} MiB moved after the repeat, {b_gqa / MiB:.1f} MiB by "
       f"GroupQueryAttention ({b_rep / b_gqa:.2f}x)")
 
 # %% [markdown]
-# The bytes (the last line above): with the cache of one layer at P tokens, both forms read the past and
-# write the present, P + 1 tokens. Then GroupQueryAttention reads the present once; the repeat writes a copy of
-# it `group` times over and the attention reads that copy.
+# The bytes (the last line above): with the cache of one layer at P tokens, both forms read the past and write
+# the present, P + 1 tokens. Then GroupQueryAttention reads the present once; the repeat writes a copy of it
+# `group` times over and the attention reads that copy.
 #
 # **Predict before you run the next cell:** the repeat path moves that many times the bytes. How much slower
 # will it be?
@@ -382,7 +380,7 @@ print(f"one layer, {CTX} cached: {b_rep / MiB:.1f} MiB moved after the repeat, {
 # %%
 # NBVAL_IGNORE_OUTPUT
 feeds4k = dec.decode_attention_feeds(cfg, CTX)
-s_rep, s_gqa = runtime.session(attn_fused, "disable"), runtime.session(attn_gqa, "disable")
+s_rep, s_gqa = (runtime.session(forms[k], "disable") for k in list(forms)[1:])
 att = timing.interleaved({"repeat": lambda: s_rep.run(None, feeds4k), "gqa": lambda: s_gqa.run(None, feeds4k)},
                          min_time=3.0, min_rounds=20)
 ca = timing.Comparison.from_samples(att["repeat"], att["gqa"], label_a="MultiHeadAttention after the repeat",
@@ -392,9 +390,9 @@ display(Markdown(ca.markdown("GroupQueryAttention on the cache", "MultiHeadAtten
                  + f" Counting each byte moved once, the repeat path moves {b_rep / b_gqa:.2f}× the bytes."))
 
 # %% [markdown]
-# Where fusion can pay in decoding, then: not in the small elementwise intermediates, but in not
-# materialising a copy of the cache, the one tensor that grows with the context. CANN's IncreFlashAttention
-# takes the same grouping as an argument, `num_key_value_heads` (section 8).
+# Where fusion can pay in decoding, then: not in the small elementwise intermediates, but in not materialising
+# a copy of the cache, the one tensor that grows with the context. CANN's IncreFlashAttention takes the same
+# grouping as an argument, `num_key_value_heads` (section 8).
 #
 # ## 7. Tokens per second, and bytes per token against the bandwidth
 #
@@ -507,9 +505,10 @@ print(f"this notebook's decoder in fp16 on one 310P3, 128 cached: at most {small
 #
 # ## Summary
 #
-# - A decode step reads every weight and the whole KV cache for one token, below one FLOP per byte in fp32: far
-#   left of every ridge, so bytes per token over bandwidth bounds its time, here and (modelled) on Ascend.
+# - A decode step reads every weight and the whole KV cache for one token, below one FLOP per byte in fp32:
+#   far left of every ridge, so bytes per token over bandwidth bounds its time, here and (modelled) on Ascend.
 # - The cache grows by K and V per K/V head per layer per token; GQA shrinks it by the group, rotary keys are
 #   cached rotated, and FlashDecoding splits one query over the sequence exactly by a log-sum-exp combine.
 # - Fusing norms, rotations and attention (verified on prefill and decode) leaves the weights' bytes; what can
-#   pay is reading the cache without a copy (GroupQueryAttention; CANN's IncreFlashAttention takes the groups).
+#   pay is reading the cache without a copy (GroupQueryAttention; CANN's IncreFlashAttention takes the
+#   groups).

@@ -267,7 +267,7 @@ def llama_decoder(cfg: LlamaConfig = LlamaConfig(), *, seed: int = 0, opset: int
     return model
 
 
-def decode_attention(cfg: LlamaConfig, *, gqa: bool, opset: int = 17) -> onnx.ModelProto:
+def decode_attention(cfg: LlamaConfig, *, gqa: bool = False, opset: int = 17) -> onnx.ModelProto:
     """One layer's attention for a decode step over the cache, as a model of its own, in two forms.
 
     Inputs ``q`` [B, 1, N*D], ``k`` / ``v`` [B, 1, Nkv*D] (this token's projections, K already rotated) and

@@ -592,8 +592,8 @@ class Attention(Rule):
                    "(self-attention only, with or without a cache)")
         elif cache is not None and qs[0] != 1 and qs[2 if q4 else 1] != 1:
             # onnxruntime 1.31's CPU kernel: "batch_size must be 1 when sequence_length > 1 and past context is given"
-            why = (f"batch {qs[0]} and query length {qs[2 if q4 else 1]} with a KV cache: onnxruntime's kernel takes "
-                   "a past with more than one new token only at batch 1 (neither is provably 1)")
+            why = (f"batch ({qs[0]}) and query length ({qs[2 if q4 else 1]}) with a KV cache: onnxruntime's kernel "
+                   "takes a past with more than one new token only at batch 1 (neither is provably 1)")
         elif nd[1] % 8:  # onnxruntime 1.31's CPU kernel: "head_size must be a multiple of 8"
             why = f"head size {nd[1]} is not a multiple of 8 (onnxruntime's CPU kernel needs one)"
         elif cx.graph.opset < 15:

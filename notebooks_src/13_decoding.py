@@ -270,13 +270,17 @@ show(["op", "exported", "fused"], [[o, str(before["ops"].get(o, 0)), str(after["
 
 # %% [markdown]
 # One layer's attention before and after (the coloured groups on the left are the plan; the filled ops on the
-# right are onnxruntime's fused kernels, each naming the ops it replaces):
+# right are onnxruntime's fused kernels, each naming the ops it replaces). The right side leaves out the
+# few host-side shape ops the rewrite adds to compute `seqlens_k` and `total_sequence_length` from the
+# shapes (Shape, Add, Cast, Sub, Expand of a handful of integers):
 
 # %%
 layer0 = "/model/layers.0/self_attn/"
+lengths = ("_seq", "_past_len", "_total_len", "_seq32", "_total_seq", "_last", "_batch", "_seqlens_k")
 viz.before_after(fusionlab.load(model), result.graph, plan=result.plan,
                  nodes_a=[n.name for n in model.graph.node if n.name.startswith(layer0)],
-                 nodes_b=[n.name for n in fused.graph.node if n.name.startswith(layer0)],
+                 nodes_b=[n.name for n in fused.graph.node if n.name.startswith(layer0)
+                          and not n.name.endswith(lengths)],
                  titles=("layer 0 attention, exported", "fused"))
 
 # %% [markdown]

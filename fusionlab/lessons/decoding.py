@@ -254,7 +254,7 @@ def llama_decoder(cfg: LlamaConfig = LlamaConfig(), *, seed: int = 0, opset: int
     cache = [batch, nkv, "past", d]
     inputs = [value_info("input_ids", np.int64, [batch, "sequence"])]
     outputs = [value_info("logits", np.float32, [batch, "sequence", cfg.vocab])]
-    total = None if past else "sequence"  # past + sequence: left to shape inference
+    total = "past + sequence" if past else "sequence"  # the symbol shape inference gives the Concat
     for i in range(cfg.layers):
         if past:
             inputs += [value_info(f"past_key_{i}", np.float32, cache),
@@ -284,8 +284,8 @@ def decode_attention(cfg: LlamaConfig, *, gqa: bool = False, opset: int = 17) ->
               value_info("v", np.float32, ["batch", 1, nkv * d]), value_info("past_key", np.float32, cache),
               value_info("past_value", np.float32, cache)]
     outputs = [value_info("out", np.float32, ["batch", 1, n * d]),
-               value_info("present_key", np.float32, ["batch", nkv, None, d]),
-               value_info("present_value", np.float32, ["batch", nkv, None, d])]
+               value_info("present_key", np.float32, ["batch", nkv, "past + 1", d]),
+               value_info("present_value", np.float32, ["batch", nkv, "past + 1", d])]
     s = "/attn"
     if gqa:
         for name, v in (("i2", [2]), ("i3", [3]), ("i0", [0]), ("i1", [1])):

@@ -53,6 +53,7 @@
 # | [06_mixed_fusion](06_mixed_fusion.ipynb) | both at once, on real topologies (residual blocks, attention) |
 # | [07_fusion_thresholds](07_fusion_thresholds.ipynb) | when fusion stops paying: a cost model, buffer capacity, peak memory, the "more than 5 ops" rule |
 # | [08_reductions_attention](08_reductions_attention.ipynb) | fusing through reductions: softmax, LayerNorm and attention (FlashAttention), measured against the bandwidth |
+# | [09_decoding](09_decoding.ipynb) | LLM decoding: why one token at a time is bandwidth-bound, the KV cache, GQA, rotary, FlashDecoding, a decoder fused |
 # | [10_quantization](10_quantization.ipynb) | int8 models: QDQ pairs, what onnxruntime fuses them into, why BN is folded first, AMCT and ATC |
 # | [11_real_compilers](11_real_compilers.ipynb) | IREE runs the graphs fused, TVM's FuseOps checks the mixed pass, CANN ATC's fusion report |
 # | [12_custom_op](12_custom_op.ipynb) | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |

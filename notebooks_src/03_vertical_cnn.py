@@ -115,8 +115,8 @@ print("alpha in the fused model:", {a.name: a.value for a in next(
     n for n in fuse(model, passes=("vertical",)).graph if n.op_type == "QuickGelu").attributes.values()})
 
 # %% [markdown]
-# **What one group saves.** Take the first group, the stem: a 6×6 stride-2 Conv whose output has 32 channels of
-# 80 × 80 fp32 values, 800 KiB. **Predict:** count the bytes that move between the kernels, unfused and as emitted
+# **What one group saves.** Take the first group, the stem: a 6×6 stride-2 Conv whose fp32 output is
+# 800 KiB. **Predict:** count the bytes that move between the kernels, unfused and as emitted
 # (Conv + QuickGelu). Which tensors are written, and which are read, and how many times?
 
 # %%

@@ -65,7 +65,7 @@ skip_cmp = timing.compare_models(plain_ln, skip_ln, level_a="all", level_b="all"
 print(skip_cmp)
 display(Markdown(skip_cmp.markdown()))
 
-
+# %% [markdown]
 # ## 2. A model you did not build: BERT as torch exports it
 #
 # Everything above was built by `fusionlab.zoo`. What you bring was written by an exporter, and exporters write

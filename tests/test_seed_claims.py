@@ -370,3 +370,13 @@ def test_a_stale_stored_ledger_summary_is_caught():
     out["text"] = "".join(out["text"]).replace("the", "teh", 1)
     _, _, planted = next(_printed_summaries(nb))
     assert not planted.startswith(seed_claims.claim(cid).summary())
+
+
+def test_no_notebook_pattern_fixes_the_unit_of_a_measured_time():
+    """A pattern that reads a timing row must take whatever unit the table picked: 13's 'A sequential ... ms' found
+    nothing once a quiet machine ran the model in 784 µs."""
+    fixed = [(c.id, e.pattern) for c in CLAIMS.values() for e in c.evidence
+             if e.pattern and re.search(r"\\S\+ (?:ns|µs|us|ms|s)\b", e.pattern)]
+    assert fixed == []
+    timing_row = "A  sequential  784 µs  781–787 µs"
+    assert re.search(r"A\s+sequential\s+\S+ (?:ns|µs|ms|s)\s+\S+ (?:ns|µs|ms|s)", timing_row)

@@ -39,8 +39,8 @@
 #
 # ## The notebooks, in order
 #
-# Click a name to open it. Each notebook starts with what you will be able to do and ends with a short summary
-# and, before it, exercises that check your answer at once.
+# Click a name to open it. Each notebook starts with what you will be able to do and ends with a short summary;
+# six of them (01, 02, 03, 06, 08, 14) then add exercises that check your answer at once.
 #
 # | notebook | what it teaches |
 # |---|---|
@@ -315,5 +315,5 @@ print("onnxruntime's fused model is equivalent:", report.ok)
 #   modelled from published specifications, not measured.
 #
 # **Try next:** change `C_out` or `H, W` above and re-run the timing cells. Does the gain from onnxruntime's
-# fusion grow or shrink with the tensor size? Then open `02_conv_bn_folding` to fold the BatchNormalization
-# yourself.
+# fusion grow or shrink with the tensor size? Then open `01_fused_loops`, the next notebook: what one fused loop
+# saves, in bytes, before `02_conv_bn_folding` folds the BatchNormalization by hand.

@@ -233,15 +233,12 @@ print(f"speed-up over onnxruntime {cmp_gelu.speedup:.2f}x vs bytes ratio {gelu.b
 # %% [markdown]
 # ## Summary
 #
-# - An unfused elementwise chain makes one pass over memory per op; a fused loop makes one. On tensors larger than
-#   the cache a cheap chain is memory-bound, and the fused loop's speed-up approaches the bytes ratio, or (as in
-#   §1) exceeds it when the unfused loops stream more slowly than the fused one.
-# - `codegen` generates the fused loop from ONNX nodes, merges dimensions that broadcast alike, and is checked
-#   against onnxruntime with optimisations off.
-# - Judge a fused kernel by two numbers: its speed-up over onnxruntime's own unfused kernels against the bytes
-#   ratio, and its GB/s against the DRAM streaming bandwidth `fusionlab.cost.calibrate` measured.
-# - Transcendentals need vectorisable approximations of known error in place of scalar library calls; even then a
-#   chain heavy in them can be compute-bound, and the bytes ratio overstates what fusion buys.
+# - An unfused elementwise chain makes one pass over memory per op, a fused loop one in all: on tensors larger than
+#   the cache a cheap chain is memory-bound, and the fused loop's speed-up follows the bytes ratio.
+# - `codegen` generates the fused loop from ONNX nodes and checks it against onnxruntime; judge it by its speed-up
+#   beside the bytes ratio and its GB/s beside the measured streaming bandwidth.
+# - Transcendentals need vectorisable approximations of known error; a chain heavy in them can be compute-bound,
+#   and then the bytes ratio overstates what fusion buys.
 
 # %% [markdown]
 # ## Exercises

@@ -508,14 +508,12 @@ print(ort_fold.table())
 # ## Summary
 #
 # - Conv + inference BatchNormalization folds exactly into one conv: $W' = sW$, $b' = s(b-\mu)+\beta$, with
-#   $s=\gamma/\sqrt{\sigma^2+\varepsilon}$. The write-up's formula drops the conv's own bias term $s\,b$.
-# - Grouped and depthwise convs scale weight axis 0, as usual. ConvTranspose scales **axis 1**, per group.
-# - Fold in float64 (or fp32) and cast once: fp16 arithmetic is never more accurate, and a tiny variance can
-#   overflow fp16. Check for overflow before applying the fold.
-# - Folding is illegal in training mode, when the conv output is used elsewhere, and when parameters are not
-#   true constants. A pass must prove legality or leave the graph alone.
-# - On a real layer the fold verifies within fp32 tolerances. What it saves is memory traffic and launches,
-#   not arithmetic (counted first, in §7), which is why its effect on a conv-dominated layer is modest on a CPU.
+#   $s=\gamma/\sqrt{\sigma^2+\varepsilon}$; the write-up's formula drops the conv's own bias term $s\,b$, and
+#   ConvTranspose scales **axis 1**.
+# - Fold in float64 (or fp32) and cast once; folding is illegal in training mode, when the conv output is used
+#   elsewhere and when the parameters are not constants: a pass proves legality or leaves the graph alone.
+# - What the fold saves is memory traffic and launches, not arithmetic (§7), so on a conv-dominated layer its effect
+#   on this CPU is modest.
 
 # %% [markdown]
 # ## Exercises
@@ -545,5 +543,6 @@ exercises.folding.check(fold)
 
 # %% [markdown]
 # Beyond the exercise: ConvTranspose + BN folds too (onnxruntime has no fusion for it), scaling weight axis 1 per
-# group, as §3 showed; fold one in an ONNX model yourself and `fusionlab.verify` it. Notebook **03** runs the same
-# fold as a pass over whole networks, together with Conv+Relu and MatMul+Add+Gelu.
+# group, as §3 showed; fold one in an ONNX model yourself and `fusionlab.verify` it. Notebooks **03** (CNNs:
+# Conv+BN+SiLU, the residual Add) and **04** (transformers: Add+Gelu, LayerNorm, attention) run the same fold as a
+# pass over whole networks.

@@ -253,7 +253,8 @@ print(ort.op_table(model, result.graph))
 # `time(A) / time(B)` with a 95 % confidence interval. The machine is shared with other jobs, so the absolute
 # times drift; the paired ratios are what to read.
 #
-# **Predict first:** our plan removes 114 of the 256 kernels and, by §3, about 28 MiB of traffic per run. With
+# **Predict first:** our plan removes 114 of the 256 kernels (258 nodes less the two
+# Constants, which launch nothing) and, by §3, about 28 MiB of traffic per run. With
 # onnxruntime's optimisations off for both models, will our fused model be 10 % faster, 2× faster, or more?
 
 # %%
@@ -392,7 +393,8 @@ print(seed_claims.claim("s1-yolov5-23pct").summary())
 # * Vertical fusion does a chain's work in one pass: a plan finds the chains it can prove legal, `apply` emits the
 #   kernels (YOLOv5's Conv+BN+SiLU as `Conv` + `QuickGelu`) and `verify` checks the outputs with stated tolerances.
 # * On this CPU a 3×3 convolution outweighs its BN and SiLU, so removing their passes and launches is a small share
-#   of the run; onnxruntime's ALL level adds a layout transform that is not a fusion and is measured apart.
+#   of the run; onnxruntime's ALL level adds a layout transform that is not a fusion and is measured apart, and one
+#   step past its EXTENDED level `conv_add_act` puts ResNet's residual Add and Relu into `FusedConv`.
 # * The seed's 23 % depends on its baseline: the cost model predicts 1.00× against ATC's default fusions and 1.58×
 #   or more against a model without them.
 

@@ -32,7 +32,7 @@ from IPython.display import Markdown, display
 # `Mul`, `Add`) becomes one `LayerNormalization`; the attention scores' `MatMul` followed by its scale becomes one
 # `FusedMatMul` with the scale as `alpha` (rule `fused_matmul`). (`MatMul → Add` would
 # become a `Gemm`, but here the MatMuls are 3-D, `[batch, sequence, hidden] @ W`, and Gemm is 2-D only: the
-# pass says so in the plan's notes and leaves them alone.)
+# plan records it as a refusal, which §2 prints, and leaves them alone.)
 
 # %%
 bert = zoo.bert(layers=2, hidden=64, heads=2, intermediate=256, vocab=1000)
@@ -136,7 +136,8 @@ print("onnxruntime EXTENDED:", sum(ort.optimized_ops(messy, "extended").values()
 
 # %% [markdown]
 # **Predict, then measure:** the fused model runs with onnxruntime's optimisations off, against onnxruntime
-# EXTENDED on the export (the fair "ours vs theirs"), at batch 1 and sequence 64; then both at ALL.
+# EXTENDED on the export (the fair "ours vs theirs"), at batch 1 and sequence 64; then both at ALL. As in notebook
+# 03 §6: interleaved on one thread; read the median of the paired ratios and its 95 % interval.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -146,8 +147,8 @@ for title, level_a, level_b in (("ours (off) vs ORT EXTENDED", "extended", "disa
                                              dims={"batch": 1, "sequence": 64}, min_time=2)
 print(timing.comparisons_table(bert_runs, header=("comparison: B vs A", "A", "B", "A/B", "95% CI", "verdict")))
 
-# where the time went: the launches the plan saved, priced at this machine's launch overhead (a chain of tiny ops
-# minus one, per op, profiler off: the calibration notebook 13 §3 prints too), against the gain
+# where the time went: the launches the plan saved, priced at this machine's launch overhead (what one more tiny
+# node costs onnxruntime, profiler off: the calibration notebook 13 §3 prints too), against the gain
 vs_ext = bert_runs["ours (off) vs ORT EXTENDED"]
 launch_us = calibrate.launch_overhead_us()
 print(f"launch overhead on this machine: {launch_us:.2f} µs per kernel")

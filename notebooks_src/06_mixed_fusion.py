@@ -323,7 +323,7 @@ display(Markdown(
 # No Ascend core has a 64 KB UB, though: at the real 192 KB (910B) or 256 KB (310P3, `cann_facts.md` §3.3) every group of this network
 # fits at 16 KB tiles, and the pass forms as many kernels as without a budget (the `buffer_kb=192` rows above). Is the seed's "split above 5
 # ops" a step like this one, set by one device's buffer? Notebook 07 §5 asks you to predict that for YOLOv5 and
-# BERT on every Ascend preset, and then answers it.
+# BERT on the Atlas 800I A2 preset, the card of the rule, and then answers it.
 
 # %%
 yp = mixed.plan(yolo, max_group_ops=5, buffer_kb=192)
@@ -351,21 +351,12 @@ print(seed_claims.claim("s22-mixed-40-60pct").summary())
 # %% [markdown]
 # ## Summary
 #
-# - Ops are classified by how their output depends on their inputs; the class decides what may fuse.
-# - Fusion follows the post-dominator tree: a node joins its immediate post-dominator together with every
-#   node in between, so groups have one exit and never form cycles.
-# - Phases order the work: Conv/MatMul groups first, injective ops later.
-# - Backend limits reshape the groups: a cap on ops per group (the seed's 5 on Atlas 800I A2), the on-chip
-#   buffer (the tile model shared with the cost model), recompute of multi-consumer results. Each group records
-#   why it stopped. A budget just below the working set of a common pattern is a cliff: YOLOv5n's kernels more
-#   than double at 64 KB, a budget below any real Ascend core's UB.
-# - The seed's 40–60% for mixed fusion is not measured here: onnxruntime inlines the ONNX functions, so the groups
-#   run as the ops they hold (§6). The ledger's verdict (`s22-mixed-40-60pct`, printed in §7) says what the cost
-#   model of notebook 07 predicts instead.
-# - The partitioner's rule that a reduction only ends a group is conservative; TVM's own Relax pipeline fuses a
-#   reduction with its elementwise consumers, and XLA, Inductor and CANN fuse reductions with the ops around them
-#   (notebook 08).
-# - Lowered to ONNX functions, the model still verifies against the original.
+# - Ops are classified by how their output depends on their inputs, and fusion follows the post-dominator tree, so
+#   groups have one exit and never form cycles.
+# - Backend limits reshape the groups (a cap on ops per group, the on-chip buffer, recompute), each group records why
+#   it stopped, and a budget just below a common pattern's working set is a cliff.
+# - Lowered to ONNX functions the model still verifies; onnxruntime inlines them, so the seed's 40–60% is not
+#   measured here (notebook 07 models it).
 
 # %% [markdown]
 # ## Exercises

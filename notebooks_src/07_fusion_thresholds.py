@@ -275,7 +275,7 @@ print(f"{bounds.count('launch')} of the {len(bounds)} groups launch-bound, {boun
 # 3. **Longer lifetimes.** A fused kernel needs all its inputs and outputs at once, which can raise the peak of
 #    live memory.
 #
-# Two real networks, the 640×640 detector and a BERT encoder (2 layers, hidden 256, sequence 128), on the Atlas
+# Two real networks, the §4 detector at 640×640 and a BERT encoder (2 layers, hidden 256, sequence 128), on the Atlas
 # 800I A2 preset (a 910B: the card of the seed's "split above 5 ops"), recompute allowed. **Predict:** where is the
 # minimum of the latency curve, at 5 ops or beyond?
 
@@ -519,7 +519,7 @@ box = widgets.explore(resnet, kinds=widgets.KINDS)
 # The widget is a thin layer: each setting calls `widgets.explore_state`, which you can call directly.
 # Here is another setting, printed (max 3 ops per group, vertical and mixed, on the 800I A2: not the widget's
 # initial one above), the same call the widget makes when you move its controls. Its mixed groups take in
-# vertically fused Convs (the table's "… more groups" are those), and the plan's last line counts each node and
+# vertically fused Convs (the table's "… more groups" include them), and the plan's last line counts each node and
 # kernel of the model once; the sentence after the output reads it.
 
 # %%
@@ -534,20 +534,13 @@ display(Markdown(f"The last line: the groups cover {counted.nodes} of the {len(r
 # %% [markdown]
 # ## Summary
 #
-# * The cost model turns shapes into FLOPs and bytes per node, and a plan into kernels, each with a roofline time
-#   plus a launch for every kernel its lowering really launches. A fused group moves its external reads (once per
-#   path: L1 to the cube, UB to the vector unit) and its writes, plus whatever its emitted lowering still writes.
-# * On chip, a fused kernel works in tiles. One working-set model, shared with the mixed pass, says how many tiles
-#   a group holds; the largest tile that fits one core's UB decides how efficient its transfers are. Nothing
-#   spills unless not one 32-byte block per buffer fits.
-# * On YOLOv5 and BERT the predicted curve of latency against group size falls and then flattens; its minimum is
-#   at the largest group TVM's rules form, and peak memory falls too. The seed's "split above 5 ops" costs nothing
-#   on YOLOv5 and, in this model, costs BERT latency (§5's `5 vs best` column); its "15–20 % more peak memory" is a training effect
-#   this inference model has no mechanism for.
-# * The Ascend numbers are predictions from published specs with an assumed 5 µs launch; against ATC's default
-#   (which fuses Conv+BN+activation already) a Conv+BN+SiLU custom op is predicted to gain nothing.
-# * On this CPU the prediction for the kernels onnxruntime really runs is checked against measurement, with the
-#   error shown.
+# * A roofline cost model turns shapes into FLOPs and bytes, and a plan into the kernels its lowering launches; on
+#   chip a fused kernel works in tiles, sized by the working-set model the mixed pass shares.
+# * On YOLOv5 and BERT (swept on the Atlas 800I A2 preset; the peak-memory fraction is the same on every preset)
+#   the predicted latency falls with group size and then flattens, and peak memory falls too: the seed's "split
+#   above 5 ops" costs BERT latency in this model, and its "15–20 % more peak memory" is a training effect.
+# * The Ascend numbers are predictions from published specs; on this CPU the prediction is checked against what
+#   onnxruntime measures, with the error shown.
 #
 # **What to try next**
 #

@@ -16,7 +16,7 @@
 # we fuse through the reductions, the way XLA, Inductor, Triton and CANN do. (TVM's newer Relax pipeline
 # fuses a `mean` with its elementwise consumers, but not by a rule for reductions: the legalised `mean`, a sum
 # followed by a division in one function, is labelled like a Conv, an anchor that takes in the elementwise ops
-# after it; a plain `ReduceSum` still only ends a group, as in Relay. Notebook 06 §2 has the details.)
+# after it; a plain `ReduceSum` still only ends a group, as in Relay. Notebook 06 §1 has the details.)
 # Every section follows the same order: bytes first, the unfused loop, the fused loop checked, then
 # timed against the limit. Before each measurement you are asked to predict it.
 
@@ -509,22 +509,12 @@ display(Markdown(
 # %% [markdown]
 # ## Summary
 #
-# * Count bytes first. An exported softmax moves 4× what one kernel must, an exported LayerNorm 6×.
-# * Reductions fuse when their result can be used without a second trip to memory: on a CPU because a
-#   row fits in L1; in general through a one-pass form, the online softmax (running max, rescaled sum)
-#   and Welford's update, which, unlike E[x²] − E[x]², stays exact when the mean is large.
-# * A generated fused kernel is checked against onnxruntime, then judged by its GB/s against the
-#   measured bandwidth and against the runtime's own hand-written kernel: the bytes ratio is the
-#   ceiling; what a kernel computes per element, in how many passes and how well they vectorise,
-#   decides how close it gets (§5 measures whether LayerNorm, with no transcendental, gets closer than
-#   the softmax, for the generated kernels and for onnxruntime's).
-# * Attention's N × N scores are the largest intermediate in a transformer. FlashAttention tiles the
-#   keys, keeps a running max, sum and output per query tile, and never writes the scores; its memory
-#   footprint is linear in N. On this CPU onnxruntime's fused kernel gains far less than the bytes
-#   ratio: the scores stay in cache up to N = 1024, so from N = 128 on the MatMuls (the same in both) dominate;
-#   at N = 16 what it saves is the tiny kernels' per-kernel cost.
-# * On Ascend the same algorithm is `FlashAttentionScore` / `PromptFlashAttention`; the tile follows
-#   from the L1 and UB sizes, and the gain is predicted here by a model, not measured.
+# * Count bytes first: an exported softmax moves 4× what one kernel must, an exported LayerNorm 6×; one-pass forms
+#   (the online softmax, Welford's update) make the fusion possible.
+# * A generated fused kernel is checked against onnxruntime and judged by its GB/s against the measured bandwidth:
+#   the bytes ratio is the ceiling, vectorisation decides how close it gets.
+# * FlashAttention tiles the keys and never writes the N × N scores; on this CPU onnxruntime's fused kernel gains far
+#   less than the bytes ratio, and on Ascend (`FlashAttentionScore`) the gain is modelled, not measured.
 
 # %% [markdown]
 # ## Exercises

@@ -89,7 +89,7 @@ display(Markdown(
 # A roofline (the cost model of notebook 07) says the fastest a kernel can run is the smaller of the compute
 # peak and its arithmetic intensity times the memory bandwidth. Where the two meet is the **ridge point**: a
 # kernel of lower intensity is limited by memory. This machine's peak and bandwidth are measured once by
-# `fusionlab.cost.calibrate` (one thread: a float32 matmul, and a STREAM-style copy of arrays four times
+# `fusionlab.cost.calibrate` (one thread: a float32 matmul, and STREAM-style copy and add kernels over arrays four times
 # larger than the last-level cache, the median of several runs). The Ascend presets come from
 # `data/devices.json` (published specs, see each preset's source note); one model instance runs on one chip,
 # so the 300I Duo (two 310P3 chips, each with its own memory) appears as one of its chips, whose figures are
@@ -127,7 +127,8 @@ show(["one chip of", "GB/s", "FP16 TFLOPS", "AI cores", "vector cores", "ridge F
 # against fp16 ridges) the intensity doubles, and is still orders of magnitude below the Ascend ridges. A
 # prefill of 512 tokens is compute-bound on this CPU, and in float16 just past the Ascend ridges. That is why
 # serving systems batch many users' decode steps together: B rows share one read of the weights, multiplying
-# the intensity by B.
+# the intensity by B (the weights' part only: each user's KV cache is still read for that user alone, so the
+# attention's intensity does not grow with B).
 #
 # ## 3. The KV cache, and what grouped-query attention saves
 #
@@ -156,7 +157,7 @@ show(["context", "KV cache MiB (GQA, 4 heads)", "MiB (12 K/V heads)", "MiB read 
 # %% [markdown]
 # The same arithmetic on a model of real size. The cell below uses the shape of an 8-billion-parameter
 # LLaMA-style model (32 layers, hidden 4096, 32 query heads of 128 sharing 8 K/V heads, an MLP of 14,336, a
-# vocabulary of 128,256: the numbers are in the code) in float16, the precision ATC runs it in.
+# vocabulary of 128,256: the numbers are in the code) in float16, the precision the Ascend rooflines below use.
 
 # %%
 big = dec.LlamaConfig(vocab=128256, hidden=4096, heads=32, kv_heads=8, intermediate=14336, layers=32)
@@ -168,8 +169,9 @@ for ctx in (4096, 32768):
           f"{ctx * big.kv_bytes_per_token(2, kv_heads=big.heads) / 2**30:.1f} GiB without")
 
 # %% [markdown]
-# At long contexts the cache, not the weights, is what a decode step reads most, and grouped-query attention
-# divides it by the group size (four for this shape, three for the notebook's decoder). It also lets a batch
+# For one request the weights still dominate at these lengths; but each request in a batch reads its own cache
+# while all of them share one read of the weights, so in a batched server the cache soon is what a decode step
+# reads most. Grouped-query attention divides it by the group size (four for this shape, three for the notebook's decoder). It also lets a batch
 # of users fit in the device's memory at all.
 #
 # ## 4. Rotary embeddings on a few numbers
@@ -206,8 +208,8 @@ print(f"q at 7 · k at 2 = {score(7, 2):.6f};  q at 12 · k at 7 = {score(12, 7)
 # ## 5. Decode attention, and FlashDecoding's split over the sequence
 #
 # In a decode step each head has **one** query against L cached keys. FlashAttention (notebook 08)
-# parallelises over query tiles, and with a single query there is nothing to split: one core would walk the
-# whole cache while the others wait. **FlashDecoding** splits the *keys* instead (split-K): each of n chunks
+# parallelises over batch, heads and query tiles; with one query per head and a small batch there are too few
+# blocks to fill the cores, and each walks its whole cache. **FlashDecoding** splits the *keys* instead (split-K): each of n chunks
 # of the sequence computes, on its own core, its partial softmax: its maximum score mⱼ, its sum lⱼ = Σ exp(s −
 # mⱼ), and its unnormalised output oⱼ = Σ exp(s − mⱼ) v. A last small step combines them with M = max mⱼ:
 #
@@ -287,7 +289,7 @@ viz.before_after(fusionlab.load(model), result.graph, plan=result.plan,
 # What fused: each RMSNorm after a residual Add became `SkipSimplifiedLayerNormalization` (the Add and the
 # norm in one kernel, the sum handed on to the next residual), the first one (no residual before it) the
 # opset-23 `RMSNormalization`; each rotation became `RotaryEmbedding`, reading the graph's own cos/sin; SiLU
-# became `QuickGelu`. And the whole attention, with its cache, became one `GroupQueryAttention`: the rule
+# became `QuickGelu` (x·sigmoid(α·x); the rule sets α = 1, which is SiLU). And the whole attention, with its cache, became one `GroupQueryAttention`: the rule
 # `gqa` sees that the repeated K and V are `Concat(past, new)` on the sequence axis, with the past a graph
 # input, and writes the op with `past_key` / `past_value` as inputs; its outputs 1 and 2 (the present cache)
 # replace the Concats' outputs, and `repeat_kv` is gone: query head h reads K/V head h // group directly.
@@ -367,7 +369,7 @@ for name, m in forms.items():
     repeat = any(n.op_type == "Expand" and made_by.get(n.input[0]) == "Unsqueeze" for n in m.graph.node)
     attention = next((n.op_type for n in m.graph.node if n.domain), "Softmax and MatMuls")
     rows.append([name, str(len(m.graph.node)), attention, "yes" if repeat else "no", "yes" if all(checks) else "NO"])
-show(["form", "nodes", "attention", "repeat_kv", "equal to float64 at contexts 0, 7, 4096"], rows)
+show(["form", "nodes", "attention", "repeat_kv", "within rtol 1e-4 / atol 1e-5 of float64 at contexts 0, 7, 4096"], rows)
 CTX = 4096
 b_rep, b_gqa = (dec.decode_attention_bytes(cfg, CTX, gqa=g) for g in (False, True))
 print(f"one layer, {CTX} cached: {b_rep / MiB:.1f} MiB moved after the repeat, {b_gqa / MiB:.1f} MiB by "
@@ -375,8 +377,8 @@ print(f"one layer, {CTX} cached: {b_rep / MiB:.1f} MiB moved after the repeat, {
 
 # %% [markdown]
 # The bytes (the last line above): with the cache of one layer at P tokens, both forms read the past and write
-# the present, P + 1 tokens. Then GroupQueryAttention reads the present once; the repeat writes a copy of it
-# `group` times over and the attention reads that copy.
+# the present, P + 1 tokens. Then GroupQueryAttention reads the present once; the repeat reads the present, writes
+# a copy of it `group` times over, and the attention reads that copy.
 #
 # **Predict before you run the next cell:** the repeat path moves that many times the bytes. How much slower
 # will it be?
@@ -427,7 +429,7 @@ display(Markdown(
 # Now the decode loop, unfused against fused: 16 steps of one token each from the cache of a 32-token prompt,
 # the present cache fed back as the next past each step, the two models run interleaved. The bytes a step must
 # read (weights, the cache so far, the K/V it writes) over the time it takes is the bandwidth the step
-# achieves; beside it, the bandwidth this machine streams (the copy measured in section 2).
+# achieves; beside it, the bandwidth this machine streams (the streaming bandwidth of section 2, the better of copy and add).
 #
 # **Predict before you run the next cell:** fusion removed many of the decoder's nodes (the table in section
 # 6). How much faster will a decode step be?
@@ -456,7 +458,7 @@ display(Markdown(cmp.markdown("The fused decoder", "the unfused one") + (
 # Whatever the interval says on the day, the reason is in the bytes: fusion removed the *intermediate* tensors
 # between the small ops (each a few KiB for one token), but every weight still has to be read once per token,
 # fused or not. The time of a decode step is mostly that read. What shortens it is fewer bytes: weights in
-# float16 or int8 (the quantization lesson), a smaller cache (GQA, a quantized cache) read without a copy
+# float16 or int8 (notebook 10), a smaller cache (GQA, a quantized cache) read without a copy
 # (GroupQueryAttention above), or more tokens per read of the weights (batching users, speculative decoding).
 #
 # ## 8. CANN's decoding operators, and a model of an Ascend card
@@ -471,7 +473,7 @@ display(Markdown(cmp.markdown("The fused decoder", "the unfused one") + (
 # - **PromptFlashAttention** (`npu_prompt_flash_attention`): prefill attention over the whole prompt. On 310P
 #   it is restricted: fp16 only, and `num_key_value_heads` only 0, that is, no GQA.
 # - **FusedInferAttentionScore** dispatches to one or the other: a query of one token goes to the
-#   IncreFlashAttention branch, longer ones to PromptFlashAttention.
+#   IncreFlashAttention branch, longer ones to PromptFlashAttention (documented for A2/A3; not listed for 310P).
 # - **RotaryMul** (`npu_rotary_mul`): `out = r1 * x + r2 * rotate(x)`, the rotation of section 4 on one
 #   tensor; on 310P only with `jit_compile=True`, half mode only, head size 128. `npu_apply_rotary_pos_emb`
 #   rotates Q and K in one kernel.
@@ -505,7 +507,7 @@ print(f"this notebook's decoder in fp16 on one 310P3, 128 cached: at most {small
 # FLOPs are nearly free. The same table says what the levers are: the 300I Duo's second chip doubles what the
 # card serves (a second model instance with its own memory), not the speed of one request on one chip
 # (splitting one model over both chips adds the traffic between them, which this model does not count); a chip
-# with HBM (the 910B4) is several times faster per token; int8 weights halve the bytes.
+# with HBM (the 910B4) is several times faster per token; int8 weights nearly halve the bytes (the fp16 cache stays).
 #
 # ## Summary
 #

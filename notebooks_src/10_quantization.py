@@ -48,8 +48,8 @@ def as_proto(model):
 # - quantize: `q = saturate(round(x / s) + z)` (round half to even; saturate to the type's range);
 # - dequantize: `x' = (q − z) · s`.
 #
-# onnxruntime's quantizer, as its documentation recommends for x86, stores **activations as uint8** with a zero
-# point (asymmetric: the calibrated range `[lo, hi]`, widened to contain 0, maps onto 0..255) and **weights as
+# We ask onnxruntime's quantizer, as its documentation recommends for x86, to store **activations as uint8**
+# (`activation_type=QUInt8`; its default is int8) with a zero point (asymmetric: the calibrated range `[lo, hi]`, widened to contain 0, maps onto 0..255) and **weights as
 # int8** symmetric (zero point 0, range −127..127). For uint8, `s = (hi − lo) / 255` and `z = round(−lo / s)`.
 #
 # **Predict:** an activation was calibrated to the range `[−1, 2]`. What are `s` and `z`? What integer does 0.31
@@ -88,8 +88,10 @@ print(f"  int8 + {w.shape[0]} scales (one per output channel): {per_channel} byt
 
 # %% [markdown]
 # **Inside an int8 kernel.** What a fused `QLinearMatMul` (or `QLinearConv`) does with those integers: multiply
-# `q_x − z_x` by the int8 weights and sum in **int32** (the VNNI instruction of §6 does exactly this), then apply
-# one multiplier `M = s_x · s_w / s_y` and round onto the *output's* uint8 grid, `q_y = round(M · acc) + z_y`. That
+# `q_x − z_x` by the int8 weights and sum in **int32** (VNNI's `vpdpbusd` multiplies the raw uint8 `q_x` by the
+# int8 weights; the kernel then subtracts `z_x · Σ q_w`, a per-column constant computed once from the weights), then
+# apply one multiplier `M = s_x · s_w / s_y` and round onto the *output's* uint8 grid,
+# `q_y = saturate(round(M · acc) + z_y)`. That
 # last step is the **requantisation**: the float result never exists in memory. A 1×4 activation times a 4×2
 # weight, small enough to check by hand:
 #
@@ -164,10 +166,10 @@ print("\n".join(text_table(["spread", "unfolded, per tensor", "unfolded, per cha
 
 # %% [markdown]
 # The folded layer's error does not depend on the spread; the unfolded one's grows with it, and per-channel weights
-# do not help, because the damage is done in the *activation* between Conv and BN, which is quantized per tensor.
+# barely help, because the damage is done in the *activation* between Conv and BN, which is quantized per tensor.
 # What onnxruntime runs shows the second cost: it cannot fold a BN into a `QLinearConv` (the conv's weight is no
 # longer a float constant but the output of a `DequantizeLinear`), so the BN stays a float island, with
-# dequantizes before it (of its input, and of its scale and bias, which the quantizer stored as int8 too) and a
+# dequantizes before it (of its input, of its scale, stored as int8, and of its bias, stored as int32) and a
 # quantize after it. `quant.float_islands` lists the operators that read a dequantized tensor:
 
 # %%
@@ -308,6 +310,10 @@ print("\n".join(text_table(["int8 model", "max |error|", "relative error", "top-
 n_images = sum(f["input"].shape[0] for f in cnn_test)
 print(wrap(f"(CNN: {n_images} test images; BERT: {len(bert_test)} test batches of 4 x 32 tokens; logits and "
            f"hidden states of random-weight models, so a relative error, not a task score)"))
+pt, pc = acc["CNN, weights per tensor"], acc["CNN, weights per channel"]
+(better, b), (_, w) = sorted((("per channel", pc), ("per tensor", pt)), key=lambda kv: kv[1].rel)
+display(Markdown(f"The answer: weights {better} are the more accurate, relative error {b.rel:.3f} against "
+                 f"{w.rel:.3f}, top-1 agreement {b.top1:.0%} against {w.top1:.0%}."))
 
 # %% [markdown]
 # These are models with deterministic random weights, so "top-1 agrees" means the int8 classifier picks the same
@@ -474,7 +480,8 @@ print(f"kernels: float32 {sum(float_all.values())}, int8 {sum(int8_all.values())
 #   too, per-channel scales could not rescue §2's unfolded layer, whose harmful tensor is an activation; AMCT
 #   avoids it by folding first.
 # - **Fake-quant vs deploy model.** AMCT's `save_model` writes a *fake_quant* model that runs on ONNX Runtime in
-#   FP32 (our QDQ model plays that part) and a *deploy* model with `AscendQuant` (to int8) → int8 Conv → int32 →
+#   FP32 (our QDQ model plays that part when run with optimisations off; at EXTENDED onnxruntime itself turns the
+#   same file into integer kernels) and a *deploy* model with `AscendQuant` (to int8) → int8 Conv → int32 →
 #   `AscendDequant` (to float), which only ATC can compile (`cann_facts.md` §8.A A1, A2).
 # - **ATC fuses the chains.** The UB fusion passes `TbeConvDequantQuantFusionPass`,
 #   `TbeConvDequantVaddReluQuantFusionPass` and `TbeConvDequantVaddReluFusionPass` fuse Conv2D + Dequant
@@ -483,7 +490,8 @@ print(f"kernels: float32 {sum(float_all.values())}, int8 {sum(int8_all.values())
 #   series, the 310P) turns AscendDequant + Relu/Concat + AscendQuant into one `AscendRequant`, and requires equal
 #   AscendQuant scales (`cann_facts.md` §8.A A5). According to the same notes, AMCT rewrites
 #   AscendDequant + Relu6 + AscendQuant to use a Relu when `(127 - offset) / scale < 6`, since a Relu6 blocks the
-#   requant fusion (§8.A A4): a fusion that needs equal scales, and a rewrite made so that it can fire.
+#   requant fusion (§8.A A4): the requant fusion needs equal AscendQuant scales, and AMCT's Relu6 → Relu rewrite
+#   exists so that it can fire at all.
 # - **Turning fusion off to compare.** `--fusion_switch_file` with lines such as `RequantFusionPass:off` is how
 #   one compares the quantized model layer by layer (`cann_facts.md` §8.A A5), as our BASIC column of §3 shows the
 #   QDQ model before onnxruntime's integer fusions.

@@ -399,7 +399,7 @@ print("passes the baseline switches off:", {part: sorted(p) for part, p in switc
 #   and CANN ships fused ones).
 #
 # Against ATC's default a custom `ConvRelu` would at best match the built-in fusion, and against a baseline
-# with no fusion at all the model predicts far more than the seed's 23% for YOLOv5 (§1): the ledger below
+# with no fusion at all the model predicts far more than the seed's 23% for YOLOv5 (the seed's §1; priced in notebook 03 §7): the ledger below
 # prints both, and why 23% matches neither baseline. Its verdict:
 
 # %%

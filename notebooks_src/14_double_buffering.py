@@ -481,20 +481,11 @@ display(Markdown("\n\n".join(notes)))
 #
 # ## Summary
 #
-# - Double buffering overlaps data movement with compute by giving each queue two buffers (`BUFFER_NUM = 2` in
-#   Ascend C, `sch[t].double_buffer()` in a TBE schedule, `thread_num=2` in TIK).
-# - Copy-in and copy-out share the core's memory bandwidth. No schedule beats max(bytes ÷ bandwidth, compute);
-#   overlapping copy-in with copy-out gains nothing, overlapping copying with computing gains up to 2×, when the
-#   two balance (3× only in a picture with a memory path per queue).
-# - The seed's "+18%" corresponds to copies of 18% of the compute time, or of 5.6 × the compute time: a
-#   property of one kernel's balance, not of double buffering.
-# - With the Atlas presets' bandwidth and UB sizes, a lone elementwise op is copy-bound. Fusion cuts the bytes
-#   and raises the compute per byte; double buffering then hides what is left. The fused kernel gains most from
-#   double buffering, the unfused chain least.
-# - "IPC 1.7×" needs hardware counters; in the model, the Vector unit's busy share grows with the number of
-#   fused ops, so any such ratio describes one kernel, not fusion.
-# - On a CPU the idea is measurable too; whether it paid in this run is the verdict printed in section 5, and
-#   the model's prediction for it assumes the loading side needs none of the cores that compute.
+# - Double buffering gives each queue two buffers (`BUFFER_NUM = 2` in Ascend C) so that copying overlaps computing;
+#   copy-in and copy-out share the core's bandwidth, so it gains at most 2×, when the two balance.
+# - The seed's "+18%" is a property of one kernel's balance, not of double buffering; with the Atlas presets a lone
+#   elementwise op is copy-bound, and fusion cuts the bytes before double buffering hides what is left.
+# - On a CPU the idea is measurable too: whether it paid in this run is the verdict printed in section 5.
 
 # %% [markdown]
 # ## Exercises

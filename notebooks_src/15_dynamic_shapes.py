@@ -675,4 +675,4 @@ display(Markdown(
 # - Use a bigger encoder (`zoo.get("bert", layers=4, hidden=256, heads=4, intermediate=1024)`): does the build
 #   cost grow faster or slower than the run time?
 # - Batch requests of similar lengths together before padding: how does the waste change?
-# - Notebook `03_vertical_cnn` for the fusions that make up the "fused op" here.
+# - Notebook `04_vertical_transformer` for the fusions that make up the "fused op" here.

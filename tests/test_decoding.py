@@ -243,5 +243,5 @@ def test_decode_attention_bytes_count_the_repeat():
     g = dec.decode_attention_bytes(CFG, p, gqa=True)
     r = dec.decode_attention_bytes(CFG, p, gqa=False)
     assert g == (p + 2 * (p + 1)) * c
-    assert r == (p + (p + 1) + 2 * CFG.group * (p + 1)) * c
+    assert r == (p + (p + 1) + (p + 1) + 2 * CFG.group * (p + 1)) * c  # Expand reads the present, then the copy
     assert r > g

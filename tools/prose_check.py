@@ -100,7 +100,8 @@ _CI = re.compile(r"(?P<r>\d+\.\d+)\s*[×x]?\s*[(\[]?\s*(?:95\s*%\s*CI\s*)?(?P<lo
 _VERDICT = re.compile(r"\bwithin the noise\b|\bno clear difference\b|\bno measurable\b|\bare level\b|\bis level\b"
                       r"|\bfaster\b|\bslower\b", re.I)
 _NOISE = re.compile(r"noise|no clear|no measurable|level", re.I)
-_CITES = re.compile(r"\bnotebooks?\s+(?P<list>\d{2}(?:\s*(?:,|and|or|&|/)\s*\d{2}(?![\d.]))*)(?![\d.])", re.I)
+_CITES = re.compile(r"\bnotebooks?\s+(?P<list>[`*]{0,2}\d{2}[`*]{0,2}(?:\s*(?:,|and|or|&|/)\s*[`*]{0,2}\d{2}[`*]{0,2}"
+                    r"(?![\d.]))*)(?![\d.])", re.I)  # "notebook 13", "notebook `13`", "notebooks **03** and 04"
 _CITED_NUMBER = re.compile(r"\d{2}")
 _MEASURED_WORD = re.compile(r"\bmeasur(?:ed|es|ing|ement|ements)\b", re.I)
 _TIMING_CALLS = ("compare_models", "compare", "bench", "bench_session", "interleaved")

@@ -342,11 +342,11 @@ def decode_attention_reference(cfg: LlamaConfig, feeds: dict[str, np.ndarray]) -
 
 def decode_attention_bytes(cfg: LlamaConfig, context: int, *, gqa: bool, dtype_bytes: int = 4) -> int:
     """Bytes one layer's decode-step attention moves at least, each counted once: the past read and the present
-    written (past + 1 tokens), then the K/V attended over: the present itself with GroupQueryAttention, or the
-    repeat_kv copy (group x the present, written by Expand and read by the attention) after the repeat."""
+    written (past + 1 tokens), then the K/V attended over: the present itself with GroupQueryAttention, or, after
+    the repeat, the present read by Expand and its repeat_kv copy (group x the present) written and read again."""
     c = 2 * cfg.kv_heads * cfg.head_dim * dtype_bytes
     total = context + 1
-    attended = total if gqa else 2 * cfg.group * total
+    attended = total if gqa else total + 2 * cfg.group * total
     return (context + total + attended) * c
 
 

@@ -161,7 +161,24 @@ def llama_decoder(cfg: LlamaConfig = LlamaConfig(), *, seed: int = 0, opset: int
     exists from 23) is written with IR version 11.
     """
     g = _Graph(seed, opset)
-    h, d, n, nkv = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads
+    _decoder_constants(g, cfg)
+    cos, sin, bias = _positions(g, past)
+    x = g.node("Gather", [g.weight("model.embed_tokens.weight", (cfg.vocab, cfg.hidden), 1.0), "input_ids"],
+               "/model/embed_tokens", axis=0)
+    presents = []
+    for i in range(cfg.layers):
+        x, kv = _decoder_layer(g, cfg, i, x, cos, sin, bias, past)
+        presents += kv
+    final = g.const("model.norm.weight", 1.0 + 0.1 * g.rng.standard_normal(cfg.hidden, dtype=np.float32))
+    hs = _rmsnorm(g, x, "/model/norm", final, "eps")
+    logits = g.node("MatMul", [hs, g.weight("lm_head.weight", (cfg.hidden, cfg.vocab), cfg.hidden ** -0.5)],
+                    "/lm_head")
+    return _decoder_model(g, cfg, logits, presents, past, batch, opset)
+
+
+def _decoder_constants(g: "_Graph", cfg: LlamaConfig) -> None:
+    """The scalars, axes, shapes and rotary frequencies every layer reads, as exporters write them once."""
+    d, n, nkv = cfg.head_dim, cfg.heads, cfg.kv_heads
     g.const("two", 2.0)
     g.const("one", 1.0)
     g.const("eps", cfg.eps)
@@ -179,7 +196,9 @@ def llama_decoder(cfg: LlamaConfig = LlamaConfig(), *, seed: int = 0, opset: int
     inv_freq = (1.0 / cfg.rope_base ** (np.arange(0, d, 2, dtype=np.float64) / d)).astype(np.float32)
     g.const("rotary_emb.inv_freq", inv_freq)
 
-    # positions past .. past+S-1, from the cache's length and the ids' length (as exporters compute them)
+
+def _positions(g: "_Graph", past: bool) -> tuple[str, str, str]:
+    """(cos, sin, causal mask bias) of positions past .. past+S-1, from the cache's and the ids' lengths."""
     s = "/model"
     seq_len = g.node("Gather", [g.node("Shape", ["input_ids"], s), "i1"], s, axis=0)
     if past:
@@ -202,51 +221,56 @@ def llama_decoder(cfg: LlamaConfig = LlamaConfig(), *, seed: int = 0, opset: int
     keep = g.node("LessOrEqual", [g.node("Unsqueeze", [k_pos, "axis0"], m),
                                   g.node("Unsqueeze", [q_pos, "axis_last"], m)], m)
     keep = g.node("Unsqueeze", [g.node("Unsqueeze", [keep, "axis0"], m), "axis0"], m)
-    bias = g.node("Where", [keep, "mask_zero", "mask_min"], m)
+    return cos, sin, g.node("Where", [keep, "mask_zero", "mask_min"], m)
 
-    x = g.node("Gather", [g.weight("model.embed_tokens.weight", (cfg.vocab, h), 1.0), "input_ids"],
-               "/model/embed_tokens", axis=0)
-    presents = []
-    for i in range(cfg.layers):
-        p, sc = f"model.layers.{i}", f"/model/layers.{i}"
-        a = f"{sc}/self_attn"
-        norm = lambda name: g.const(f"{p}.{name}.weight", 1.0 + 0.1 * g.rng.standard_normal(h, dtype=np.float32))  # noqa: E731
-        hs = _rmsnorm(g, x, f"{sc}/input_layernorm", norm("input_layernorm"), "eps")
-        q = _heads(g, g.node("MatMul", [hs, g.weight(f"{p}.self_attn.q_proj.weight", (h, n * d), h ** -0.5)],
-                             f"{a}/q_proj"), a, "q_shape")
-        k = _heads(g, g.node("MatMul", [hs, g.weight(f"{p}.self_attn.k_proj.weight", (h, nkv * d), h ** -0.5)],
-                             f"{a}/k_proj"), a, "kv_shape")
-        v = _heads(g, g.node("MatMul", [hs, g.weight(f"{p}.self_attn.v_proj.weight", (h, nkv * d), h ** -0.5)],
-                             f"{a}/v_proj"), a, "kv_shape")
-        q, k = _rotary(g, q, a, cos, sin, d), _rotary(g, k, a, cos, sin, d)
-        if past:
-            k = g.node("Concat", [f"past_key_{i}", k], a, axis=2)
-            v = g.node("Concat", [f"past_value_{i}", v], a, axis=2)
-        presents += [(k, f"present_key_{i}"), (v, f"present_value_{i}")]
-        kr, vr = _repeat_kv(g, k, a, "grow", "rep"), _repeat_kv(g, v, a, "grow", "rep")
-        qs = g.node("Mul", [q, "scale_q"], a)
-        kt = g.node("Mul", [g.node("Transpose", [kr], a, perm=[0, 1, 3, 2]), "scale_k"], a)
-        scores = g.node("Add", [g.node("MatMul", [qs, kt], a), bias], a)
-        probs = g.node("Softmax", [scores], a, axis=-1)
-        ctx = g.node("MatMul", [probs, vr], a)
-        ctx = g.node("Reshape", [g.node("Transpose", [ctx], a, perm=[0, 2, 1, 3]), "merge"], a)
-        o = g.node("MatMul", [ctx, g.weight(f"{p}.self_attn.o_proj.weight", (n * d, h), (n * d) ** -0.5)],
-                   f"{a}/o_proj")
-        x = g.node("Add", [x, o], sc)
-        hs = _rmsnorm(g, x, f"{sc}/post_attention_layernorm", norm("post_attention_layernorm"), "eps")
-        mlp = f"{sc}/mlp"
-        gate = g.node("MatMul", [hs, g.weight(f"{p}.mlp.gate_proj.weight", (h, cfg.intermediate), h ** -0.5)],
-                      f"{mlp}/gate_proj")
-        up = g.node("MatMul", [hs, g.weight(f"{p}.mlp.up_proj.weight", (h, cfg.intermediate), h ** -0.5)],
-                    f"{mlp}/up_proj")
-        act = g.node("Mul", [gate, g.node("Sigmoid", [gate], f"{mlp}/act_fn")], f"{mlp}/act_fn")
-        down = g.node("MatMul", [g.node("Mul", [act, up], mlp),
-                                 g.weight(f"{p}.mlp.down_proj.weight", (cfg.intermediate, h),
-                                          cfg.intermediate ** -0.5)], f"{mlp}/down_proj")
-        x = g.node("Add", [x, down], sc)
-    final = g.const("model.norm.weight", 1.0 + 0.1 * g.rng.standard_normal(h, dtype=np.float32))
-    hs = _rmsnorm(g, x, "/model/norm", final, "eps")
-    logits = g.node("MatMul", [hs, g.weight("lm_head.weight", (h, cfg.vocab), h ** -0.5)], "/lm_head")
+
+def _decoder_layer(g: "_Graph", cfg: LlamaConfig, i: int, x: str, cos: str, sin: str, bias: str,
+                   past: bool) -> tuple[str, list[tuple[str, str]]]:
+    """One layer: RMSNorm, attention with rotary, the cache appended and repeat_kv, the residual, the SwiGLU MLP.
+    Returns the layer's output and its (present value, output name) pairs."""
+    h, d, n, nkv = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads
+    p, sc = f"model.layers.{i}", f"/model/layers.{i}"
+    a = f"{sc}/self_attn"
+    norm = lambda name: g.const(f"{p}.{name}.weight", 1.0 + 0.1 * g.rng.standard_normal(h, dtype=np.float32))  # noqa: E731
+    hs = _rmsnorm(g, x, f"{sc}/input_layernorm", norm("input_layernorm"), "eps")
+    q = _heads(g, g.node("MatMul", [hs, g.weight(f"{p}.self_attn.q_proj.weight", (h, n * d), h ** -0.5)],
+                         f"{a}/q_proj"), a, "q_shape")
+    k = _heads(g, g.node("MatMul", [hs, g.weight(f"{p}.self_attn.k_proj.weight", (h, nkv * d), h ** -0.5)],
+                         f"{a}/k_proj"), a, "kv_shape")
+    v = _heads(g, g.node("MatMul", [hs, g.weight(f"{p}.self_attn.v_proj.weight", (h, nkv * d), h ** -0.5)],
+                         f"{a}/v_proj"), a, "kv_shape")
+    q, k = _rotary(g, q, a, cos, sin, d), _rotary(g, k, a, cos, sin, d)
+    if past:
+        k = g.node("Concat", [f"past_key_{i}", k], a, axis=2)
+        v = g.node("Concat", [f"past_value_{i}", v], a, axis=2)
+    presents = [(k, f"present_key_{i}"), (v, f"present_value_{i}")]
+    kr, vr = _repeat_kv(g, k, a, "grow", "rep"), _repeat_kv(g, v, a, "grow", "rep")
+    qs = g.node("Mul", [q, "scale_q"], a)
+    kt = g.node("Mul", [g.node("Transpose", [kr], a, perm=[0, 1, 3, 2]), "scale_k"], a)
+    scores = g.node("Add", [g.node("MatMul", [qs, kt], a), bias], a)
+    probs = g.node("Softmax", [scores], a, axis=-1)
+    ctx = g.node("MatMul", [probs, vr], a)
+    ctx = g.node("Reshape", [g.node("Transpose", [ctx], a, perm=[0, 2, 1, 3]), "merge"], a)
+    o = g.node("MatMul", [ctx, g.weight(f"{p}.self_attn.o_proj.weight", (n * d, h), (n * d) ** -0.5)],
+               f"{a}/o_proj")
+    x = g.node("Add", [x, o], sc)
+    hs = _rmsnorm(g, x, f"{sc}/post_attention_layernorm", norm("post_attention_layernorm"), "eps")
+    mlp = f"{sc}/mlp"
+    gate = g.node("MatMul", [hs, g.weight(f"{p}.mlp.gate_proj.weight", (h, cfg.intermediate), h ** -0.5)],
+                  f"{mlp}/gate_proj")
+    up = g.node("MatMul", [hs, g.weight(f"{p}.mlp.up_proj.weight", (h, cfg.intermediate), h ** -0.5)],
+                f"{mlp}/up_proj")
+    act = g.node("Mul", [gate, g.node("Sigmoid", [gate], f"{mlp}/act_fn")], f"{mlp}/act_fn")
+    down = g.node("MatMul", [g.node("Mul", [act, up], mlp),
+                             g.weight(f"{p}.mlp.down_proj.weight", (cfg.intermediate, h),
+                                      cfg.intermediate ** -0.5)], f"{mlp}/down_proj")
+    return g.node("Add", [x, down], sc), presents
+
+
+def _decoder_model(g: "_Graph", cfg: LlamaConfig, logits: str, presents: list[tuple[str, str]], past: bool,
+                   batch: int | str, opset: int) -> onnx.ModelProto:
+    """The graph's outputs named as exporters name them, its inputs and outputs declared, the model made."""
+    d, nkv = cfg.head_dim, cfg.kv_heads
     renames = {logits: "logits", **{v: name for v, name in presents}}
     for nd in g.nodes:
         nd.output[:] = [renames.get(o, o) for o in nd.output]

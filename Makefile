@@ -69,7 +69,7 @@ browser-deps:
 notebooks: $(STAMP)
 	$(PY) tools/nbbuild.py notebooks_src/*.py
 
-## make notebook NB=05_fusion_thresholds: rebuild and execute one notebook.
+## make notebook NB=07_fusion_thresholds: rebuild and execute one notebook.
 notebook: $(STAMP)
 	$(PY) tools/nbbuild.py $(addprefix notebooks_src/,$(addsuffix .py,$(NB)))
 

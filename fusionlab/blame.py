@@ -197,7 +197,6 @@ def transformers_run(model, level: str = "all", *, config: dict | None = None,
     The log goes to the process's stderr from C++; it is caught by pointing file descriptor 2 at a
     temporary file while the session is made."""
 
-
     data = model_bytes(as_graph(model))
     so = ort.SessionOptions()
     so.graph_optimization_level = LEVELS[level]
@@ -495,7 +494,6 @@ def blame_passes(model, passes=None, *, draws: int = 3, dims: dict | None = None
     first = _verdict(verify(graph, result.graph, draws=draws, dims=dims))
     out = PassBlame(passes, first, groups=len(result.plan))
     if not first.ok:
-
         out.reference = _reference_errors(graph, first, {"disable": session(graph, "disable"),
                                                          "fused": session(result.graph, "disable")}, dims)
     if first.ok:

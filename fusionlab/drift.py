@@ -40,7 +40,6 @@ def ort_fused_ops(model, level: str = "all") -> dict[str, int]:
     """{op type: count} of what onnxruntime's graph transformers make at `level`: the op types its optimised
     model (written with `optimized_model_filepath`) holds more of than the original, and how many more."""
 
-
     graph = as_graph(model)
     before = Counter(_op_key(n) for n in graph.graph)
     with tempfile.TemporaryDirectory(prefix="fusionlab-drift-") as tmp:
@@ -57,7 +56,6 @@ def counts(model, passes=None, *, level: str | None = "extended", dims: dict | N
     """What fires on `model`: {"rules": {rule: groups}} for fusionlab's `passes` (default: the default
     passes), and {"onnxruntime": {"level", "version", "fused_ops"}} unless `level` is None (default EXTENDED:
     ALL adds NCHWc layout ops whose number depends on the CPU)."""
-
 
     passes = list(passes or DEFAULT_PASSES)
     fplan = plan(as_graph(model), passes, **options_for(passes, dims=dims, **options))

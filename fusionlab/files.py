@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
 from pathlib import Path
+from typing import Iterator
 
-__all__ = ["atomic_write", "umask", "default_mode"]
+__all__ = ["atomic_write", "replacing", "umask", "default_mode"]
 
 _UMASK_LOCK = threading.Lock()
 
@@ -32,21 +34,29 @@ def default_mode(path: str | os.PathLike, executable: bool = False) -> int:
         return (0o777 if executable else 0o666) & ~umask()
 
 
-def atomic_write(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> Path:
-    """Write `data` to `path` via a temporary file in the same folder and a rename.
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike, *, mode: int | None = None) -> Iterator[Path]:
+    """A temporary path beside `path` to write; when the block ends it replaces `path` in one rename.
 
-    The file gets `mode` when given, else `default_mode(path)` (what `open(path, "wb")` would leave).
+    The file gets `mode` when given, else `default_mode(path)` (what `open(path, "wb")` would leave). If the block
+    raises, the temporary file is removed and `path` is untouched: a reader never sees half a file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     final_mode = default_mode(path) if mode is None else mode
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        yield Path(tmp)
         os.chmod(tmp, final_mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def atomic_write(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> Path:
+    """Write `data` to `path` via a temporary file in the same folder and a rename (`replacing`)."""
+    with replacing(path, mode=mode) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)

@@ -478,7 +478,6 @@ def runner(model, *, level: str = "disable", threads: int = 1, inter_threads: in
     allocated once up front (no per-run output allocation or copy); otherwise `InferenceSession.run`.
     """
 
-
     so = ort.SessionOptions()
     so.enable_mem_pattern = mem_pattern
     sess = runtime.session(model, level, threads, inter_threads=inter_threads, parallel=parallel,

@@ -99,77 +99,101 @@ def _timing(graph, fused, min_time: float, rounds: int, dims) -> list[list[str]]
 def report(model, *, passes=None, name: str | None = None, level: str = "all", dims: dict | None = None,
            timing: bool = True, blame: bool = True, min_time: float = 1.0, rounds: int = 10) -> str:
     """The HTML page about `model` (see the module)."""
-
-
     t0 = time.monotonic()
     graph = as_graph(model)
     passes = list(passes or DEFAULT_PASSES)
     title = name or getattr(graph, "path", None) or graph.name or "model"
     # the report shows a fused model that differs (verify below, blame's verdict) rather than refusing it
     result = fuse(graph, passes, compare=False, **({"dims": dims} if dims else {}))
-    plan = result.plan
-    check = verify(graph, result.graph, dims=dims)
-    parts = [f"<h1>fusionlab report: {_esc(Path(str(title)).name)}</h1>",
-             f"<p class='muted'>{_esc(title)} · {len(graph)} nodes · passes {_esc(', '.join(passes))} · fusionlab "
-             f"{_esc(__version__)} · onnxruntime {_esc(onnxruntime.__version__)} · {_esc(platform.machine())}, "
-             f"{_esc(platform.system())}</p>"]
-    verdict = "good'>the fused model computes the same outputs" if check.ok else "bad'>the fused model DIFFERS"
-    parts.append(f"<p>{sum(result.before.values())} nodes → {sum(result.after.values())} after fusion; "
-                 f"<span class='{verdict}</span> ({_esc(check.summary().splitlines()[-1])}, max abs error "
-                 f"{check.max_abs:.2e}).</p>")
-    # plan
-    parts.append("<h2>The plan</h2>")
-    if len(plan):
-        rows = [[r["id"], r["rule"], r["pattern"].replace("BatchNormalization", "BN"), r["nodes"], r["kernels"],
-                 r["launches saved"], r["saved KiB"], r["lowered to"]] for r in plan.rows()]
-        parts.append(_table(["id", "rule", "pattern", "nodes", "kernels", "launches saved", "saved KiB", "lowered to"],
-                            rows, numeric=(3, 4, 5, 6)))
-        parts.append(f"<p class='muted'>{_esc(plan.footer())}</p>")
-    else:
-        parts.append("<p>No group: nothing in this model matches a rule of these passes.</p>")
-    # picture
-    src, (w, h) = _picture(graph, plan)
-    parts.append("<h2>The picture</h2>")
-    parts.append(f"<p class='muted'>Groups outlined in colour (legend at the top), {w}×{h} px; scroll inside the "
-                 f"frame.</p><div class='pic'><img alt='the graph with its fusion groups' src='{src}' "
-                 f"width='{w}' height='{h}'></div>")
-    # near misses
-    parts.append("<h2>Near misses (why not)</h2>")
-    lines = why_not_lines(plan)
-    parts.append(f"<pre>{_esc(chr(10).join(lines))}</pre>" if lines else "<p>No rule refused anything.</p>")
-    # counts
-    parts.append("<h2>What fires</h2>")
-    counts = drift.counts(graph, passes, level=level, dims=dims)
-    rules = [[k, v] for k, v in counts["rules"].items()] or [["(none)", 0]]
-    ort_ops = [[k, v] for k, v in counts["onnxruntime"]["fused_ops"].items()] or [["(none)", 0]]
-    parts.append("<p>fusionlab's groups per rule:</p>" + _table(["rule", "groups"], rules, numeric=(1,)))
-    parts.append(f"<p>onnxruntime {level.upper()}'s fused ops (op types its optimised model has more of):</p>"
-                 + _table(["op type", "more than the original"], ort_ops, numeric=(1,)))
-    parts.append("<p class='muted'>Save these with <code>fusionlab explain MODEL --save-counts FILE</code> and check "
-                 "later with <code>--expect FILE</code> (exit 1 naming each fusion that stopped or started).</p>")
-    # predicted and measured
-    parts.append("<h2>Predicted (roofline model)</h2>")
-    table = cost.compare(graph, {"unfused": None, f"fused: {'+'.join(passes)}": plan}, dims=dims)
-    parts.append(_table(["plan", "device", "kernels", "latency", "speedup", "MiB moved", "peak MiB"],
-                        [[r["plan"], r["device"], r["kernels"], f"{r['latency_s'] * 1e6:.1f} µs", f"{r['speedup']:.2f}×",
-                          f"{r['MiB_moved']:.2f}", f"{r['peak_MiB']:.2f}"] for r in table.rows], numeric=(2, 3, 4, 5, 6)))
+    parts = _header(graph, result, passes, title, dims)
+    parts += _plan_section(result.plan)
+    parts += _picture_section(graph, result.plan)
+    parts += _near_misses_section(result.plan)
+    parts += _counts_section(graph, passes, level, dims)
+    parts += _predicted_section(graph, result.plan, passes, dims)
     if timing:
-        parts.append("<h2>Measured on this machine (onnxruntime, 1 thread)</h2>")
-        parts.append(_table(["level", "original median (95% CI)", "fused median (95% CI)",
-                             "original/fused (95% CI)", "verdict"], _timing(graph, result.graph, min_time, rounds, dims)))
-        parts.append("<p class='muted'>Ratios are medians of per-round ratios of interleaved runs; >1: the fused "
-                     "model is faster. A shared machine's numbers vary from run to run: read the intervals.</p>")
+        parts += _timing_section(graph, result, min_time, rounds, dims)
     if blame:
-
-        parts.append("<h2>Blame: did an optimisation change the outputs?</h2>")
-        ort = blame_ort(graph, level, dims=dims, shrink_budget=None, time_budget=min(min_time, 0.5), rounds=rounds)
-        ours = blame_passes(graph, passes, dims=dims, level=level, shrink_budget=None,
-                            time_budget=min(min_time, 0.5), rounds=rounds)
-        parts.append(f"<pre>{_esc(chr(10).join(ort_lines(ort, str(title)) + pass_lines(ours)))}</pre>")
-        parts.append("<p class='muted'><code>fusionlab blame MODEL</code> also shrinks the model to a minimal "
-                     "repro and writes it.</p>")
+        parts += _blame_section(graph, passes, title, level, dims, min_time, rounds)
     parts.append(f"<p class='muted'>Made by <code>fusionlab report</code> in {time.monotonic() - t0:.0f} s.</p>")
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' "
             "content='width=device-width, initial-scale=1'>"
             f"<title>fusionlab report: {_esc(Path(str(title)).name)}</title><style>{_CSS}</style></head><body>"
             + "\n".join(parts) + "</body></html>\n")
+
+
+def _header(graph, result, passes, title, dims) -> list[str]:
+    """The title, what was run, and whether the fused model computes the same outputs."""
+    check = verify(graph, result.graph, dims=dims)
+    verdict = "good'>the fused model computes the same outputs" if check.ok else "bad'>the fused model DIFFERS"
+    return [f"<h1>fusionlab report: {_esc(Path(str(title)).name)}</h1>",
+            f"<p class='muted'>{_esc(title)} · {len(graph)} nodes · passes {_esc(', '.join(passes))} · fusionlab "
+            f"{_esc(__version__)} · onnxruntime {_esc(onnxruntime.__version__)} · {_esc(platform.machine())}, "
+            f"{_esc(platform.system())}</p>",
+            f"<p>{sum(result.before.values())} nodes → {sum(result.after.values())} after fusion; "
+            f"<span class='{verdict}</span> ({_esc(check.summary().splitlines()[-1])}, max abs error "
+            f"{check.max_abs:.2e}).</p>"]
+
+
+def _plan_section(plan) -> list[str]:
+    parts = ["<h2>The plan</h2>"]
+    if not len(plan):
+        return parts + ["<p>No group: nothing in this model matches a rule of these passes.</p>"]
+    rows = [[r["id"], r["rule"], r["pattern"].replace("BatchNormalization", "BN"), r["nodes"], r["kernels"],
+             r["launches saved"], r["saved KiB"], r["lowered to"]] for r in plan.rows()]
+    return parts + [_table(["id", "rule", "pattern", "nodes", "kernels", "launches saved", "saved KiB", "lowered to"],
+                           rows, numeric=(3, 4, 5, 6)),
+                    f"<p class='muted'>{_esc(plan.footer())}</p>"]
+
+
+def _picture_section(graph, plan) -> list[str]:
+    src, (w, h) = _picture(graph, plan)
+    return ["<h2>The picture</h2>",
+            f"<p class='muted'>Groups outlined in colour (legend at the top), {w}×{h} px; scroll inside the "
+            f"frame.</p><div class='pic'><img alt='the graph with its fusion groups' src='{src}' "
+            f"width='{w}' height='{h}'></div>"]
+
+
+def _near_misses_section(plan) -> list[str]:
+    lines = why_not_lines(plan)
+    return ["<h2>Near misses (why not)</h2>",
+            f"<pre>{_esc(chr(10).join(lines))}</pre>" if lines else "<p>No rule refused anything.</p>"]
+
+
+def _counts_section(graph, passes, level, dims) -> list[str]:
+    counts = drift.counts(graph, passes, level=level, dims=dims)
+    rules = [[k, v] for k, v in counts["rules"].items()] or [["(none)", 0]]
+    ort_ops = [[k, v] for k, v in counts["onnxruntime"]["fused_ops"].items()] or [["(none)", 0]]
+    return ["<h2>What fires</h2>",
+            "<p>fusionlab's groups per rule:</p>" + _table(["rule", "groups"], rules, numeric=(1,)),
+            f"<p>onnxruntime {level.upper()}'s fused ops (op types its optimised model has more of):</p>"
+            + _table(["op type", "more than the original"], ort_ops, numeric=(1,)),
+            "<p class='muted'>Save these with <code>fusionlab explain MODEL --save-counts FILE</code> and check "
+            "later with <code>--expect FILE</code> (exit 1 naming each fusion that stopped or started).</p>"]
+
+
+def _predicted_section(graph, plan, passes, dims) -> list[str]:
+    table = cost.compare(graph, {"unfused": None, f"fused: {'+'.join(passes)}": plan}, dims=dims)
+    return ["<h2>Predicted (roofline model)</h2>",
+            _table(["plan", "device", "kernels", "latency", "speedup", "MiB moved", "peak MiB"],
+                   [[r["plan"], r["device"], r["kernels"], f"{r['latency_s'] * 1e6:.1f} µs", f"{r['speedup']:.2f}×",
+                     f"{r['MiB_moved']:.2f}", f"{r['peak_MiB']:.2f}"] for r in table.rows], numeric=(2, 3, 4, 5, 6))]
+
+
+def _timing_section(graph, result, min_time, rounds, dims) -> list[str]:
+    return ["<h2>Measured on this machine (onnxruntime, 1 thread)</h2>",
+            _table(["level", "original median (95% CI)", "fused median (95% CI)", "original/fused (95% CI)",
+                    "verdict"], _timing(graph, result.graph, min_time, rounds, dims)),
+            "<p class='muted'>Ratios are medians of per-round ratios of interleaved runs; >1: the fused "
+            "model is faster. A shared machine's numbers vary from run to run: read the intervals.</p>"]
+
+
+def _blame_section(graph, passes, title, level, dims, min_time, rounds) -> list[str]:
+    ort = blame_ort(graph, level, dims=dims, shrink_budget=None, time_budget=min(min_time, 0.5), rounds=rounds)
+    ours = blame_passes(graph, passes, dims=dims, level=level, shrink_budget=None,
+                        time_budget=min(min_time, 0.5), rounds=rounds)
+    return ["<h2>Blame: did an optimisation change the outputs?</h2>",
+            f"<pre>{_esc(chr(10).join(ort_lines(ort, str(title)) + pass_lines(ours)))}</pre>",
+            "<p class='muted'><code>fusionlab blame MODEL</code> also shrinks the model to a minimal "
+            "repro and writes it.</p>"]
+

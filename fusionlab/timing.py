@@ -127,7 +127,7 @@ def ratio_verdict(ci_low: float, ci_high: float) -> str:
 
     The interval is judged as it is printed (to `VERDICT_DECIMALS` decimals): a CI of 0.9961-0.9998 prints as
     "0.96-1.00" and must not read "slower" beside another printed "0.96-1.00" that reads "no clear difference"
-    (an expert reader found exactly that pair in notebook 12)."""
+    (an expert reader found exactly that pair in notebook 15)."""
     lo, hi = round(ci_low, VERDICT_DECIMALS), round(ci_high, VERDICT_DECIMALS)
     if lo > 1:
         return "faster"
@@ -263,6 +263,11 @@ class Comparison:
         if word == "slower":
             return f"{self.label_a} faster" if brief else f"{self.label_a} is faster ({1 / self.speedup:.2f}×)"
         return word + ("" if brief else " (the 95% CI of the ratio includes 1)")
+
+    def said(self) -> str:
+        """The ratio in words, for a sentence: '1.05× (95% CI 1.01–1.09), faster'."""
+        return (f"{self.speedup:.2f}× (95% CI {self.ci_low:.2f}–{self.ci_high:.2f}), "
+                f"{ratio_verdict(self.ci_low, self.ci_high)}")
 
     def markdown(self, what: str | None = None, than: str | None = None) -> str:
         """`verdict_markdown` of this comparison: B against A, the words from the interval."""
@@ -465,7 +470,6 @@ def machine_info() -> dict:
     }
     for dist, key in (("onnx-ir", "onnx_ir"), ("matplotlib", "matplotlib"), ("netron", "netron")):
         try:
-
             info[key] = version(dist)
         except Exception:  # not installed
             info[key] = "not installed"

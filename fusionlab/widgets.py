@@ -122,7 +122,6 @@ def explore_state(model, max_group_ops: int | None = 5, buffer_kb: float | None 
     table = cost.compare(graph, {"unfused": None, "plan": plan}, others, dims=dims)
     fig = None
     if picture:
-
         fig = viz.draw(graph, plan, title=f"{len(plan.running())} groups, max {max_group_ops} ops per group")
     settings = {"kinds": "+".join(kinds), "max_group_ops": max_group_ops, "buffer_kb": buffer_kb, "device": dev.name}
     if drop:
@@ -528,7 +527,6 @@ def changed_nodes(before: ExplorerResult | None, after: ExplorerResult, limit: i
 def _draw_to(out, graph, res: ExplorerResult, before: ExplorerResult | None = None) -> None:
     import matplotlib.pyplot as plt
     from IPython.display import HTML, display
-
 
     out.clear_output(wait=True)
     title = f"{len(res.plan.running())} groups, max {res.settings['max_group_ops']} ops per group"

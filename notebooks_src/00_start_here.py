@@ -1,12 +1,12 @@
 # %% [markdown]
 # # 00 · Start here: operator fusion, done for real
 #
-# **What you will learn in this notebook**
+# **What you will be able to do after this notebook**
 #
-# - what *operator fusion* is, and what this workbook covers, in what order;
-# - the one pipeline every notebook follows: model → analysis → fusion plan → rewrite → verify → measure → explain;
-# - how to run the notebooks and their tests;
-# - a first taste: build a three-node model, look at it, run it, time it, and see what fusing it would save.
+# - say what *operator fusion* is, and find your way through the course, in order;
+# - name the one pipeline every notebook follows: model → analysis → fusion plan → rewrite → verify → measure → explain;
+# - run the notebooks and their tests;
+# - build a three-node model, look at it, run it, time it, and say what fusing it would save.
 #
 # ## Where this comes from
 #
@@ -39,24 +39,27 @@
 #
 # ## The notebooks, in order
 #
-# Click a name to open it. Each notebook starts with what you will learn and ends with a summary and
-# things to try.
+# Click a name to open it. Each notebook starts with what you will be able to do and ends with a short summary;
+# six of them then add an Exercises section, with exercises that check your answer at once.
 #
 # | notebook | what it teaches |
 # |---|---|
 # | [00_start_here](00_start_here.ipynb) | this page: the map, the set-up check, a first taste |
-# | [01_conv_bn_folding](01_conv_bn_folding.ipynb) | fold BatchNormalization into a Conv: the algebra, the edge cases the write-up misses, and checking the result |
-# | [02_vertical_fusion](02_vertical_fusion.ipynb) | fuse producer→consumer chains (Conv+Relu, MatMul+Add+Gelu...): the legality rules and the saved memory traffic |
-# | [03_horizontal_fusion](03_horizontal_fusion.ipynb) | fuse sibling branches that read the same input (concatenated weights) |
-# | [04_mixed_fusion](04_mixed_fusion.ipynb) | both at once, on real topologies (residual blocks, attention) |
-# | [05_fusion_thresholds](05_fusion_thresholds.ipynb) | when fusion stops paying: a cost model, buffer capacity, peak memory, the "more than 5 ops" rule |
-# | [06_fused_codegen](06_fused_codegen.ipynb) | fusion made real: one generated loop against one pass per op, bytes and GB/s measured |
-# | [07_reductions_attention](07_reductions_attention.ipynb) | fusing through reductions: softmax, LayerNorm and attention (FlashAttention), measured against the bandwidth |
-# | [08_real_compilers](08_real_compilers.ipynb) | IREE runs the graphs fused, TVM's FuseOps checks the mixed pass, CANN ATC's fusion report |
-# | [09_custom_op](09_custom_op.ipynb) | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
-# | [10_profiling_case](10_profiling_case.ipynb) | profile a model, find the gaps, fix them, and measure again |
-# | [11_double_buffering](11_double_buffering.ipynb) | overlap data movement with compute: the pipeline behind "+18%" |
-# | [12_dynamic_shapes](12_dynamic_shapes.ipynb) | caching compiled kernels by shape: gears, a bounded LRU cache, and the seed's "×2.1" |
+# | [01_fused_loops](01_fused_loops.ipynb) | fusion made real: one generated loop against one pass per op, bytes and GB/s measured |
+# | [02_conv_bn_folding](02_conv_bn_folding.ipynb) | fold BatchNormalization into a Conv: the algebra, the edge cases the write-up misses, and checking the result |
+# | [03_vertical_cnn](03_vertical_cnn.ipynb) | fuse producer→consumer chains on a CNN (Conv+BN+SiLU): the plan, the legality rules, the saved memory traffic, measured |
+# | [04_vertical_transformer](04_vertical_transformer.ipynb) | the same on a transformer export (BERT as torch writes it): BiasGelu, LayerNorm, fused attention, and measured selection |
+# | [05_horizontal_fusion](05_horizontal_fusion.ipynb) | fuse sibling branches that read the same input (concatenated weights) |
+# | [06_mixed_fusion](06_mixed_fusion.ipynb) | both at once, on real topologies (residual blocks, attention) |
+# | [07_fusion_thresholds](07_fusion_thresholds.ipynb) | when fusion stops paying: a cost model, buffer capacity, peak memory, the "more than 5 ops" rule |
+# | [08_reductions_attention](08_reductions_attention.ipynb) | fusing through reductions: softmax, LayerNorm and attention (FlashAttention), measured against the bandwidth |
+# | [09_decoding](09_decoding.ipynb) | LLM decoding: why one token at a time is bandwidth-bound, the KV cache, GQA, rotary, FlashDecoding, a decoder fused |
+# | [10_quantization](10_quantization.ipynb) | int8 models: QDQ pairs, what onnxruntime fuses them into, why BN is folded first, AMCT and ATC |
+# | [11_real_compilers](11_real_compilers.ipynb) | IREE runs the graphs fused, TVM's FuseOps checks the mixed pass, CANN ATC's fusion report |
+# | [12_custom_op](12_custom_op.ipynb) | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
+# | [13_profiling_case](13_profiling_case.ipynb) | profile a model, find the gaps, fix them, and measure again |
+# | [14_double_buffering](14_double_buffering.ipynb) | overlap data movement with compute: the pipeline behind "+18%" |
+# | [15_dynamic_shapes](15_dynamic_shapes.ipynb) | caching compiled kernels by shape: gears, a bounded LRU cache, and the seed's "×2.1" |
 
 # %% [markdown]
 # ## One pipeline, every time
@@ -194,7 +197,7 @@ print(f"intermediate tensors (conv_out, bn_out): 2 × {y.nbytes // 1024} KiB eac
 #
 # Unfused, the Conv writes `conv_out` (256 KiB here) to memory and the BatchNormalization reads it back. The
 # same happens again for `bn_out` before the Relu. A plan that fuses all three into one kernel removes both
-# round trips and two kernel launches. Here is that plan, written by hand. From notebook 02 on, passes find
+# round trips and two kernel launches. Here is that plan, written by hand. From notebook 03 on, passes find
 # such groups themselves.
 #
 # **Predict before you run the next cell:** each intermediate is 256 KiB, written once and read once. How many
@@ -237,7 +240,7 @@ print(unfused)
 # optimisations off, at `"extended"`, at `"all"`) **interleaved**: every round runs each once, the order rotated
 # from round to round, so that machine drift hits all three alike. `timing.Comparison.from_samples` pairs two of
 # them and reports the median of the per-round ratios with a 95% confidence interval; a speedup above 1 means the
-# second is faster. (`timing.compare_models` does the same for two models, from notebook 01 on.)
+# second is faster. (`timing.compare_models` does the same for two models, from notebook 02 on.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -305,13 +308,12 @@ print("onnxruntime's fused model is equivalent:", report.ok)
 # %% [markdown]
 # ## Summary
 #
-# - Fusion merges operators so intermediate tensors skip the trip to memory and kernels launch less often.
-#   Sometimes, as with Conv+BN, the algebra removes an operator outright.
-# - Every notebook follows the same pipeline: model → analysis → fusion plan → rewrite → verify → measure →
-#   explain.
-# - Measurements here are medians with confidence intervals from interleaved runs on this CPU. Ascend numbers
-#   are modelled from published specifications, not measured.
+# - Fusion merges operators so intermediate tensors skip the trip to memory and kernels launch less often;
+#   sometimes, as with Conv+BN, the algebra removes an operator outright.
+# - Every notebook follows the same pipeline: model → analysis → fusion plan → rewrite → verify → measure → explain.
+# - Measurements here are medians with confidence intervals from interleaved runs on this CPU; Ascend numbers are
+#   modelled from published specifications, not measured.
 #
 # **Try next:** change `C_out` or `H, W` above and re-run the timing cells. Does the gain from onnxruntime's
-# fusion grow or shrink with the tensor size? Then open `01_conv_bn_folding` to fold the BatchNormalization
-# yourself.
+# fusion grow or shrink with the tensor size? Then open `01_fused_loops`, the next notebook: what one fused loop
+# saves, in bytes, before `02_conv_bn_folding` folds the BatchNormalization by hand.

@@ -203,3 +203,10 @@ def test_the_remeasured_allowances_are_current():
         assert why.strip()
         nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text())
         assert index in {i for i, _ in prose_check.measurement_calls(nb)}, (stem, index)
+
+
+def test_a_citation_in_code_or_bold_is_a_citation_too():
+    """13's troubleshooting table cited "Notebook `01`" and "Notebooks `04` and `05`": the renumbering of issue 21
+    missed them because nothing read the backticked form."""
+    assert prose_check.cited_notebooks("Notebooks `06` and `07` make it a parameter; notebook **03** runs it",
+                                       "13_x") == {"06", "07", "03"}

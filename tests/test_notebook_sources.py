@@ -63,9 +63,9 @@ def test_the_learner_is_asked_to_predict_before_a_measurement(src):
 
 # Program text printed verbatim: breaking its lines would change the program a reader copies.
 WIDE_OUTPUT_ALLOWED = {
-    ("09_custom_op", 'print(files["ascendc/op_kernel/conv_relu.cpp"])'): "generated Ascend C kernel",
-    ("09_custom_op", 'print(files["atc.sh"])'): "generated shell script",
-    ("12_dynamic_shapes", 'print("atc --model=bert.onnx'): "an atc command line, pasted into a shell as is",
+    ("12_custom_op", 'print(files["ascendc/op_kernel/conv_relu.cpp"])'): "generated Ascend C kernel",
+    ("12_custom_op", 'print(files["atc.sh"])'): "generated shell script",
+    ("15_dynamic_shapes", 'print("atc --model=bert.onnx'): "an atc command line, pasted into a shell as is",
 }
 MAX_LINE = 110  # JupyterLab's notebook column at its default width shows about this many characters
 
@@ -126,7 +126,7 @@ _PROSE_AS_COMMENT = re.compile(r"^# (#+ |\*\*|- \S)", re.M)  # a heading, bold l
 
 
 def prose_in_code(cells: list[tuple[str, str]]) -> list[int]:
-    """Code cells holding markdown written as comments: a lost `# %% [markdown]` marker (issue 20, notebook 03)."""
+    """Code cells holding markdown written as comments: a lost `# %% [markdown]` marker (issue 20, notebook 05)."""
     return [i for i, (kind, text) in enumerate(cells) if kind == "code" and _PROSE_AS_COMMENT.search(text)]
 
 

@@ -65,7 +65,7 @@ def test_group_validation():
 
 
 def test_a_plan_without_the_groups_it_builds_on_counts_only_its_own_saving():
-    """The horizontal groups of a vertical + horizontal plan, shown on their own (notebook 03): each stacks three
+    """The horizontal groups of a vertical + horizontal plan, shown on their own (notebook 05): each stacks three
     FusedConvs (each Conv+BN+Relu) into FusedConv + Split. Their footer must count 3 nodes as 2 kernels, 1 launch
     saved per group, what the table's column sums to; counting the covered Conv, BN and Relu behind each FusedConv
     claimed the vertical groups' launches again (28 for 4 groups, where the column says 4; issue 20)."""

@@ -1,5 +1,6 @@
 """README.md and docs/: the Python example runs, the commands exist, every link resolves, the README is short."""
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -108,3 +109,28 @@ def test_every_notebook_is_listed():
     for name, text in (("README.md", README), ("docs/workbook.md", WORKBOOK_DOC)):
         missing = {s for s in stems if f"[`{s}`]" not in text}
         assert not missing, (name, sorted(missing))
+
+
+def _reading_time():
+    spec = importlib.util.spec_from_file_location("reading_time", ROOT / "tools" / "reading_time.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_reading_times_are_the_estimates_of_the_current_notebooks():
+    rt = _reading_time()
+    assert rt.main(["--check"]) == 0
+    times = rt.estimates()
+    assert set(times) == set(re.findall(r"\[`(\d\d_[a-z0-9_]+)`\]\(notebooks/", README))
+    grown = rt.rewrite(README, {**times, "00_start_here": times["00_start_here"] + 5})
+    assert grown != README  # a notebook that grows past its figure is caught
+
+
+def test_reading_time_counts_prose_words_and_code_lines(tmp_path):
+    src = tmp_path / "01_x.py"
+    src.write_text("# %% [markdown]\n# # Title\n# one two three\n\n# %%\n# NBVAL_IGNORE_OUTPUT\nx = 1\n\nprint(x)\n")
+    rt = _reading_time()
+    assert rt.counts(src) == (5, 2)
+    src.write_text("# %% [markdown]\n" + "# " + " ".join(["w"] * 6000) + "\n")
+    assert rt.minutes(src) == 30

@@ -508,3 +508,141 @@ def test_gqa_head_size_not_a_multiple_of_8_stays_multiheadattention():
     assert n == 1 and res.plan.rule_counts().get("attention") == 1
     assert any(r.rule == "gqa" and "multiple of 8" in r.reason for r in res.plan.refusals), res.plan.refusals
     assert verify(m, res.graph, dims={"batch": 2, "seq": 5}).ok
+
+
+# -- grouped-query attention over a KV cache -----------------------------------------------------------------
+
+def cache_model(batch=1, seq="seq", v_cache=True, order="past_new", v_past="past", guard=False, nkv=2, n=4, d=8,
+                mask_fill=-1e9):
+    """LLaMA's decode-step attention over its cache, as exported with use_cache: this step's K (rotated) and V in
+    heads, Concat(past, new) on the sequence axis (the present, a graph output), repeat_kv, scaled scores plus an
+    additive causal mask [1, 1, S, P+S] computed from the shapes, Softmax [, SDPA's NaN guard], @V, merged.
+    Near misses: `v_cache=False` (V not concatenated with a past), `order="new_past"`, `v_past` another length
+    than K's past."""
+    f = lambda *s: (RNG.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
+    hid = 16
+    nodes, inits = [], [tensor("ax2", np.array([2], np.int64)), tensor("grow", np.array([1, 1, n // nkv, 1, 1], np.int64)),
+                        tensor("s_rep", np.array([0, n, -1, d], np.int64)), tensor("sq", np.array(d ** -0.5, np.float32)),
+                        tensor("s_out", np.array([0, 0, n * d], np.int64)), tensor("cos", f(1, 1, 1, d)),
+                        tensor("sin", f(1, 1, 1, d)), tensor("h0", np.array([0], np.int64)),
+                        tensor("h1", np.array([d // 2], np.int64)), tensor("h2", np.array([d], np.int64)),
+                        tensor("ax3", np.array([3], np.int64))]
+    for p, heads in (("q", n), ("k", nkv), ("v", nkv)):
+        inits += [tensor(f"W{p}", f(hid, heads * d)), tensor(f"s_{p}", np.array([0, 0, heads, d], np.int64))]
+        nodes += [h.make_node("MatMul", ["x", f"W{p}"], [f"{p}m"], name=f"{p}_proj"),
+                  h.make_node("Reshape", [f"{p}m", f"s_{p}"], [f"{p}4"], name=f"{p}_split"),
+                  h.make_node("Transpose", [f"{p}4"], [f"{p}h"], name=f"{p}_t", perm=[0, 2, 1, 3])]
+    for p in "qk":  # rotate_half rotary
+        nodes += [h.make_node("Mul", [f"{p}h", "cos"], [f"{p}c"], name=f"{p}_cos"),
+                  h.make_node("Slice", [f"{p}h", "h0", "h1", "ax3"], [f"{p}lo"], name=f"{p}_lo"),
+                  h.make_node("Slice", [f"{p}h", "h1", "h2", "ax3"], [f"{p}hi"], name=f"{p}_hi"),
+                  h.make_node("Neg", [f"{p}hi"], [f"{p}n"], name=f"{p}_neg"),
+                  h.make_node("Concat", [f"{p}n", f"{p}lo"], [f"{p}rot"], name=f"{p}_cat", axis=-1),
+                  h.make_node("Mul", [f"{p}rot", "sin"], [f"{p}s"], name=f"{p}_sin"),
+                  h.make_node("Add", [f"{p}c", f"{p}s"], [f"{p}r"], name=f"{p}_rope")]
+    pair = lambda past, new: [new, past] if order == "new_past" else [past, new]  # noqa: E731
+    nodes.append(h.make_node("Concat", pair("past_key", "kr"), ["present_key"], name="k_cache", axis=2))
+    if v_cache:
+        nodes.append(h.make_node("Concat", pair("past_value", "vh"), ["present_value"], name="v_cache", axis=2))
+    else:
+        nodes.append(h.make_node("Identity", ["vh"], ["present_value"], name="v_nocache"))
+    for p, src in (("k", "present_key"), ("v", "present_value")):
+        nodes += [h.make_node("Unsqueeze", [src, "ax2"], [f"{p}u"], name=f"{p}_unsq"),
+                  h.make_node("Shape", [f"{p}u"], [f"{p}us"], name=f"{p}_ushape"),
+                  h.make_node("Mul", [f"{p}us", "grow"], [f"{p}es"], name=f"{p}_eshape"),
+                  h.make_node("Expand", [f"{p}u", f"{p}es"], [f"{p}e"], name=f"{p}_expand"),
+                  h.make_node("Reshape", [f"{p}e", "s_rep"], [f"{p}rep"], name=f"{p}_repeat")]
+    # the causal mask [1, 1, S, P+S] computed from the shapes, as exporters build it (key j seen by query i when
+    # j <= P + i); `mask_fill` fills the rest (-inf: fully masked rows are possible, so a guard must stay)
+    inits += [tensor("i0", np.array(0, np.int64)), tensor("i1", np.array(1, np.int64)),
+              tensor("i2", np.array(2, np.int64)), tensor("a0", np.array([0], np.int64)),
+              tensor("am1", np.array([-1], np.int64)), tensor("a01", np.array([0, 1], np.int64)),
+              tensor("m0", np.zeros((), np.float32)), tensor("mfill", np.array(mask_fill, np.float32))]
+    nodes += [h.make_node("Shape", ["past_key"], ["pks"], name="pk_shape"),
+              h.make_node("Gather", ["pks", "i2"], ["plen"], name="p_len", axis=0),
+              h.make_node("Shape", ["x"], ["xs"], name="x_shape"),
+              h.make_node("Gather", ["xs", "i1"], ["slen"], name="s_len", axis=0),
+              h.make_node("Add", ["plen", "slen"], ["tlen"], name="t_len"),
+              h.make_node("Range", ["plen", "tlen", "i1"], ["qpos"], name="q_pos"),
+              h.make_node("Range", ["i0", "tlen", "i1"], ["kpos"], name="k_pos"),
+              h.make_node("Unsqueeze", ["kpos", "a0"], ["kpos2"], name="k_pos2"),
+              h.make_node("Unsqueeze", ["qpos", "am1"], ["qpos2"], name="q_pos2"),
+              h.make_node("LessOrEqual", ["kpos2", "qpos2"], ["keep"], name="causal"),
+              h.make_node("Unsqueeze", ["keep", "a01"], ["keep4"], name="keep4"),
+              h.make_node("Where", ["keep4", "m0", "mfill"], ["bias"], name="mask")]
+    nodes += [h.make_node("Transpose", ["krep"], ["kT"], name="k_T", perm=[0, 1, 3, 2]),
+              h.make_node("Mul", ["qr", "sq"], ["qsc"], name="q_scale"),
+              h.make_node("MatMul", ["qsc", "kT"], ["sc"], name="scores"),
+              h.make_node("Add", ["sc", "bias"], ["logits"], name="add_mask"),
+              h.make_node("Softmax", ["logits"], ["p"], name="softmax", axis=-1)]
+    pv = "p"
+    if guard:
+        nodes += [h.make_node("IsNaN", ["p"], ["nan"], name="isnan"),
+                  h.make_node("Where", ["nan", "zero", "p"], ["pg"], name="guard")]
+        inits.append(tensor("zero", np.zeros((), np.float32)))
+        pv = "pg"
+    nodes += [h.make_node("MatMul", [pv, "vrep"], ["ctx"], name="context"),
+              h.make_node("Transpose", ["ctx"], ["ctx_t"], name="ctx_t", perm=[0, 2, 1, 3]),
+              h.make_node("Reshape", ["ctx_t", "s_out"], ["y"], name="merge")]
+    total = None
+    inputs = [value_info("x", np.float32, [batch, seq, hid]),
+              value_info("past_key", np.float32, [batch, nkv, "past", d]),
+              value_info("past_value", np.float32, [batch, nkv, v_past, d])]
+    outs = [value_info("y", np.float32, [batch, seq, n * d]), value_info("present_key", np.float32, [batch, nkv, total, d]),
+            value_info("present_value", np.float32, [batch, nkv, total, d])]
+    return make_model(nodes, inputs, outs, inits, opset=17)
+
+
+def _cache_feeds(batch, seq, past, nkv=2, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((batch, seq, 16)).astype(np.float32),
+            "past_key": rng.standard_normal((batch, nkv, past, d)).astype(np.float32),
+            "past_value": rng.standard_normal((batch, nkv, past, d)).astype(np.float32)}
+
+
+def _gqa_refusals(plan):
+    return [r.reason for r in plan.why_not() if r.rule == "gqa"]
+
+
+@pytest.mark.parametrize("batch, seq", [(1, "seq"), ("batch", 1), (2, 1)])
+def test_gqa_takes_the_kv_cache_as_past_and_hands_on_the_present(batch, seq):
+    m = cache_model(batch=batch, seq=seq)
+    res = fuse(m, passes=("vertical",))
+    assert res.plan.rule_counts().get("gqa") == 1, _gqa_refusals(res.plan)
+    fused = res.graph.to_proto()
+    ops = Counter(n.op_type for n in fused.graph.node)
+    names = {n.name for n in fused.graph.node}
+    assert ops["GroupQueryAttention"] == 1 and ops["Softmax"] == 0
+    assert not names & {"k_cache", "v_cache", "k_expand", "v_expand", "k_repeat", "v_repeat"}
+    gqa = next(n for n in fused.graph.node if n.op_type == "GroupQueryAttention")
+    assert list(gqa.input)[3:5] == ["past_key", "past_value"] and len(gqa.output) == 3
+    b = 2 if batch in (2, "batch") else 1
+    for s, p in ((1, 0), (1, 5)) + (((3, 0), (4, 6)) if seq == "seq" else ()):
+        feeds = _cache_feeds(b, s, p)
+        assert verify(m, fused, feeds=feeds).ok, (s, p)
+
+
+def test_gqa_cache_is_exact_on_a_mask_that_is_not_causal():
+    """causal=0 and the graph's mask as attention_bias: a mask that lets every query see every key stays exact."""
+    m = cache_model(batch=1, mask_fill=0.0)
+    res = fuse(m, passes=("vertical",))
+    assert res.plan.rule_counts().get("gqa") == 1
+    assert verify(m, res.graph.to_proto(), feeds=_cache_feeds(1, 4, 3)).ok
+
+
+@pytest.mark.parametrize("kw, why", [
+    ({"v_cache": False}, "only one of K and V"),
+    ({"order": "new_past"}, "not Concat(past, new)"),
+    ({"v_past": "other_past"}, "not provably one"),
+    ({"batch": "batch", "seq": "seq"}, "only at batch 1"),
+    ({"guard": True, "mask_fill": -np.inf}, "NaN guard"),
+])
+def test_gqa_cache_near_misses_stay_multiheadattention(kw, why):
+    m = cache_model(**kw)
+    res = fuse(m, passes=("vertical",))
+    assert "gqa" not in res.plan.rule_counts()
+    assert any(why in r for r in _gqa_refusals(res.plan)), _gqa_refusals(res.plan)
+    fused = res.graph.to_proto()
+    assert "GroupQueryAttention" not in {n.op_type for n in fused.graph.node}
+    # fusionlab's random draws of every dimension (V without a cache is a valid model only for an empty past)
+    assert verify(m, fused, feeds=_cache_feeds(1, 3, 0) if kw.get("v_cache") is False else None).ok

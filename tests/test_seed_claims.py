@@ -69,7 +69,7 @@ def test_every_notebook_figure_is_printed_by_the_stored_notebook():
                 assert _flat(e.text) in _stored_outputs(e.where), (c.id, e.where, e.text)
     assert seed_claims.notebook_problems() == []
     read = [(c.id, e) for c in CLAIMS.values() for e in c.evidence if e.pattern]
-    assert len(read) >= 3  # the measured figures notebooks 10 and 11 print are read, not typed
+    assert len(read) >= 3  # the measured figures notebooks 13 and 14 print are read, not typed
     for cid, e in read:
         assert re.search(r"\d", e.figure()), (cid, e.figure())
 
@@ -123,7 +123,7 @@ def _planted_why(tmp_path, why: str, says: str = "s") -> list[str]:
     ("A second thread gives 1.14× here (95% CI 1.05–1.25).", "s", []),  # what it prints, at its precision
     ("About 1.1× with 2 threads.", "s", []),  # a printed 1.14 at the typed precision
     ("It gains 23% at most 5 µs per launch.", "cut latency by 23%", ["5 µs"]),  # the seed's own 23% is quoted
-    ("Needs CMake 3.19; onnxruntime 1.14 has one stream; notebook 10 §3.", "s", []),  # versions and references
+    ("Needs CMake 3.19; onnxruntime 1.14 has one stream; notebook 13 §3.", "s", []),  # versions and references
     ("The run is 12.5 ms shorter.", "s", ["12.5 ms"]),
 ])
 def test_a_ledger_verdict_that_types_an_unquoted_measurement_fails(tmp_path, why, says, bad):
@@ -164,7 +164,7 @@ def test_summary_names_the_claim_its_verdict_and_the_ledger():
     c = seed_claims.claim("s33-double-buffer-18pct")
     text = c.summary()
     assert "§3.3" in text and "[s33-double-buffer-18pct]" in text and c.verdict in text and "docs/seed_claims.md" in text
-    assert c.where_shown() == "notebook 11 §3, notebook 11 §5"
+    assert c.where_shown() == "notebook 14 §3, notebook 14 §5"
     with pytest.raises(KeyError, match="no claim 'nope'"):
         seed_claims.claim("nope")
 
@@ -264,18 +264,18 @@ def test_no_ledger_summary_spoils_a_prediction(src):
 
 
 def test_a_planted_spoiler_is_caught():
-    cid = "s21-40pct-instructions"  # shown in notebook 01 §7
+    cid = "s21-40pct-instructions"  # shown in notebook 02 §7
     print_it = ("code", f'print(seed_claims.claim("{cid}").summary())')
     predict = ("markdown", "## 7. Counting\n\n**Predict before you run the next cell:** by what share?")
     measure = ("code", "print(works)")
-    assert spoilers([print_it, predict, measure], "01_conv_bn_folding")  # at the top of the notebook
-    assert spoilers([predict, print_it, measure], "01_conv_bn_folding")  # in the cell that should measure
-    assert not spoilers([predict, measure, print_it], "01_conv_bn_folding")  # after the answer
+    assert spoilers([print_it, predict, measure], "02_conv_bn_folding")  # at the top of the notebook
+    assert spoilers([predict, print_it, measure], "02_conv_bn_folding")  # in the cell that should measure
+    assert not spoilers([predict, measure, print_it], "02_conv_bn_folding")  # after the answer
 
 
 #: (notebook printing the summary, claim, later notebook) whose later prediction the summary does not answer
 CROSS_SPOILER_ALLOWED: dict[tuple[str, str, str], str] = {
-    ("01_conv_bn_folding", "s22-matmul-act-batch-1.5x", "05_fusion_thresholds"):
+    ("02_conv_bn_folding", "s22-matmul-act-batch-1.5x", "07_fusion_thresholds"):
         "05 §5 asks where the latency curve's minimum is; the summary is about ResNet-50's batch, not the curve",
 }
 
@@ -283,7 +283,7 @@ CROSS_SPOILER_ALLOWED: dict[tuple[str, str, str], str] = {
 def cross_spoilers(sources: dict[str, list[tuple[str, str]]], claims=CLAIMS) -> list[str]:
     """A ledger summary printed in one notebook for a claim the ledger says a *later* notebook shows, in a section
     of it that asks a **Predict**: the earlier notebook answers the later one's question before it is asked (an
-    expert reader found notebook 04 printing the s42 verdict that notebook 05 §5 asks you to predict)."""
+    expert reader found notebook 06 printing the s42 verdict that notebook 07 §5 asks you to predict)."""
     def predicted_sections(cells):
         section, found = 0, set()
         for kind, text in cells:
@@ -330,11 +330,11 @@ def _allowed_still_matches(key, sources) -> bool:
 
 
 def test_a_planted_cross_notebook_spoiler_is_caught():
-    cid = "s42-split-above-5-ops"  # shown in notebook 05 §5, which asks a prediction
+    cid = "s42-split-above-5-ops"  # shown in notebook 07 §5, which asks a prediction
     early = [("code", f'print(seed_claims.claim("{cid}").summary())')]
     later = [("markdown", "## 5. The curve\n\n**Predict:** where is the minimum?"), ("code", "print(sweep)")]
-    assert cross_spoilers({"04_mixed_fusion": early, "05_fusion_thresholds": later})
-    assert not cross_spoilers({"04_mixed_fusion": [("code", "print(1)")], "05_fusion_thresholds": later})
+    assert cross_spoilers({"06_mixed_fusion": early, "07_fusion_thresholds": later})
+    assert not cross_spoilers({"06_mixed_fusion": [("code", "print(1)")], "07_fusion_thresholds": later})
 
 
 _SUMMARY_CELL = re.compile(r'print\(seed_claims\.claim\("([^"]+)"\)\.summary\(\)\)')
@@ -353,7 +353,7 @@ def _printed_summaries(nb: dict):
 def test_every_stored_ledger_summary_is_the_ledgers_current_one():
     """A ledger edit must reach the notebooks that print it: the stored output of every cell that prints a claim's
     summary first holds that summary as the ledger gives it now (49e90f3 changed s22-mixed-40-60pct and left
-    notebook 04's stored cell 33 on the old text, which only nbval and the browser test saw)."""
+    notebook 06's stored cell 33 on the old text, which only nbval and the browser test saw)."""
     seen = 0
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         for i, cid, text in _printed_summaries(json.loads(path.read_text())):
@@ -363,10 +363,20 @@ def test_every_stored_ledger_summary_is_the_ledgers_current_one():
 
 
 def test_a_stale_stored_ledger_summary_is_caught():
-    nb = json.loads((ROOT / "notebooks" / "04_mixed_fusion.ipynb").read_text())
+    nb = json.loads((ROOT / "notebooks" / "06_mixed_fusion.ipynb").read_text())
     i, cid, text = next(_printed_summaries(nb))
     assert text.startswith(seed_claims.claim(cid).summary())
     out = next(o for o in nb["cells"][i]["outputs"] if o["output_type"] == "stream")
     out["text"] = "".join(out["text"]).replace("the", "teh", 1)
     _, _, planted = next(_printed_summaries(nb))
     assert not planted.startswith(seed_claims.claim(cid).summary())
+
+
+def test_no_notebook_pattern_fixes_the_unit_of_a_measured_time():
+    """A pattern that reads a timing row must take whatever unit the table picked: 13's 'A sequential ... ms' found
+    nothing once a quiet machine ran the model in 784 µs."""
+    fixed = [(c.id, e.pattern) for c in CLAIMS.values() for e in c.evidence
+             if e.pattern and re.search(r"\\S\+ (?:ns|µs|us|ms|s)\b", e.pattern)]
+    assert fixed == []
+    timing_row = "A  sequential  784 µs  781–787 µs"
+    assert re.search(r"A\s+sequential\s+\S+ (?:ns|µs|ms|s)\s+\S+ (?:ns|µs|ms|s)", timing_row)

@@ -152,6 +152,13 @@ def test_comparison_verdicts():
         timing.Comparison.from_samples([1.0], [1.0, 2.0])
 
 
+def test_said_puts_the_ratio_its_interval_and_the_verdict_in_words():
+    faster_b = timing.Comparison.from_samples([2.0] * 10, [1.0] * 10)
+    assert faster_b.said() == "2.00× (95% CI 2.00–2.00), faster"
+    same = timing.Comparison.from_samples([1.0, 1.1, 0.9, 1.0, 1.05, 0.95], [1.0, 0.9, 1.1, 1.0, 0.95, 1.05])
+    assert same.said().endswith(", no clear difference")
+
+
 def test_paired_ratios_cancel_shared_drift():
     # both candidates slow down 10x halfway through; unpaired medians blur that, paired ratios do not
     a = [0.002] * 10 + [0.02] * 10

@@ -355,7 +355,7 @@ def test_a_value_from_an_undrawn_node_is_a_stub_not_an_input():
 
 def test_a_cut_edge_is_a_stub_not_an_output():
     """A value read by nodes left out of the picture is no graph output: it leaves through a dashed stub labelled
-    "→ N more consumers", never through an "output …" pill (notebook 02's plan picture drew such pills)."""
+    "→ N more consumers", never through an "output …" pill (notebook 03's plan picture drew such pills)."""
     model = residual()
     sc = viz.scene.scene_of(model, residual_plan(), ["/l0/add/Add", "/l0/relu2/Relu"])
     kinds = {it.key: it for it in sc.items if it.kind != "op"}

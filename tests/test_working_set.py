@@ -85,7 +85,7 @@ def test_account_adds_up_to_bytes_at_and_names_the_live_intermediates():
 
 
 def test_the_yolo_five_op_group_holds_seven_tiles_of_the_bn_sigmoid_and_mul_outputs():
-    # the account notebooks 04 and 05 print: the Conv's output is dead once the BN has read it
+    # the account notebooks 06 and 07 print: the Conv's output is dead once the BN has read it
     g = load(zoo.get("yolov5s", image_size=160, width_mult=0.25, depth_mult=0.33))
     plan = mixed.plan(g, max_group_ops=5)
     grp = next(p for p in plan if p.size == 5)

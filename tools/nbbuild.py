@@ -14,8 +14,8 @@ A code cell whose source begins with an nbval marker comment (`# NBVAL_IGNORE_OU
 gets nbval's cell tag instead (`nbval-ignore-output`, `nbval-skip`; nbval honours both): the marker stays in
 the reviewable source but is not the first line a learner reads in the notebook.
 
-`python tools/nbbuild.py notebooks_src/01_conv_bn_folding.py [...]` writes
-`notebooks/01_conv_bn_folding.ipynb`, executed top to bottom in the notebooks/ folder (as nbval
+`python tools/nbbuild.py notebooks_src/02_conv_bn_folding.py [...]` writes
+`notebooks/02_conv_bn_folding.ipynb`, executed top to bottom in the notebooks/ folder (as nbval
 runs it), atomically. `--check` only verifies that every stored notebook's cells equal its source
 (tests call this, so a source edit without a rebuild fails CI).
 """

@@ -64,14 +64,12 @@ def run(args) -> int:
     budget = None if args.no_shrink else args.shrink_budget
     differs = False
     if args.only in (None, "onnxruntime"):
-
         res = blame_ort(graph, args.level, config=config, draws=args.draws, dims=dims or None, shrink_budget=budget,
                         repro=args.repro, time_budget=args.min_time, rounds=args.rounds, source=args.model)
         for line in ort_lines(res, args.model):
             print(wrap(line, MAX_WIDTH, indent="    "))
         differs |= res.differs
     if args.only in (None, "fusionlab"):
-
         repro = args.repro if args.only == "fusionlab" else None
         res = blame_passes(graph, passes, draws=args.draws, dims=dims or None, level=args.level, shrink_budget=budget,
                            repro=repro, time_budget=args.min_time, rounds=args.rounds, source=args.model)

@@ -56,7 +56,6 @@ def run(args) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.list:
-
         work = graph_of(graph, fplan)  # the graph the plan's groups name
         for g in fplan:
             try:
@@ -80,7 +79,6 @@ def run(args) -> int:
     except UnsupportedGroup as exc:
         raise UsageError(str(exc)) from None
     if not args.no_verify:
-
         report = verify(graph, result.graph, custom_ops_library=library_path())
         print(report.table())
         if not report.ok:

@@ -43,7 +43,6 @@ def run(args) -> int:
     opts = dict(runs=args.runs, warmup=args.warmup, threads=args.threads, level=args.level, feeds=feeds)
     fused = None
     if args.fuse:
-
         try:
             fused = fuse(graph, passes=DEFAULT_PASSES).graph
         except ModuleNotFoundError as exc:

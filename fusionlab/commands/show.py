@@ -56,7 +56,6 @@ def run(args) -> int:
             result = fuse(graph, passes=parse_passes(args.passes))
             drawn, source = result.graph, graph
     except ValueError as exc:
-
         if isinstance(exc, ModelError):
             raise
         raise UsageError(str(exc).splitlines()[0]) from None

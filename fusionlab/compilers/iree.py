@@ -96,7 +96,6 @@ def compile_model(model, extra_flags: Sequence[str] = (), *, cache: bool = True)
         return target.read_bytes()
     blob = _compile(mlir, flags)
     if cache:
-
         atomic_write(target, blob)
     return blob
 

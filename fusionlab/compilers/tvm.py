@@ -273,7 +273,6 @@ def relax_groups(model, pipeline: tuple[str, ...] = PIPELINE) -> TvmGrouping:
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
-
     proto = model.to_proto() if isinstance(model, Graph) else load(model).to_proto()
     records: list = []
     with _recording_import(records):

@@ -160,7 +160,6 @@ def launch_overhead_us(n_ops: int = 64, repeats: int = 30, *, profiled: bool = F
     ``profiled=True`` measures the same with onnxruntime's profiler on (its trace file is deleted).
     """
 
-
     def chain(n: int):
         nodes = [helper.make_node("Neg", ["x" if i == 0 else f"t{i}"], [f"t{i + 1}" if i < n - 1 else "y"],
                                   name=f"neg{i}") for i in range(n)]

@@ -102,7 +102,6 @@ class Utilisation(_Rates):
     points: list[OpPoint] = field(default_factory=list)
     note: str = ""
 
-
     @property
     def compute_util(self) -> float:
         """Achieved FLOP/s / peak FLOP/s."""
@@ -152,7 +151,6 @@ def ort_matmul_gflops(n: int = 1024, threads: int = 1, min_time: float = 0.5) ->
     The practical compute roof of this CPU for onnxruntime: the same kernels (MLAS) that run the models.
     A roof is a best case, so the fastest call counts (other work on the machine only slows calls down).
     """
-
 
     rng = np.random.default_rng(0)
     model = make_model([helper.make_node("MatMul", ["a", "b"], ["c"], name="mm")],

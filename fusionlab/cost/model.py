@@ -175,7 +175,6 @@ class Analysis:
     def _shapes_from_a_run(self, dims: dict | None) -> None:
         """Fill shapes onnx inference could not (e.g. Slice ends computed from Shape) by running the model once."""
 
-
         proto = self.graph.to_proto()
         have = {o.name for o in proto.graph.output}
         for n in proto.graph.node:

@@ -344,7 +344,6 @@ def replace_groups(model, plan: FusionPlan | FusionGroup | list, ids: list[str] 
     prepared copy for a plan made with preparation, where an Identity between a Conv and its BN is gone)."""
     source = model if isinstance(model, Graph) else __import__("fusionlab.graph", fromlist=["load"]).load(model)
     if isinstance(plan, FusionPlan):
-
         source = graph_of(source, plan)
     groups = [plan] if isinstance(plan, FusionGroup) else list(plan)
     if ids is not None:

@@ -13,7 +13,10 @@ random bool mask is not causal (tag mask_any): the gqa rule writes GroupQueryAtt
 graph's own mask as attention_bias, so it must stay exact on any mask. GroupQueryAttention's CPU kernel takes
 a head size that is a multiple of 8: most grouped draws whose hidden size gives a smaller head project to
 heads x 8 and back with an output projection (tag attention_o_proj), the rest fall back to MultiHeadAttention
-after the repeat.
+after the repeat. A decoder's KV cache (tag attention_cache, static shapes): grouped K and V appended to a past
+graph input [B, Nkv, P, D] on the sequence axis, the present a graph output, then repeated: the gqa rule takes
+the past as past_key / past_value (at batch 1 or one new token; otherwise MultiHeadAttention after the repeat);
+near miss: the new K/V first (nm:cache_new_first).
 """
 
 from __future__ import annotations
@@ -95,18 +98,39 @@ def attention(b: Builder, x: str, pool: list[str]) -> str:
     if gqa and d % 2 == 0 and b.rng.random() < 0.6:
         b.tags.append("attention_rotary")
         q, k = _rotary(b, q), _rotary(b, k)
+    # a decoder's KV cache (use_cache exports): K and V appended to a past graph input on the sequence axis, the
+    # present a graph output, then repeated; static shapes (the key length is past + seq). Near miss: the new
+    # K/V first (Concat(new, past)), which is no cache GroupQueryAttention appends to
+    cache = gqa and not broadcast and isinstance(seq, int) and isinstance(bsz, int) and b.rng.random() < 0.4
+    length = seq
+    if cache:
+        past = b.rng.choice((1, 3))
+        length = seq + past
+        order = b.miss("cache_new_first")
+        b.tags.append("attention_cache")
+        if order:
+            b.tags.append("nm:cache_new_first")
+        for side in ("k", "v"):
+            t = k if side == "k" else v
+            pt = b.input((bsz, kv, past, d), f"past_{side}")
+            cat = b.node("Concat", [t, pt] if order else [pt, t], (bsz, kv, length, d), axis=2)
+            b.extra_outputs.append(cat)
+            if side == "k":
+                k = cat
+            else:
+                v = cat
     if gqa and not broadcast:
         k, v = _repeat(b, k, heads // kv), _repeat(b, v, heads // kv)
-    if b.rng.random() < 0.2:  # T5's layer 0: key_states.shape through a Transpose only a Shape reads
+    if not cache and b.rng.random() < 0.2:  # T5's layer 0: key_states.shape through a Transpose only a Shape reads
         kt_ = b.node("Transpose", [k], (bsz, seq, b.shape(k)[1], d), perm=[0, 2, 1, 3])
         b.extra_outputs.append(b.node("Shape", [kt_], (4,), dtype=np.int64))
         b.tags.append("attention_key_shape")
     kdim = b.shape(k)[1]
     if b.rng.random() < 0.5:
-        kt = b.node("Transpose", [k], (bsz, kdim, d, seq), perm=[0, 1, 3, 2])
+        kt = b.node("Transpose", [k], (bsz, kdim, d, length), perm=[0, 1, 3, 2])
     else:  # through [B, S, N, D] and back, as some exports do
-        kt = b.node("Transpose", [b.node("Transpose", [k], (bsz, seq, kdim, d), perm=[0, 2, 1, 3])],
-                    (bsz, kdim, d, seq), perm=[0, 2, 3, 1])
+        kt = b.node("Transpose", [b.node("Transpose", [k], (bsz, length, kdim, d), perm=[0, 2, 1, 3])],
+                    (bsz, kdim, d, length), perm=[0, 2, 3, 1])
     scale = float(d) ** -0.5
     where = b.rng.choice(("split", "q", "scores", "none"))
     if b.rng.random() < 0.1:
@@ -118,23 +142,23 @@ def attention(b: Builder, x: str, pool: list[str]) -> str:
     elif where == "q":
         q = b.binary("Mul", q, b.scalar(scale, "sq")) if b.rng.random() < 0.7 else \
             b.node("Div", [q, b.scalar(1 / scale, "sq")], b.shape(q))
-    scores = b.node("MatMul", [q, kt], (bsz, heads, seq, seq))
+    scores = b.node("MatMul", [q, kt], (bsz, heads, seq, length))
     if where == "scores":
         scores = b.binary("Mul", scores, b.scalar(scale, "ss"))
     if mask == "where":
-        keep = b.input((bsz, 1, seq, seq), "keep", dtype=np.bool_)
+        keep = b.input((bsz, 1, seq, length), "keep", dtype=np.bool_)
         b.tags.append("mask_any")
         if b.miss("mask_mul"):
             b.tags.append("nm:mask_mul")
-            scores = b.binary("Mul", scores, b.node("Cast", [keep], (bsz, 1, seq, seq), to=_onnx_type(b.dtype)))
+            scores = b.binary("Mul", scores, b.node("Cast", [keep], (bsz, 1, seq, length), to=_onnx_type(b.dtype)))
         else:
             fill = -np.inf if neg_inf else np.finfo(b.dtype).min
-            bias = b.node("Where", [keep, b.scalar(0.0, "zero"), b.scalar(fill, "fill")], (bsz, 1, seq, seq))
+            bias = b.node("Where", [keep, b.scalar(0.0, "zero"), b.scalar(fill, "fill")], (bsz, 1, seq, length))
             scores = b.binary("Add", scores, bias)
     elif mask == "bias":  # a constant additive bias (T5's relative positions, Swin's window bias)
         if isinstance(seq, int):
             b.tags.append("mask_bias")
-            scores = b.binary("Add", scores, b.const(b.rand((1, heads, seq, seq), 0.5), "bias"))
+            scores = b.binary("Add", scores, b.const(b.rand((1, heads, seq, length), 0.5), "bias"))
     axis = -1
     if b.miss("softmax_axis"):
         b.tags.append("nm:softmax_axis")

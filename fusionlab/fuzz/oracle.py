@@ -362,7 +362,6 @@ def blame(case: Case, passes, outcome: Outcome) -> Blame:
                 chosen = sub
                 break
     if "vertical" in chosen:
-
         fired = [r for r in (outcome.rules or {}) if r in RULE_NAMES]
         if not fired:
             fired = list(RULE_NAMES)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import heapq
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -15,7 +14,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from ..files import default_mode
+from ..files import replacing
 from .names import Names, name_nodes
 
 __all__ = ["DEFAULT_DOMAIN", "Graph", "ModelError", "PROTOBUF_LIMIT", "attr", "consumers", "is_op", "onnx_opset", "save_model", "sole_consumer"]
@@ -58,26 +57,15 @@ def save_model(model: "Graph | ir.Model | onnx.ModelProto", path, *, source: Pat
         model = model.model
     if isinstance(model, onnx.ModelProto):
         model = ir.serde.deserialize_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
     total = sum(
         (v.const_value.nbytes if v.const_value is not None else 0) for v in model.graph.initializers.values()
     )
 
-    mode = default_mode(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with replacing(path) as tmp:
         if total > external_data_threshold:
             ir.save(model, tmp, format="protobuf", external_data=f"{path.name}.data")
         else:
-            proto = ir.serde.serialize_model(model)
-            with open(tmp, "wb") as f:
-                f.write(proto.SerializeToString())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            tmp.write_bytes(ir.serde.serialize_model(model).SerializeToString())
     return path
 
 

@@ -1,5 +1,5 @@
 """Simulators and generators that exist to teach one lesson each, kept apart from the fusion engine.
 
-`codegen` (notebook 06), `reductions` (notebook 07), `double_buffer` (notebook 11), `dynamic_shapes`
-(notebook 12).
+`codegen` (notebook 01), `reductions` (notebook 08), `decoding` (notebook 09), `quantization` (notebook 10),
+`double_buffer` (notebook 14), `dynamic_shapes` (notebook 15).
 """

@@ -727,7 +727,6 @@ def loop_vs_loop(spec=DEFAULT_LOOP_CHAIN, n: int | None = None, *, measure: bool
                             unfused_source="\n".join(k.source for k in steps), fused_source=fused.source,
                             max_abs_diff=diff)
     if measure:
-
         result.comparison = compare(run_unfused, run_fused, min_time=min_time, label_a="one loop per op",
                                     label_b="one fused loop")
     return result

@@ -448,7 +448,6 @@ class TileFile:
 def write_tile_file(path, n_tiles: int, tile_elems: int, seed: int = 0):
     """Write `n_tiles` x `tile_elems` random float32 values to `path` atomically; returns the path."""
 
-
     path = Path(path)
     rng = np.random.default_rng(seed)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

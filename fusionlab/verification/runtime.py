@@ -426,7 +426,6 @@ class _Wide:
 
     def outputs(self, k: int, feeds: dict) -> dict | None:
         if self._ref is None:
-
             try:
                 proto = self.original.to_proto() if isinstance(self.original, Graph) else \
                     onnx.load_from_string(model_bytes(self.original))

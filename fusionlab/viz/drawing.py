@@ -49,14 +49,20 @@ def _group_parts(lay: Layout, ks: list[str]) -> list[list[str]]:
 
 
 def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
-    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
-    from matplotlib.path import Path as MplPath
-
     colors = group_colors([g for g, _ in lay.groups])
     member_color = {k: colors[g.id] for g, ks in lay.groups for k in ks}
+    _draw_groups(lay, ax, colors, scale)
+    _draw_edges(lay, ax, scale)
+    _draw_boxes(lay, ax, member_color, scale)
+    _finish_axes(lay, ax, title, scale)
+
+
+def _draw_groups(lay: Layout, ax, colors: dict, scale: float) -> None:
+    """One rounded rectangle per fusion group (per band it spans), behind its members, with the group's id."""
+    from matplotlib.patches import FancyBboxPatch
+
     pad = 0.09
     label_strip = 0.14  # room above the members for the group's id, so no box hides it
-    # fusion groups: one rounded rectangle per group (per band it spans), behind its members
     for g, ks in lay.groups:
         col = colors[g.id]
         for part_no, part in enumerate(_group_parts(lay, ks)):
@@ -75,7 +81,13 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
             ax.text(x0 + 0.07, y1 - 0.025, g.id if part_no == 0 else f"{g.id} (cont.)", ha="left", va="top",
                     fontsize=7.5 * scale, color=col, zorder=6, fontfamily=FONT, fontweight="bold", clip_on=False,
                     bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
-    # edges
+
+
+def _draw_edges(lay: Layout, ax, scale: float) -> None:
+    """The edges; a value read by nodes not drawn, or made by one, as a dashed grey stub."""
+    from matplotlib.patches import FancyArrowPatch
+    from matplotlib.path import Path as MplPath
+
     for a, b, pts in lay.edges:
         codes = [MplPath.MOVETO] + [MplPath.LINETO] * (len(pts) - 1)
         # a value read by nodes not drawn, or made by one: a dashed grey stub, no output or input pill
@@ -85,7 +97,12 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
                                 zorder=2, linestyle="--" if cut else "-")
         arrow.set_gid(f"edge:{a}->{b}")
         ax.add_patch(arrow)
-    # boxes
+
+
+def _draw_boxes(lay: Layout, ax, member_color: dict, scale: float) -> None:
+    """One box per op or value (fused ops highlighted), with its label; a stub's end as plain grey text."""
+    from matplotlib.patches import FancyBboxPatch
+
     for k, (xc, yc) in lay.positions.items():
         w, h = lay.sizes[k]
         kind = lay.kinds[k]
@@ -116,6 +133,12 @@ def _render(lay: Layout, ax, *, title: str | None, scale: float) -> None:
         else:
             ax.text(xc, yc, head, ha="center", va="center", fontsize=9 * scale, zorder=4, fontfamily=FONT,
                     fontweight="bold" if kind == "op" else "normal")
+
+
+def _finish_axes(lay: Layout, ax, title: str | None, scale: float) -> None:
+    """Limits, aspect, the legend of groups and fused ops at the top, and the title above it."""
+    from matplotlib.patches import Patch
+
     x0, y0, x1, y1 = lay.extent()
     m = _MARGIN
     ax.set_xlim(x0 - m, x1 + m)

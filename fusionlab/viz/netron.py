@@ -59,7 +59,6 @@ class NetronView:
         import netron
         from netron import server as netron_server
 
-
         data = model_bytes(model)
         self.model = model  # what the stored view draws
         self.height = height

@@ -81,7 +81,6 @@ def _clip(text: str, n: int = 22) -> str:
 
 def _input_names(node: ir.Node, opset: int) -> list[str]:
     try:
-
         schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
         names = [i.name for i in schema.inputs]
         if names and len(node.inputs) > len(names):  # variadic tail

@@ -19,8 +19,8 @@ from selenium.webdriver.support.ui import Select
 from harness import ROOT
 
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
-EXPLORER = "05_fusion_thresholds.ipynb"
-NETRON = "02_vertical_fusion.ipynb"
+EXPLORER = "07_fusion_thresholds.ipynb"
+NETRON = "03_vertical_cnn.ipynb"
 CELL_TIMEOUT = 300  # seconds one cell may run in the browser (the slowest cell takes ~60 s alone)
 
 
@@ -74,9 +74,9 @@ def test_start_here_links_open_the_notebooks(page):
     assert sorted(set(links)) == NOTEBOOKS
     link = page.js("""const a = [...flPanel().node.querySelectorAll('.jp-RenderedMarkdown a')]
         .find(a => new URL(a.href).pathname.endsWith('/' + arguments[0]));
-        a.scrollIntoView({block: 'center'}); return a;""", "03_horizontal_fusion.ipynb")
+        a.scrollIntoView({block: 'center'}); return a;""", "05_horizontal_fusion.ipynb")
     link.click()  # a real click on the rendered link
-    page.wait(lambda: "03_horizontal_fusion.ipynb" in page.js(
+    page.wait(lambda: "05_horizontal_fusion.ipynb" in page.js(
         "return Array.from(window.jupyterapp.shell.widgets('main')).map(w => w.context && w.context.path)"),
         60, "the link did not open 03")
 
@@ -178,7 +178,7 @@ def _chart(cell) -> list[str]:
 
 
 def test_stored_netron_view_is_a_picture_and_one_sentence(page):
-    page.open("02_vertical_fusion.ipynb")
+    page.open("03_vertical_cnn.ipynb")
     cell = page.cell(page.cell_index("viz.netron_view("))
     page.wait(lambda: cell.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output img"), 60, "no stored picture")
     assert not cell.find_elements(By.CSS_SELECTOR, "iframe"), "a frame that cannot load without the kernel"
@@ -449,7 +449,7 @@ def test_run_all_save_and_reopen_renders_the_widgets_and_changes_nothing_stored(
     assert lab.git_status() == "", f"Run All, a save and reopening changed the checkout:\n{lab.git_status()}"
 
 
-# -- netron in notebook 02 ------------------------------------------------------------------------------
+# -- netron in notebook 03 ------------------------------------------------------------------------------
 
 def _port_open(port: int) -> bool:
     with socket.socket() as s:

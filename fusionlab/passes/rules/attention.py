@@ -28,8 +28,17 @@ becomes com.microsoft GroupQueryAttention on the unrepeated K/V instead, the rep
 graph's own mask as attention_bias (so a padding mask stays exact: GQA's built-in causal mask is not used and no
 proof of causality is needed), no past, seqlens_k = S - 1 per batch, total_sequence_length = S (from q's shape);
 self-attention only (query length provably the key length), head size a multiple of 8 (the CPU kernel's
-condition). onnxruntime 1.31's CPU kernel runs float32 and float16. It measured no slower than MultiHeadAttention after the repeat, faster on the TorchScript LLaMA exports
-(benchmarks/results/gqa.md); without `gqa` the MultiHeadAttention form is written.
+condition). With a KV cache, K and V repeated from Concat(past, new) on the sequence axis (the past a graph input
+[B, Nkv, P, D], one past length for K and V, the new K/V this step's), GroupQueryAttention takes the past as
+past_key / past_value and its outputs 1 and 2, the present cache, replace the Concats' outputs: seqlens_k =
+P + S - 1, total_sequence_length = P + S; the query length must be the new keys' length, and batch or query
+length provably 1 (onnxruntime 1.31's CPU kernel: "batch_size must be 1 when sequence_length > 1 and past context
+is given"); not with a NaN guard that must stay (its fill would read the whole cache). Measured against
+MultiHeadAttention after the repeat on one LLaMA-style decode step, faster at every context measured, the more
+the longer the cache (benchmarks/results/gqa_cache.md; notebook 09 times it at 4096).
+onnxruntime 1.31's CPU kernel runs float32 and float16. It measured no slower than MultiHeadAttention after the
+repeat, faster on the TorchScript LLaMA exports (benchmarks/results/gqa.md); without `gqa` the MultiHeadAttention
+form is written.
 A head view read elsewhere only for its shape (T5's layer 0 reads
 key_states.shape) stays outside the group for that reader.
 """
@@ -66,6 +75,9 @@ class GroupedKV:
     k4: tuple[bool, bool]
     head_size: int
     bs: tuple
+    #: the KV cache GroupQueryAttention takes itself: (past_key, past_value, the K Concat, the V Concat), whose
+    #: Concat outputs (the present cache) become its outputs 1 and 2; None: no past
+    past: tuple | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -189,6 +201,40 @@ def _repeat(cx, rep: ir.Value):
             (es[0], es[3], es[4]) != (xs[0], xs[2], xs[3]) or (rs[0], rs[2], rs[3]) != (xs[0], xs[2], xs[3]):
         return None
     return u.inputs[0], nkv, [u, e, r]
+
+
+def _cache(cx, xk: ir.Value, xv: ir.Value):
+    """(past_key, past_value, new K, new V, K Concat, V Concat) when the repeated K and V [B, Nkv, P+S, D] are
+    each Concat(past [B, Nkv, P, D], new [B, Nkv, S, D]) on the sequence axis (the KV cache, appended to), with
+    one past length for K and V; None when neither is a Concat; Refused for a Concat that is not this form."""
+    ck, cv = xk.producer(), xv.producer()
+    if not is_op(ck, "Concat") and not is_op(cv, "Concat"):
+        return None
+    if not (is_op(ck, "Concat") and is_op(cv, "Concat")):
+        raise Refused("only one of K and V is concatenated with a past (GroupQueryAttention takes both or neither)")
+    out = []
+    for name, c in (("K", ck), ("V", cv)):
+        rank = cx.rank(c.outputs[0])
+        axis = int(attr(c, "axis", 0))
+        if rank != 4 or len(c.inputs) != 2 or axis % 4 != 2:
+            raise Refused(f"{name} is Concat {c.name} of {len(c.inputs)} inputs on axis {axis}, not Concat(past, new) "
+                          "on the sequence axis of [B, Nkv, L, D]")
+        past, new = c.inputs
+        ps, ns = cx.shape(past), cx.shape(new)
+        if ps is None or ns is None or len(ps) != 4 or len(ns) != 4 or ps[0] != ns[0] or ps[1] != ns[1] or \
+                ps[3] != ns[3] or None in (ps[0], ps[1], ps[2], ps[3]):
+            raise Refused(f"{name}'s Concat {c.name}: past {ps} and new {ns} are not provably [B, Nkv, P, D] and "
+                          "[B, Nkv, S, D]")
+        if not past.is_graph_input() or new.is_graph_input() or cx.constant(past) is not None:
+            # the cache comes in as a graph input and this step's K/V are computed: anything else (Concat(new,
+            # past), a past computed in the graph) is not provably the cache appended to
+            raise Refused(f"{name}'s Concat {c.name} is not Concat(past, new) with the past a graph input and the "
+                          "new keys computed")
+        out.append((past, new, c))
+    (pk, nk, ck), (pv, nv, cv) = out
+    if cx.shape(pk)[2] != cx.shape(pv)[2]:
+        raise Refused(f"the K and V pasts have lengths {cx.shape(pk)[2]} and {cx.shape(pv)[2]}, not provably one")
+    return pk, pv, nk, nv, ck, cv
 
 
 def _scores(cx, sm: ir.Node):
@@ -408,6 +454,10 @@ class Attention(Rule):
         if f is None:
             return None
         gqa, why = self._grouped(cx, f.values, sm, f.q, f.q4, f.k, f.v, f.k4, f.nd) if f.k4 else (None, None)
+        if gqa is not None and gqa.kv.past is not None and f.guarded[1] and \
+                (f.mask is not None and not _mask_finite(cx, f.mask)):
+            gqa, why = None, Refused("GroupQueryAttention not written: a NaN guard that must stay, with a KV cache "
+                                     "(its fill reads the whole cache); MultiHeadAttention after the repeat").at("gqa", sm)
         mha = self._written_as(cx, f, None)
         if why is not None and mha is not None:
             mha = replace(mha, refusals=[why])
@@ -495,7 +545,9 @@ class Attention(Rule):
         return Match("gqa" if gqa is not None else "attention", f.sm, members,
                      f"{heads}; mask {'none' if mask is None else 'as attention_bias'}; "
                      f"guard {'kept' if keep_guard else 'none'}" + (f"; {gqa.note}" if gqa is not None and gqa.note else ""),
-                     op.op, op.kernels + extra, outputs=[out[0]],
+                     op.op, op.kernels + extra,
+                     outputs=[out[0]] + ([c.outputs[0] for c in gqa.kv.past[2:]] if gqa is not None and gqa.kv.past
+                                         else []),
                      data=AttentionData(kk, vv, f.q, mask, nd[0], f.scale, keep_guard, fill,
                                         out[2] and nd[0] * vd[1], f.q4 and nd[0] * nd[1], grouped))
 
@@ -521,6 +573,13 @@ class Attention(Rule):
         if rk is None or rv is None:
             return None, None
         (xk, nkv, k_rep), (xv, nkv_v, v_rep) = rk, rv
+        try:
+            cache = _cache(cx, xk, xv)
+        except Refused as exc:
+            return None, Refused(f"GroupQueryAttention not written: {exc}; MultiHeadAttention after the repeat").at("gqa", sm)
+        if cache is not None:  # the repeat reads the present cache: GroupQueryAttention appends to the past itself
+            pk, pv, xk, xv, ck, cv = cache
+            k_rep, v_rep = [ck] + list(k_rep), [cv] + list(v_rep)
         why = None
         qs, ks = cx.shape(q), cx.shape(xk)
         if nkv != nkv_v:
@@ -528,8 +587,13 @@ class Attention(Rule):
         elif nd[0] % nkv:
             why = f"{nd[0]} query heads are no multiple of {nkv} K/V heads"
         elif qs is None or ks is None or qs[2 if q4 else 1] != ks[2] or qs[2 if q4 else 1] is None:
-            why = (f"query length {qs and qs[2 if q4 else 1]} is not provably the key length {ks and ks[2]} "
-                   "(GroupQueryAttention without a past: self-attention only)")
+            why = (f"query length {qs and qs[2 if q4 else 1]} is not provably the "
+                   f"{'new keys' if cache is not None else 'key'} length {ks and ks[2]} "
+                   "(self-attention only, with or without a cache)")
+        elif cache is not None and qs[0] != 1 and qs[2 if q4 else 1] != 1:
+            # onnxruntime 1.31's CPU kernel: "batch_size must be 1 when sequence_length > 1 and past context is given"
+            why = (f"batch ({qs[0]}) and query length ({qs[2 if q4 else 1]}) with a KV cache: onnxruntime's kernel "
+                   "takes a past with more than one new token only at batch 1 (neither is provably 1)")
         elif nd[1] % 8:  # onnxruntime 1.31's CPU kernel: "head_size must be a multiple of 8"
             why = f"head size {nd[1]} is not a multiple of 8 (onnxruntime's CPU kernel needs one)"
         elif cx.graph.opset < 15:
@@ -550,8 +614,12 @@ class Attention(Rule):
         # ints: host-side shape arithmetic that launches no kernel (the cost model's `host`), so no extra kernel
         (k, k_views, k4), (v, v_views, v4) = sides["k"], sides["v"]
         back = [n for n, four in zip("KV", (k4, v4)) if four]
-        return _Repeated(GroupedKV(nkv, (k4, v4), nd[1], (qs[0], qs[2 if q4 else 1])), k, v, k_views, v_views, extra,
-                         f"{' and '.join(back)} transposed back to [B, L, Nkv*D]" if back else ""), None
+        note = "; ".join(([f"{' and '.join(back)} transposed back to [B, L, Nkv*D]"] if back else []) +
+                         (["the past K/V taken as past_key/past_value, the present cache its outputs"]
+                          if cache is not None else []))
+        return _Repeated(GroupedKV(nkv, (k4, v4), nd[1], (qs[0], qs[2 if q4 else 1]),
+                                   (pk, pv, ck, cv) if cache is not None else None), k, v, k_views, v_views, extra,
+                         note), None
 
     @staticmethod
     def _output(cx, values, ctx_mm: ir.Node, q: ir.Value, q4: bool, heads: int, dv: int):
@@ -630,25 +698,42 @@ class Attention(Rule):
                 x = nodes[-1].outputs[0]
             kv.append(x)
         qs = g.bs  # (batch, sequence) of the query, as the match saw them
-        if isinstance(qs[0], int) and isinstance(qs[1], int):
-            seqlens = cx.initializer(f"{name}_seqlens_k", np.full(qs[0], qs[1] - 1, np.int32))
-            total = cx.initializer(f"{name}_total_seq", np.array(qs[1], np.int32))
-        else:  # from q's shape at run time: Shape -> Cast -> [S] -> scalar S, S - 1 expanded to [B]
+        plen = cx.shape(g.past[0])[2] if g.past is not None else 0  # the past's length: total = past + S
+        if isinstance(qs[0], int) and isinstance(qs[1], int) and isinstance(plen, int):
+            seqlens = cx.initializer(f"{name}_seqlens_k", np.full(qs[0], plen + qs[1] - 1, np.int32))
+            total = cx.initializer(f"{name}_total_seq", np.array(plen + qs[1], np.int32))
+        else:  # from the shapes at run time: Shape -> Cast -> [S] (+ [P]) -> scalar, minus 1 expanded to [B]
             s1 = cx.node("Shape", [q], {"start": 1, "end": 2}, base=f"{name}_seq")
-            c = cx.node("Cast", [s1.outputs[0]], {"to": int(ir.DataType.INT32)}, base=f"{name}_seq32")
+            length = [s1]
+            if g.past is not None:
+                p1 = cx.node("Shape", [g.past[0]], {"start": 2, "end": 3}, base=f"{name}_past_len")
+                length += [p1, cx.node("Add", [s1.outputs[0], p1.outputs[0]], base=f"{name}_total_len")]
+            c = cx.node("Cast", [length[-1].outputs[0]], {"to": int(ir.DataType.INT32)}, base=f"{name}_seq32")
             scalar_shape = cx.initializer(f"{name}_scalar", np.array([], np.int64))
             tot = cx.node("Reshape", [c.outputs[0], scalar_shape], base=f"{name}_total_seq")
             one = cx.initializer(f"{name}_one", np.array(1, np.int32))
             last = cx.node("Sub", [tot.outputs[0], one], base=f"{name}_last")
             b = cx.node("Shape", [q], {"start": 0, "end": 1}, base=f"{name}_batch")
             sk = cx.node("Expand", [last.outputs[0], b.outputs[0]], base=f"{name}_seqlens_k")
-            nodes += [s1, c, tot, last, b, sk]
+            nodes += length + [c, tot, last, b, sk]
             seqlens, total = sk.outputs[0], tot.outputs[0]
-        ins = [q, kv[0], kv[1], None, None, seqlens, total, None, None, None,
+        past = list(g.past[:2]) if g.past is not None else [None, None]
+        ins = [q, kv[0], kv[1], *past, seqlens, total, None, None, None,
                d.mask if d.mask is not None else None]
         while ins[-1] is None:
             ins.pop()
         attrs = {"num_heads": int(d.heads), "kv_num_heads": int(g.kv_heads), "scale": float(d.scale),
                  "causal": 0}
-        nodes.append(cx.node("GroupQueryAttention", ins, attrs, domain="com.microsoft", base=f"{name}_gqa"))
+        nodes.append(cx.node("GroupQueryAttention", ins, attrs, domain="com.microsoft", base=f"{name}_gqa",
+                             num_outputs=3 if g.past is not None else 1))
         return nodes
+
+    def outputs(self, m: Match, new_nodes: list[ir.Node]) -> list[tuple[ir.Value, ir.Value]]:
+        """The context from the last new node; with a KV cache, the present K and V (the Concats' outputs) from
+        GroupQueryAttention's outputs 1 and 2."""
+        pairs = Rule.outputs(self, m, new_nodes)
+        g = m.data.gqa if isinstance(m.data, AttentionData) else None
+        if g is not None and g.past is not None:
+            op = next(n for n in new_nodes if n.op_type == "GroupQueryAttention")
+            pairs += [(g.past[2].outputs[0], op.outputs[1]), (g.past[3].outputs[0], op.outputs[2])]
+        return pairs

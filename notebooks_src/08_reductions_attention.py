@@ -1,0 +1,549 @@
+# %% [markdown]
+# # 08 · Reductions and attention: the fusion that made transformers fast
+#
+# **What you will be able to do**
+#
+# 1. count what an unfused Softmax and an unfused LayerNorm read and write, node by node, against one fused kernel;
+# 2. write the **one-pass** forms that make the fusion possible, the *online softmax* and *Welford's* mean and
+#    variance, and say why E[x²] − E[x]² is not good enough;
+# 3. time a generated fused kernel against the limit: its GB/s beside this machine's streaming bandwidth and
+#    onnxruntime's own kernels;
+# 4. explain why attention's score matrix is O(N²), how FlashAttention's tiling avoids writing it, and how the same
+#    kernel maps onto an Ascend AI core (**modelled**, not measured).
+#
+# Notebook 06's partitioner follows TVM Relay's FuseOps rule, under which a reduction may only *end* a
+# group: a decomposed LayerNorm took three or more kernels there, and Softmax stayed one opaque op. Here
+# we fuse through the reductions, the way XLA, Inductor, Triton and CANN do. (TVM's newer Relax pipeline
+# fuses a `mean` with its elementwise consumers, but not by a rule for reductions: the legalised `mean`, a sum
+# followed by a division in one function, is labelled like a Conv, an anchor that takes in the elementwise ops
+# after it; a plain `ReduceSum` still only ends a group, as in Relay. Notebook 06 §1 has the details.)
+# Every section follows the same order: bytes first, the unfused loop, the fused loop checked, then
+# timed against the limit. Before each measurement you are asked to predict it.
+
+# %%
+import inspect
+import os
+
+import matplotlib.pyplot as plt
+import numpy as np
+from onnx import numpy_helper
+
+from fusionlab import exercises, timing
+from fusionlab.cost import calibrate, devices
+from fusionlab.lessons import reductions as R
+from fusionlab.text import text_table, wrap
+from fusionlab.verification import runtime
+from IPython.display import Markdown, display
+
+rng = np.random.default_rng(0)
+
+# %% [markdown]
+# ## 1. Softmax: count the bytes first
+#
+# An exporter writes a numerically safe softmax over the last axis as five ops: subtract the row max
+# (so `exp` cannot overflow), exponentiate, divide by the row sum. We take an input of 8192 rows of
+# 2048 float32 values, 64 MiB, twice the size of this machine's last-level cache (32 MiB), so every
+# pass really goes to memory.
+#
+# **Predict** before running the next cell: each of the five ops reads its inputs from memory and
+# writes its output. How many times the input's size does the whole graph move? And one fused kernel
+# that reads each row once and writes each result once?
+
+# %%
+M, N = 8192, 2048
+sm_traffic = R.traffic(R.softmax_model(M, N))
+print(sm_traffic.table())
+
+# %% [markdown]
+# Reads of 5·M·N + 2·M elements and writes of 3·M·N + 2·M, against 2·M·N for a kernel that reads `x`
+# once and writes `y` once: the same count as Triton's tutorial, so a memory-bound softmax has up
+# to **4×** to gain from fusion. (The two reductions also read the tiny `axes` tensor.)
+#
+# ## 2. The unfused loop, and one pass instead of three
+#
+# Unfused, the row max must be known before anything is exponentiated, and the sum before anything is
+# divided: three passes over each row. The **online softmax** (Milakov & Gimelshein, 2018) finds the
+# max and the sum in *one* pass: it keeps a running max `m` and a running sum of `exp(x − m)`; when a
+# new block raises the max, the sum so far is rescaled by `exp(m_old − m_new)`. Here it is over blocks
+# of columns, with numpy doing the same work for every row at once:
+
+# %%
+print(inspect.getsource(R.online_softmax))
+
+# %% [markdown]
+# It must give the same answer as the three-pass softmax, for any block size, and survive logits large
+# enough that a naive `exp(x)` would overflow float32:
+
+# %%
+x_small = (rng.standard_normal((64, 1000)) * 3).astype(np.float32)
+reference = R.softmax_reference(x_small)
+for block in (1, 16, 64, 1000):
+    err = np.abs(R.online_softmax(x_small, block) - reference).max()
+    print(f"block {block:>4}: max |online - three-pass| below 1e-6: {err < 1e-6}")
+big = x_small + np.float32(100.0)  # exp(100) = inf in float32
+with np.errstate(over="ignore"):  # the overflow is the point of the naive line: silence only its warning
+    naive_finite = np.isfinite(np.exp(big)).all()
+print("logits around 100: finite:", np.isfinite(R.online_softmax(big, 16)).all(), "| naive exp finite:", naive_finite)
+
+# %% [markdown]
+# ## 3. A generated fused kernel
+#
+# On a CPU the row (2048 floats, 8 KiB) fits the 32 KiB L1 cache. So a fused kernel can afford three
+# passes over a row as long as only the *first* goes to memory: find the max while the row streams in,
+# then exponentiate, sum and scale it in the cache, and write each result once. (The online form
+# matters where a row does *not* fit on chip: attention, in section 6.) `R.softmax_kernel()` writes
+# the source of that loop, as `fusionlab.elementwise` does for elementwise chains, and numba compiles
+# it for one thread. Two details decide its speed: the row max is split over 8 independent
+# accumulators (one AVX2 register) so that it vectorises, and `exp` is a branch-free polynomial inlined
+# into the loop (its error is measured in the module docstring and bounded by the tests).
+
+# %%
+softmax = R.softmax_kernel()
+print(softmax.source)
+
+# %% [markdown]
+# Checked against onnxruntime's `Softmax` (optimisations off) at the workbook's fp32 tolerances, and
+# against the five-op graph:
+
+# %%
+x = rng.standard_normal((M, N)).astype(np.float32)
+y_fused = softmax(x)
+ort_softmax = runtime.session(R.softmax_model(M, N, decomposed=False), "disable", 1)
+ort_five = runtime.session(R.softmax_model(M, N), "disable", 1)
+y_ort = ort_softmax.run(["y"], {"x": x})[0]
+print("fused vs onnxruntime Softmax:", np.allclose(y_fused, y_ort, rtol=1e-4, atol=1e-5))
+print("fused vs the five-op graph:  ", np.allclose(y_fused, ort_five.run(["y"], {"x": x})[0], rtol=1e-4, atol=1e-5))
+
+# %% [markdown]
+# ## 4. Timed against the limit
+#
+# The limit is this machine's streaming bandwidth, measured by `fusionlab.cost.calibrate` with one thread on
+# arrays far larger than the caches (the better of a copy and an add, counted STREAM-style). A fused
+# kernel's *effective bandwidth* is the bytes it must move (2·M·N·4: read `x`, write `y`) over its time.
+# This machine is shared, so the bandwidth moves from minute to minute; `R.stream_fraction` therefore
+# times the same copy and add *interleaved with the kernel*, and reports the kernel's GB/s as a fraction
+# of the bandwidth measured in the same rounds.
+#
+# **Predict**: what fraction of the streaming bandwidth will the fused kernel reach? How much faster
+# than the five-op graph, given the 4× in bytes? And against onnxruntime's hand-written `Softmax`?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+cal = calibrate.calibrate()
+limit = cal.stream_gbs
+moved = 2 * x.nbytes
+out = np.empty_like(x)
+runs = {
+    "five-op graph (onnxruntime)": timing.compare(lambda: ort_five.run(["y"], {"x": x}), lambda: softmax(x, out=out),
+                                                  label_a="five ops", label_b="fused", min_time=1.5),
+    "onnxruntime Softmax": timing.compare(lambda: ort_softmax.run(["y"], {"x": x}), lambda: softmax(x, out=out),
+                                          label_a="ORT Softmax", label_b="fused", min_time=1.5),
+}
+print(f"streaming bandwidth, one thread: {limit:.1f} GB/s (copy {cal.copy_gbs:.1f}, add {cal.add_gbs:.1f})")
+fractions = {}
+for name, fn in (("fused kernel", lambda: softmax(x, out=out)), ("onnxruntime Softmax", lambda: ort_softmax.run(["y"], {"x": x}))):
+    f = fractions["softmax", name] = R.stream_fraction(fn, moved)
+    print(f"{name:<20} {f.kernel_gbs:5.1f} GB/s = {f.fraction:.0%} of streaming, timed in the same rounds "
+          f"({f.stream_gbs:.1f} GB/s then)")
+
+
+def bandwidth_table(runs: dict) -> str:
+    """A row per baseline: its median and GB/s, the fused kernel's, the paired speed-up of the fused kernel."""
+    rows = []
+    for name, c in runs.items():
+        gbs_a, gbs_b = moved / c.a.median / 1e9, moved / c.b.median / 1e9
+        rows.append([name, timing.format_seconds(c.a.median), f"{gbs_a:.1f} ({gbs_a / limit:.0%})",
+                     timing.format_seconds(c.b.median), f"{gbs_b:.1f} ({gbs_b / limit:.0%})",
+                     f"{c.speedup:.2f}x", f"{c.ci_low:.2f}-{c.ci_high:.2f}"])
+    return (f"GB/s = bytes moved / median time (in brackets: share of the {limit:.1f} GB/s streaming bandwidth)\n"
+            + "\n".join(text_table(["baseline", "median", "GB/s", "fused", "GB/s", "speed-up", "95% CI"], rows)))
+
+
+print(bandwidth_table(runs))
+
+# %%
+fig, ax = plt.subplots(figsize=(6.5, 3.2))
+names = ["five-op graph", "ORT Softmax", "fused kernel"]
+vals = [moved / runs["five-op graph (onnxruntime)"].a.median / 1e9, moved / runs["onnxruntime Softmax"].a.median / 1e9,
+        moved / runs["onnxruntime Softmax"].b.median / 1e9]
+ax.barh(names, vals, color=["#bbb", "#8ab", "#2a7"])
+ax.axvline(limit, color="k", ls="--", label=f"streaming bandwidth {limit:.0f} GB/s")
+ax.axvline(0.7 * limit, color="k", ls=":", label="70% of it")
+ax.set_xlabel("effective GB/s (2·M·N·4 bytes / time)")
+ax.set_title(f"Softmax {M}x{N} fp32, one thread")
+ax.legend(loc="lower right", fontsize=8)
+fig.tight_layout()
+
+# %% [markdown]
+# How to read it. The five-op graph pays for its extra traffic: its two full-size intermediates (the
+# shifted logits and their exponentials, 64 MiB each) are written and read back, and the output is
+# written by a separate `Div`; so the fused kernel should beat it, by the full 4× of the bytes ratio only
+# if the kernel itself runs at the bandwidth limit (the table says by how much it did). Against onnxruntime's `Softmax`, which is already one
+# kernel, the comparison is kernel against kernel: both move the same bytes, so what separates them
+# is how close each gets to the limit. Our kernel's three passes over a cached row cost arithmetic
+# (the exp polynomial is about 20 operations per element), and on one shared core that can make it
+# **compute-bound** below the bandwidth line. Where onnxruntime's kernel is faster, it is not because it
+# moves fewer bytes (it moves the same): the difference is in how each computes (MLAS's softmax computes its
+# exponentials in hand-written AVX2 / AVX-512 kernels), and this notebook does not count instructions. `benchmarks/bench_reductions.py` records the fraction of the bandwidth reached
+# against the target it sets (`benchmarks/results/reductions.md`), and says so when it misses.
+#
+# ## 5. LayerNorm: the same story with two reductions
+#
+# The exported LayerNorm is nine ops: mean, subtract, square, mean again, add ε, square root, divide,
+# scale, shift. **Predict** its traffic against one fused kernel before running the cell.
+
+# %%
+ln_traffic = R.traffic(R.layernorm_model(M, N))
+print(ln_traffic.table())
+
+# %% [markdown]
+# Six full passes against one: a 6× gap. To fuse it, mean and variance should come from one pass over
+# the row. There are two one-pass forms. **Two-moment** keeps Σx and Σx² and takes E[x²] − E[x]²;
+# **Welford** (here Chan's blockwise form) keeps the mean and the sum of squared deviations and updates
+# both per block. They agree on centred data, and part ways when the mean is large against the spread:
+# E[x²] and E[x]² are then two huge, nearly equal numbers and their difference loses most of its digits.
+
+# %%
+print(inspect.getsource(R.welford))
+gamma = np.ones(1000, np.float32)
+beta = np.zeros(1000, np.float32)
+for offset in (0.0, 1000.0):
+    xo = x_small + np.float32(offset)
+    exact = R.layernorm_reference(xo, gamma, beta)
+    err_w = np.abs(R.layernorm_loop(xo, gamma, beta, moments=R.welford) - exact).max()
+    err_t = np.abs(R.layernorm_loop(xo, gamma, beta, moments=R.two_moment) - exact).max()
+    print(f"rows offset by {offset:>6}, within 1e-4: Welford {err_w < 1e-4}, two-moment {err_t < 1e-4}"
+          f" (two-moment error {'>' if err_t > 100 * err_w else '<='} 100x Welford's)")
+
+# %% [markdown]
+# On this CPU, as for softmax, the row sits in L1 after its first pass, so the fused kernel can compute
+# the variance *exactly* around the mean (a second, cached pass) instead of relying on either formula;
+# one read of the row from memory, one write. Welford's merge is what a kernel uses when the row is
+# split across tiles that never coexist on chip (a long row on an Ascend core's 192 KiB UB, say).
+
+# %%
+layernorm = R.layernorm_kernel()
+print(layernorm.source)
+ln_model = R.layernorm_model(M, N, decomposed=False)
+ln_params = {t.name: numpy_helper.to_array(t) for t in ln_model.graph.initializer}
+ort_ln = runtime.session(ln_model, "disable", 1)
+ort_nine = runtime.session(R.layernorm_model(M, N), "disable", 1)
+x_ln = (rng.standard_normal((M, N)) + 3.0).astype(np.float32)
+y_ln = layernorm(x_ln, ln_params["gamma"], ln_params["beta"])
+print("fused vs onnxruntime LayerNormalization:", np.allclose(y_ln, ort_ln.run(["y"], {"x": x_ln})[0], rtol=1e-4, atol=1e-5))
+print("fused vs the nine-op graph:             ", np.allclose(y_ln, ort_nine.run(["y"], {"x": x_ln})[0], rtol=1e-4, atol=1e-5))
+
+# %% [markdown]
+# **Predict**: LayerNorm does no transcendental per element, only adds and multiplies. Closer to the
+# bandwidth line than the softmax, or not?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ln_out = np.empty_like(x_ln)
+g, b = ln_params["gamma"], ln_params["beta"]
+ln_runs = {
+    "nine-op graph (onnxruntime)": timing.compare(lambda: ort_nine.run(["y"], {"x": x_ln}), lambda: layernorm(x_ln, g, b, out=ln_out),
+                                                  label_a="nine ops", label_b="fused", min_time=1.5),
+    "onnxruntime LayerNormalization": timing.compare(lambda: ort_ln.run(["y"], {"x": x_ln}), lambda: layernorm(x_ln, g, b, out=ln_out),
+                                                     label_a="ORT LayerNorm", label_b="fused", min_time=1.5),
+}
+for name, fn in (("fused kernel", lambda: layernorm(x_ln, g, b, out=ln_out)),
+                 ("onnxruntime LayerNorm", lambda: ort_ln.run(["y"], {"x": x_ln}))):
+    f = fractions["layernorm", name] = R.stream_fraction(fn, moved)
+    print(f"{name:<22} {f.kernel_gbs:5.1f} GB/s = {f.fraction:.0%} of streaming, timed in the same rounds "
+          f"({f.stream_gbs:.1f} GB/s then)")
+print(bandwidth_table(ln_runs))
+# the prediction's question, asked directly: both kernels move the same 2·M·N·4 bytes, so the ratio of their
+# times, interleaved in the same rounds, is the ratio of their GB/s
+ln_vs_sm = {
+    "fused": timing.compare(lambda: softmax(x, out=out), lambda: layernorm(x_ln, g, b, out=ln_out),
+                            label_a="fused softmax", label_b="fused LayerNorm", min_time=1.0),
+    "onnxruntime": timing.compare(lambda: ort_softmax.run(["y"], {"x": x}), lambda: ort_ln.run(["y"], {"x": x_ln}),
+                                  label_a="ORT Softmax", label_b="ORT LayerNorm", min_time=1.0),
+}
+print(timing.comparisons_table(ln_vs_sm, header=("", "softmax", "LayerNorm", "softmax/LN", "95% CI", "verdict")))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+def closer(c) -> str:
+    word = timing.ratio_verdict(c.ci_low, c.ci_high)
+    what = {"faster": "closer to the bandwidth line than", "slower": "further from the bandwidth line than",
+            "no clear difference": "not clearly closer to the bandwidth line than"}[word]
+    return f"the {c.label_b} is {what} the {c.label_a} ({c.speedup:.2f}×, {c.ci_low:.2f}–{c.ci_high:.2f}, time of softmax over LayerNorm)"
+
+
+words = {k: timing.ratio_verdict(c.ci_low, c.ci_high) for k, c in ln_vs_sm.items()}
+first = closer(ln_vs_sm["fused"])
+text = f"**The answer in this run.** {first[0].upper() + first[1:]}; {closer(ln_vs_sm['onnxruntime'])}. "
+if words["fused"] == words["onnxruntime"] == "faster":
+    text += ("Both pairs agree with the prediction: without a transcendental per element, each LayerNorm gets "
+             "closer to the limit than the softmax of the same implementation.")
+elif words["fused"] == "faster":
+    text += ("The prediction holds for the two kernels generated here, which differ mainly by the softmax's exp "
+             "polynomial, but not for onnxruntime's pair: the absence of a transcendental does not decide it on its "
+             "own. How many passes a kernel makes over a row and how each vectorises count as much, and this "
+             "notebook does not count instructions.")
+else:
+    text += ("So the absence of a transcendental does not decide it on its own: how many passes a kernel makes over "
+             "a row and how each vectorises count as much, and this notebook does not count instructions.")
+display(Markdown(text))
+
+# %% [markdown]
+# ## 6. Attention: an O(N²) intermediate
+#
+# Scaled dot-product attention for one head is `softmax(Q Kᵀ / √d) V`, with Q, K, V of N × d. The
+# product `Q Kᵀ` is N × N: it grows with the *square* of the sequence length while the inputs and the
+# output grow linearly. Exported, attention is MatMul, Mul (the scale), Softmax, MatMul, and the N × N
+# scores are written and read back three times. For 12 heads of a 4096-token sequence that is
+# 12 × 4096² × 4 bytes = 768 MiB per intermediate:
+
+# %%
+print(f"{'seq':>6} {'Q, K, V, O (one head, d=64)':>28} {'scores (one head)':>18} {'scores, 12 heads':>17}")
+for seq in (128, 512, 1024, 2048, 4096, 8192):
+    qkvo = 4 * seq * 64 * 4
+    print(f"{seq:>6} {qkvo / 2**20:>24.2f} MiB {seq * seq * 4 / 2**20:>14.1f} MiB {12 * seq * seq * 4 / 2**20:>13.0f} MiB")
+
+# %% [markdown]
+# **FlashAttention** (Dao et al., 2022) never builds the scores. It takes a tile of queries, streams the
+# keys and values past it in tiles, and for each tile of scores does an online-softmax step: raise the
+# running max, rescale the running sum *and the output accumulator* by `exp(m_old − m_new)`, add the new
+# tile's contribution. Only a (block_q × block_k) tile of scores exists at any time:
+
+# %%
+print(inspect.getsource(R.flash_attention))
+
+# %% [markdown]
+# Verified against the unfused computation (which builds the full N × N matrix), for tiles that do
+# and do not divide the sequence length:
+
+# %%
+q, k, v = (rng.standard_normal((300, 64)).astype(np.float32) for _ in range(3))
+exact = R.attention_reference(q, k, v)
+for bq, bk in ((64, 64), (32, 100), (300, 16)):
+    err = np.abs(R.flash_attention(q, k, v, bq, bk) - exact).max()
+    print(f"tiles {bq:>3} x {bk:>3}: max |flash - unfused| below 1e-5: {err < 1e-5}")
+
+# %% [markdown]
+# **Bytes against sequence length.** Unfused, one head moves the inputs, plus the scores six times
+# (written by the MatMul, read and written by the scale and by the softmax, read by the second MatMul).
+# Tiled, Q is read and O written once, and K and V once per query tile; the tile is as large as the
+# fast memory allows (here 1 MiB, the model's `on_chip_bytes`: the order of one core's L2 cache). Both
+# still grow as N² (K and V are re-read N / block times), but the tiled kernel's constant is far smaller, and it never *holds* an
+# N × N tensor: its memory footprint stays linear in N. (A model of traffic to memory: on a CPU, small
+# score matrices stay in the cache, so the unfused graph's real traffic is lower at short lengths.)
+
+# %%
+seqs = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+ab = [R.attention_bytes(s, 64) for s in seqs]
+print(f"{'seq':>6} {'unfused MiB':>12} {'tiled MiB':>10} {'ratio':>6} {'tile':>5}")
+for a in ab:
+    print(f"{a.seq:>6} {a.unfused / 2**20:>12.1f} {a.flash / 2**20:>10.1f} {a.unfused / a.flash:>6.1f} {a.block_q:>5}")
+fig, ax = plt.subplots(figsize=(6.5, 3.4))
+ax.loglog(seqs, [a.unfused / 2**20 for a in ab], "o-", label="unfused: MatMul, Mul, Softmax, MatMul")
+ax.loglog(seqs, [a.flash / 2**20 for a in ab], "s-", label="tiled (FlashAttention), 1 MiB on chip")
+ax.loglog(seqs, [4 * s * 64 * 4 / 2**20 for s in seqs], ":", color="gray", label="Q, K, V read + O written once")
+ax.set_xlabel("sequence length N")
+ax.set_ylabel("MiB moved, one head, d = 64")
+ax.legend(fontsize=8)
+ax.set_title("Attention traffic (modelled)")
+fig.tight_layout()
+
+# %% [markdown]
+# **onnxruntime's fused attention on this CPU.** onnxruntime has a `com.microsoft.MultiHeadAttention`
+# kernel (and `Attention`, which also takes the Q/K/V projection weights; its graph optimiser fuses
+# exported BERT attention into it). Its CPU implementation includes MLAS's flash-attention kernel, which
+# sizes its tiles by the L2 cache; setting `ORT_DISABLE_FLASH_ATTENTION=1` before the session is
+# created turns that path off. We build the decomposed graph with `fusionlab.build` (reshape and
+# transpose to heads, MatMul, Mul, Softmax, MatMul, back) and the one-node MHA graph, check they agree,
+# and time them interleaved, one thread, 4 heads of 64.
+#
+# **Predict**: the bytes model (§6's table) says a 4–14× traffic reduction at the lengths timed below. Will
+# the fused kernel be that much faster? Where might it lose?
+
+# %%
+B, H, D = 1, 4, 64
+feeds_small = {n: rng.standard_normal((B, 32, H * D)).astype(np.float32) for n in "qkv"}
+y_dec = runtime.run(R.attention_model(B, 32, H, D), feeds_small)["y"]
+y_mha = runtime.session(R.mha_model(B, 32, H, D), "all", 1).run(None, feeds_small)[0]
+print("MultiHeadAttention vs decomposed graph within fp32 tolerance:", np.allclose(y_mha, y_dec, rtol=1e-4, atol=1e-5))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"{'seq':>5} {'decomposed':>11} {'MHA':>9} {'no flash':>9}   {'MHA / decomposed':>20}   "
+      f"{'no flash / decomposed':>21}")
+mha_runs = {}
+for seq in (16, 128, 512, 1024, 2048):
+    feeds = {n: rng.standard_normal((B, seq, H * D)).astype(np.float32) for n in "qkv"}
+    dec = runtime.session(R.attention_model(B, seq, H, D), "all", 1)
+    mha = runtime.session(R.mha_model(B, seq, H, D), "all", 1)
+    os.environ["ORT_DISABLE_FLASH_ATTENTION"] = "1"
+    mha_plain = runtime.session(R.mha_model(B, seq, H, D), "all", 1)
+    del os.environ["ORT_DISABLE_FLASH_ATTENTION"]
+    t = timing.interleaved({"decomposed": lambda: dec.run(None, feeds), "MHA": lambda: mha.run(None, feeds),
+                            "no flash": lambda: mha_plain.run(None, feeds)}, min_time=0.6 if seq <= 512 else 1.5)
+    pair = lambda a, b: timing.Comparison.from_samples(t[a], t[b], label_a=a, label_b=b)  # noqa: E731
+    mha_runs[seq] = {"mha": pair("decomposed", "MHA"), "plain": pair("decomposed", "no flash"),
+                     "flash": timing.Comparison.from_samples(t["no flash"], t["MHA"], label_a="no flash",
+                                                             label_b="flash")}
+    c, p = mha_runs[seq]["mha"], mha_runs[seq]["plain"]
+    print(f"{seq:>5} {timing.format_seconds(c.a.median):>11} {timing.format_seconds(c.b.median):>9} "
+          f"{timing.format_seconds(p.b.median):>9}   {c.speedup:>7.2f}x ({c.ci_low:.2f}-{c.ci_high:.2f})   "
+          f"{p.speedup:>8.2f}x ({p.ci_low:.2f}-{p.ci_high:.2f})")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+def by_verdict(key: str) -> str:
+    """'B faster at 16, 128; no clear difference at 512' from the comparisons of one column."""
+    groups: dict[str, list[str]] = {}
+    for seq, runs in mha_runs.items():
+        c = runs[key]
+        groups.setdefault(c.verdict(brief=True), []).append(f"{seq} ({c.speedup:.2f}×, {c.ci_low:.2f}–{c.ci_high:.2f})")
+    return "; ".join(f"{v} at N = {', '.join(seqs)}" for v, seqs in groups.items())
+
+
+display(Markdown(
+    f"**What this run shows** (ratios are time of the first over time of the second, 95% CI in brackets). "
+    f"Fused MHA against the decomposed graph: {by_verdict('mha')}. With the flash path off, MHA against the "
+    f"decomposed graph: {by_verdict('plain')}. The flash path against the same kernel without it: "
+    f"{by_verdict('flash')}."))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from fusionlab.compilers import ort as ort_count
+
+scores_1024 = 1024 * 1024 * 4
+l3 = cal.l3_kb * 1024
+model_ratios = {a.seq: a.unfused / a.flash for a in ab}
+paired = [seq for seq in mha_runs if seq in model_ratios]  # lengths both timed and in the traffic table
+display(Markdown(
+    f"Read these with the bytes model in mind. For one head of d = 64 the two MatMuls do 4·N²·d FLOPs while the "
+    f"softmax and scale move 4 bytes per score several times: at N = 1024 the score matrix of one head is "
+    f"{scores_1024 / 2**20:.0f} MiB, and the {H} heads' {H * scores_1024 / 2**20:.0f} MiB "
+    + (f"fit in this machine's {l3 / 2**20:.0f} MiB L3, so the \"memory traffic\" the fused kernel saves is mostly "
+       f"cache traffic, and the MatMuls (the same in both) dominate. " if H * scores_1024 <= l3 else
+       f"exceed this machine's {l3 / 2**20:.0f} MiB L3. ")
+    + f"At N = 16 the decomposed graph runs {ort_count.kernel_count(R.attention_model(B, 16, H, D), 'all')} tiny "
+    f"kernels at level ALL, and what the fused kernel saves there is their per-kernel cost. At the lengths the "
+    f"traffic model covers (§6's table) the fused kernel measured "
+    + "; ".join(f"N = {seq}: {mha_runs[seq]['mha'].speedup:.2f}× ({mha_runs[seq]['mha'].ci_low:.2f}–"
+                f"{mha_runs[seq]['mha'].ci_high:.2f}) against the model's {model_ratios[seq]:.1f}×" for seq in paired)
+    + (", each far below it" if all(mha_runs[seq]["mha"].ci_high < 0.5 * model_ratios[seq] for seq in paired)
+       else ", below it" if all(mha_runs[seq]["mha"].ci_high < model_ratios[seq] for seq in paired) else "")
+    + f": that model assumes every intermediate goes to DRAM. The third comparison "
+    f"separates the two things a fused kernel does: the no-flash MHA still does all heads in one kernel, so what "
+    f"the flash path adds over it is the tiling. The benchmark (`benchmarks/bench_reductions.py`) repeats the "
+    f"first comparison with longer runs and records it in `benchmarks/results/reductions.md`."))
+
+# %% [markdown]
+# ## 7. The same kernel on an Ascend AI core (modelled)
+#
+# CANN ships attention as fused operators (`cann_facts.md` §8.B, from the torch_npu and op-plugin
+# documentation): `FlashAttentionScore` (`npu_fusion_attention`, for training on the Atlas A2/A3 series,
+# not the 310P; layouts BSH, SBH, BSND and BNSD, with `head_num`; it also returns the softmax max and sum for
+# the backward pass), and for inference `PromptFlashAttention` (prefill; on the 310P cards fp16 only, with
+# further restrictions) and `FusedInferAttentionScore` (Atlas A2/A3). The seed names none of them.
+#
+# On an AI core the tile is decided by the on-chip buffers. Q·Kᵀ runs on the cube unit, whose operands
+# come from L1 (MTE1 moves L1 → L0A/L0B, `cann_facts.md` §3.1); the softmax runs on the vector unit, in the
+# Unified Buffer. On the 310P3 (300I Pro and Duo) both units sit in one AI core: 8 AI cores of combined cube
+# and vector units, plus 7 standalone vector cores (`cann_facts.md` §3.3). How the 910's cores are laid out
+# is not in our references (unverified). On the 910B the units are separate cores: the 910B4 has 20 cube
+# cores (AIC), each with its L1, and 40 vector cores (AIV), each with its own UB (`cann_facts.md` §3.3); a
+# tile of scores leaves the cube's L0C through the FixPipe (L0C → GM or L1 on A2, `cann_facts.md` §3.1) and a
+# vector core reads it from global memory into its UB (traffic the chip's 192 MB L2, `cann_facts.md` §3.3,
+# can keep off HBM). The model below applies one budget to every
+# chip, the cube's tiles in one L1 and the softmax's in one UB, and does not count that hand-over. A square tile of b queries
+# by b keys (multiples of 16, the cube's fractal size) needs in L1 the fp16 Q tile and double-buffered
+# K and V tiles, and in UB the fp32 scores, the fp16 probabilities, the fp32 output accumulator and
+# the running max and sum. `R.ascend_flash_tile` takes the largest b that fits the L1 and UB sizes of
+# `data/devices.json`, then predicts one head's traffic and time with the roofline
+# (bytes / bandwidth against FLOPs / fp16 peak) for one whole chip: the 300I Duo is two 310P3 chips, and one
+# head runs on one of them, at half the card's bandwidth. **These are predictions of a model
+# from published specifications, not measurements**; a real kernel also splits heads over cores and
+# pipelines the cube and vector units.
+
+# %%
+seq_a, d_a = 4096, 128
+print(f"one head, N = {seq_a}, d = {d_a}, fp16 (modelled)")
+rows = []
+for name in devices.load_devices():
+    dev = devices.get(name)
+    t = R.ascend_flash_tile(name, seq_a, d_a)
+    rows.append([t.device, f"{dev.ub_kb:g}", f"{dev.l1_kb:g}", str(t.block_q), f"{t.l1_bytes / 1024:.0f} K",
+                 f"{t.ub_bytes / 1024:.0f} K", f"{t.hbm_bytes / 2**20:.1f}", f"{t.unfused_bytes / 2**20:.1f}",
+                 f"{t.time_us:.0f} µs", f"{t.unfused_time_us:.0f} µs"])
+print("\n".join(text_table(["device", "UB KiB", "L1 KiB", "tile", "L1 used", "UB used", "HBM MiB tiled",
+                            "HBM MiB unfused", "time tiled", "time unfused"], rows)))
+
+# %% [markdown]
+
+# %%
+tiles_a = {name: R.ascend_flash_tile(name, seq_a, d_a) for name in devices.load_devices()}
+pro, a2 = tiles_a["Atlas 300I Pro"], tiles_a["Atlas 800I A2 (Ascend 910B)"]
+dev_a2 = devices.get(a2.device)
+flops_a = 4 * seq_a * seq_a * d_a
+bound = {n: ("memory" if t.hbm_bytes / devices.get(n).chip_bandwidth > flops_a / devices.get(n).chip_peak_flops("float16")
+             else "compute") for n, t in tiles_a.items()}
+gains = [t.unfused_bytes / t.hbm_bytes for t in tiles_a.values()]
+kv = 2 * seq_a * d_a * 2  # one head's K and V, fp16
+once = 4 * seq_a * d_a * 2  # Q, K, V read and O written once
+L2_910B_MB = 192  # cann_facts.md §3.3 (catlass arch.hpp L2CacheByte, Ascend910B1.ini l2_size)
+all_memory = all(b == "memory" for b in bound.values())
+display(Markdown(
+    f"The 910B's smaller UB ({dev_a2.ub_kb:g} KiB against {devices.get(pro.device).ub_kb:g} KiB on the 310P3) "
+    f"forces a smaller tile ({a2.block_q} against {pro.block_q}), so K and V are re-read more often "
+    f"({a2.hbm_bytes / 2**20:.0f} against {pro.hbm_bytes / 2**20:.0f} MiB); its higher bandwidth "
+    f"({dev_a2.mem_bandwidth_gbs:g} GB/s) more than makes up for it. At this length the model finds "
+    + ("every preset memory-bound both ways" if all_memory else
+       "these presets memory-bound: " + ", ".join(n for n, b in bound.items() if b == "memory"))
+    + f" (the cube would finish the {flops_a / 1e9:.1f} GFLOP of one head sooner than the bytes arrive), so the "
+    f"predicted gain is the bytes ratio, {min(gains):.1f}-{max(gains):.1f}×: traffic, not the launches saved, is "
+    f"what FlashAttention buys. The Duo's row is the 300I Pro's within "
+    f"{abs(tiles_a['Atlas 300I Duo'].time_us / pro.time_us - 1):.1%}: one head uses one of its two chips.\n\n"
+    f"The model leaves out two things on the 910B, and they pull in opposite directions. One head's K and V are {kv / 2**20:.0f} MiB, "
+    f"against an L2 of {L2_910B_MB} MB: the re-reads of K and V could be served from L2, so "
+    f"{a2.hbm_bytes / 2**20:.0f} MiB is an upper bound on HBM traffic, and {once / 2**20:.0f} MiB (each of Q, K, V "
+    f"read once, O written once) the lower one. And the score tiles' trips from the cube cores to the vector "
+    f"cores through global memory are not counted at all."))
+
+# %% [markdown]
+# ## Summary
+#
+# * Count bytes first: an exported softmax moves 4× what one kernel must, an exported LayerNorm 6×; one-pass forms
+#   (the online softmax, Welford's update) make the fusion possible.
+# * A generated fused kernel is checked against onnxruntime and judged by its GB/s against the measured bandwidth:
+#   the bytes ratio is the ceiling, vectorisation decides how close it gets.
+# * FlashAttention tiles the keys and never writes the N × N scores; on this CPU onnxruntime's fused kernel gains far
+#   less than the bytes ratio, and on Ascend (`FlashAttentionScore`) the gain is modelled, not measured.
+
+# %% [markdown]
+# ## Exercises
+#
+# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong. The notebook is stored unanswered; a reference answer is in the repository's
+# `solutions/` folder, outside the notebooks (try first).
+#
+# **Exercise 1: write the online-softmax update.** Write one key block's step of §6's loop as a function,
+# `update(m, l, acc, scores, v) -> (m, l, acc)`, for a tile of query rows: `m` (rows × 1) is the running max of
+# the scores seen so far, `l` (rows × 1) the running sum of `exp(score - m)`, `acc` (rows × d) the running sum of
+# `exp(score - m) · v`; `scores` (rows × block) are this block's scores, already scaled and masked (a masked score
+# is `-inf`), and `v` (block × d) its values. The checker starts every row at `m = -inf`, `l = 0`, `acc = 0`,
+# calls your `update` once per key block and compares `acc / l` with a float64 `softmax(scores) @ v`, at float32
+# tolerances. Its cases include a single block, a block size that does not divide the number of keys, a max that
+# rises block by block, blocks masked to `-inf` (the first one too: what is `exp(-inf - (-inf))`?) and logits
+# around `1e4`.
+
+# %%
+def update(m, l, acc, scores, v):
+    """The running (max, sum, accumulator) after one more key block."""
+    ...  # your code here
+
+
+# %%
+exercises.softmax.check(update)
+
+# %% [markdown]
+# Further, unchecked: change `N` (the row length) in section 1 to 256 or 16384 (when does the row stop fitting
+# in L1, and what happens to the fused kernel's GB/s?); set `LANES = 1` (`R.softmax_kernel(lanes=1)`) and time it,
+# the row max no longer vectorises; in section 7, try `R.ascend_flash_tile("Atlas 800I A2", 4096, 256)`.

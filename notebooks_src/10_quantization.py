@@ -1,0 +1,516 @@
+# %% [markdown]
+# # 10 · Quantization meets fusion: int8 on a CPU, and on Ascend by analogy
+#
+# **What you will be able to do after this notebook**
+#
+# - compute an int8 scale and zero point by hand, and check your numbers against onnxruntime's own
+#   `QuantizeLinear` / `DequantizeLinear` kernels;
+# - explain why a BatchNormalization must be folded into its convolution *before* quantizing, and show on a
+#   measured example what goes wrong when it is not;
+# - quantize a small CNN and a small BERT with onnxruntime's own static quantizer (`quantize_static`, QDQ format,
+#   calibration data made here), and read what onnxruntime's optimiser fuses the QDQ pairs into: `QLinearConv`,
+#   `QLinearMatMul`, `MatMulIntegerToFloat`, `QLinearAdd`;
+# - judge an int8 model against float32 (accuracy, and speed measured on this CPU with intervals);
+# - say where fusion and quantization get in each other's way: per-channel scales under a fold, and a residual
+#   `Add` of two differently scaled tensors;
+# - map all of it onto CANN's AMCT quantizer and ATC's requant / dequant fusion passes.
+#
+# You know Conv+BN folding (notebook 02) and vertical fusion (notebook 03). Everything marked *measured* runs on
+# this machine's CPU with onnxruntime; we have no Ascend hardware, and every Ascend statement below is cited from
+# the project's CANN notes (`shared/reference/cann_facts.md`), not measured.
+
+# %%
+import numpy as np
+import onnx
+
+import fusionlab
+from fusionlab import timing, zoo
+from fusionlab.lessons import quantization as quant
+from fusionlab.passes import fuse
+from fusionlab.text import text_table, wrap
+from fusionlab.verification import runtime
+from IPython.display import Markdown, display
+
+np.set_printoptions(precision=4, suppress=True)
+
+
+def as_proto(model):
+    """A fusionlab Graph (what `fuse` returns) as a plain ModelProto."""
+    return onnx.load_model_from_string(runtime.model_bytes(model))
+
+
+# %% [markdown]
+# ## 1. The bytes: what an int8 tensor is
+#
+# An int8 tensor is a float tensor stored as small integers plus a rule to get the floats back. Each tensor
+# (or each output channel of a weight) gets two numbers, a **scale** `s` and a **zero point** `z`:
+#
+# - quantize: `q = saturate(round(x / s) + z)` (round half to even; saturate to the type's range);
+# - dequantize: `x' = (q − z) · s`.
+#
+# We ask onnxruntime's quantizer, as its documentation recommends for x86, to store **activations as uint8**
+# (`activation_type=QUInt8`; its default is int8) with a zero point (asymmetric: the calibrated range `[lo, hi]`, widened to contain 0, maps onto 0..255) and **weights as
+# int8** symmetric (zero point 0, range −127..127). For uint8, `s = (hi − lo) / 255` and `z = round(−lo / s)`.
+#
+# **Predict:** an activation was calibrated to the range `[−1, 2]`. What are `s` and `z`? What integer does 0.31
+# become, and what does it come back as? And 2.5, outside the range?
+
+# %%
+x = np.array([-1.0, 0.0, 0.31, 0.52, 2.0, 2.5], np.float32)
+s, z = quant.qparams(-1.0, 2.0, "uint8")
+q = quant.quantize_array(x, s, z, "uint8")
+back = quant.dequantize_array(q, s, z)
+q_ort, back_ort = quant.run_qdq(x, s, z, "uint8")
+print(f"scale s = 3 / 255 = {s:.6f}, zero point z = round(1 / s) = {z}")
+print("\n".join(text_table(["x", "x / s + z", "q (uint8)", "(q - z) * s", "error"],
+                           [[f"{a:.2f}", f"{a / s + z:.2f}", str(b), f"{c:.4f}", f"{c - a:+.4f}"]
+                            for a, b, c in zip(x, q, back)])))
+print("onnxruntime's QuantizeLinear gives the same integers:", np.array_equal(q, q_ort),
+      "| its DequantizeLinear the same floats:", np.array_equal(back, back_ort))
+
+# %% [markdown]
+# Zero comes back exactly (that is what the zero point is for: padding and Relu's zeros stay zeros); 0.31 lands
+# on the nearest step of `s`; 2.5 saturates at 255 and comes back as 2.0. The error inside the range is at most
+# half a step, `s / 2`.
+#
+# What int8 buys is bytes: a weight tensor shrinks four times, plus its scales. The first convolution of the CNN
+# used below:
+
+# %%
+cnn = zoo.resnet_small(image_size=64, width=32, batch=4)
+w = quant.weight_of(cnn, "/conv1/Conv")
+per_tensor = w.size * 1 + 4
+per_channel = w.size * 1 + 4 * w.shape[0]
+print(f"conv1 weight {tuple(w.shape)}: {w.size} values")
+print(f"  float32: {w.nbytes} bytes; int8 + one scale: {per_tensor} bytes")
+print(f"  int8 + {w.shape[0]} scales (one per output channel): {per_channel} bytes ({w.nbytes / per_channel:.2f}x "
+      f"smaller than float32)")
+
+# %% [markdown]
+# **Inside an int8 kernel.** What a fused `QLinearMatMul` (or `QLinearConv`) does with those integers: multiply
+# `q_x − z_x` by the int8 weights and sum in **int32** (VNNI's `vpdpbusd` multiplies the raw uint8 `q_x` by the
+# int8 weights; the kernel then subtracts `z_x · Σ q_w`, a per-column constant computed once from the weights), then
+# apply one multiplier `M = s_x · s_w / s_y` and round onto the *output's* uint8 grid,
+# `q_y = saturate(round(M · acc) + z_y)`. That
+# last step is the **requantisation**: the float result never exists in memory. A 1×4 activation times a 4×2
+# weight, small enough to check by hand:
+#
+# **Predict:** the integer path rounds three times (the input, the weight, the output). How far will its answer
+# be from the float32 product `x @ w`?
+
+# %%
+xa = np.array([[0.52, -0.2, 1.3, 0.0]], np.float32)
+wa = np.array([[0.5, -0.25], [1.0, 0.1], [-0.4, 0.8], [0.3, -0.6]], np.float32)
+sx, zx = quant.qparams(-1.0, 2.0, "uint8")  # the activation's calibrated range, as above
+sw, _ = quant.qparams(wa.min(), wa.max(), "int8", symmetric=True)
+sy, zy = quant.qparams(-2.0, 2.0, "uint8")  # the output's calibrated range
+qx, qw = quant.quantize_array(xa, sx, zx, "uint8"), quant.quantize_array(wa, sw, 0, "int8")
+acc, m, qy = quant.qlinear_matmul(qx, sx, zx, qw, sw, sy, zy)
+print(f"q_x - z_x = {(qx.astype(int) - zx).tolist()},  q_w (columns) = {qw.T.tolist()},  s_w = {sw:.6f}")
+print(f"int32 accumulators: {acc.tolist()}; M = s_x * s_w / s_y = {m:.6f}; q_y = round(M * acc) + {zy} = "
+      f"{qy.tolist()}")
+print("back to float:", ", ".join(f"{v:.4f}" for v in quant.dequantize_array(qy, sy, zy).ravel()),
+      "| float32 x @ w:", ", ".join(f"{v:.4f}" for v in (xa @ wa).ravel()), f"| half an output step: {sy / 2:.4f}")
+qy_ort, ran = quant.run_qlinear_matmul(qx, sx, zx, qw, sw, sy, zy)
+print(f"onnxruntime, DQ, DQ -> MatMul -> Q at level ALL, ran {ran}: {qy_ort.tolist()}, the same: "
+      f"{np.array_equal(qy, qy_ort)}")
+
+# %% [markdown]
+# The int32 sum itself is exact; the error comes from the three roundings, and here it stays within about half a
+# step of the output grid. onnxruntime ran the four nodes as one kernel.
+#
+# ## 2. Why BatchNormalization must be folded before quantizing
+#
+# A BatchNormalization multiplies each channel `c` by its own factor `γ_c / √(var_c + ε)` and shifts it. In a
+# trained network those factors can differ a lot from channel to channel, because the channels coming *out of the
+# convolution* differ in scale and the BN exists to normalise them. Quantize the unfolded graph and the tensor
+# between Conv and BN, whose channels still differ in scale, gets **one** uint8 scale for all channels: channels
+# with a small range use only a few of the 256 levels. Fold first (notebook 02) and that tensor is gone: the
+# per-channel factor moves into the conv's **weights**, which can have one scale per output channel.
+#
+# `quant.bn_spread_layer(spread)` builds such a layer: Conv → BN → Relu → Conv, whose first conv's output channels
+# differ in scale by up to `spread`, and whose BN statistics are measured on data, as training leaves them:
+
+# %%
+layer = quant.bn_spread_layer(100.0)
+folded_layer = as_proto(fuse(layer, rules=("conv_bn",)).graph)
+print(fusionlab.verify(layer, folded_layer))
+bn = quant.bn_scales(layer)["/bn/BatchNormalization"]
+conv1 = next(n.name for n in folded_layer.graph.node if n.op_type == "Conv")
+raw, fold = quant.channel_ranges(quant.weight_of(layer, "/conv1/Conv")), quant.channel_ranges(
+    quant.weight_of(folded_layer, conv1))
+print(f"BN factor per channel: {bn.min():.3f} .. {bn.max():.3f} ({bn.max() / bn.min():.0f}x apart)")
+print(f"max |w| per output channel, unfolded conv: {raw.min():.3f} .. {raw.max():.3f} "
+      f"({raw.max() / raw.min():.0f}x apart)")
+print(f"max |w| per output channel, folded conv:   {fold.min():.3f} .. {fold.max():.3f} "
+      f"({fold.max() / fold.min():.1f}x apart)")
+
+# %% [markdown]
+# **Predict:** we quantize both graphs with onnxruntime's `quantize_static` (next section says how), weights per
+# tensor and per channel, and compare each with the float32 layer on test inputs. Which of the four is worst? Does
+# quantizing the unfolded conv's weights *per channel* rescue it? And what happens as the channels' spread grows?
+
+# %%
+shape = (4, 8, 16, 16)
+calib, test = quant.image_batches(8, shape, seed=1), quant.image_batches(8, shape, seed=2)
+rows = []
+for spread in (1.0, 10.0, 100.0, 1000.0):
+    m = quant.bn_spread_layer(spread)
+    f = as_proto(fuse(m, rules=("conv_bn",)).graph)
+    errs = [quant.accuracy(m, quant.quantize(g, calib, per_channel=pc), test).rel
+            for g in (m, f) for pc in (False, True)]
+    rows.append([f"{spread:g}"] + [f"{e:.3f}" for e in errs])
+print("relative error ||int8 - fp32|| / ||fp32|| of the layer's output, 8 test batches")
+print("\n".join(text_table(["spread", "unfolded, per tensor", "unfolded, per channel", "folded, per tensor",
+                            "folded, per channel"], rows)))
+
+# %% [markdown]
+# The folded layer's error does not depend on the spread; the unfolded one's grows with it, and per-channel weights
+# barely help, because the damage is done in the *activation* between Conv and BN, which is quantized per tensor.
+# What onnxruntime runs shows the second cost: it cannot fold a BN into a `QLinearConv` (the conv's weight is no
+# longer a float constant but the output of a `DequantizeLinear`), so the BN stays a float island, with
+# dequantizes before it (of its input, of its scale, stored as int8, and of its bias, stored as int32) and a
+# quantize after it. `quant.float_islands` lists the operators that read a dequantized tensor:
+
+# %%
+unfolded_q = quant.optimized(quant.quantize(layer, calib))
+folded_q = quant.optimized(quant.quantize(folded_layer, calib))
+print(wrap("unfolded, as onnxruntime runs it: " + " -> ".join(n.op_type for n in unfolded_q.graph.node)))
+print(wrap("folded, as onnxruntime runs it:   " + " -> ".join(n.op_type for n in folded_q.graph.node)))
+print("float islands, unfolded:", dict(quant.float_islands(unfolded_q)), "| folded:",
+      dict(quant.float_islands(folded_q)))
+
+# %% [markdown]
+# So fold first, then calibrate and quantize: the calibration must see the tensors the int8 kernels will
+# compute. The quantizer's own log recommends a pre-processing step, `quant_pre_process` (shape inference and
+# onnxruntime's optimiser); it folds the BN too:
+
+# %%
+print("after onnxruntime's quant_pre_process:", dict(quant.op_counts(quant.preprocess(layer))))
+
+# %% [markdown]
+# (CANN's AMCT does the fold itself, §8.)
+#
+# ## 3. onnxruntime's static quantizer on a CNN: QDQ pairs, then QLinearConv
+#
+# `quantize_static` needs the float model and a `CalibrationDataReader`, an object whose `get_next()` hands out
+# one feed dict at a time. It runs the model on them, records each activation's range (MinMax), and writes a
+# **QDQ** model: the same float operators, with a `QuantizeLinear → DequantizeLinear` pair on every tensor that
+# will be int8 and a `DequantizeLinear` on every int8 weight. The calibration images are made here (seeded,
+# smoothed noise); the test images are other draws from the same generator.
+#
+# The CNN is the zoo's `resnet_small` (ResNet-18's topology at width 32, 64×64 inputs, batch 4), with its 20 BNs
+# folded by fusionlab's `conv_bn` rule first, and checked.
+
+# %%
+cnn_folded = as_proto(fuse(cnn, rules=("conv_bn",)).graph)
+print(fusionlab.verify(cnn, cnn_folded))
+images = (4, 3, 64, 64)
+cnn_calib = quant.image_batches(8, images, seed=1)
+cnn_test = quant.image_batches(16, images, seed=2)
+reader = quant.FeedsReader(cnn_calib)
+print(f"{type(reader).__name__}: {len(reader.feeds)} calibration batches of {images}; first get_next() -> "
+      f"{ {k: v.shape for k, v in reader.get_next().items()} }")
+cnn_pt = quant.quantize(cnn_folded, cnn_calib, per_channel=False)
+cnn_pc = quant.quantize(cnn_folded, cnn_calib, per_channel=True)
+
+# %% [markdown]
+# `quant.optimized(model, level)` opens an onnxruntime session with `SessionOptions.optimized_model_filepath` set
+# and reads back the model onnxruntime wrote: what it really runs at that level.
+#
+# **Predict:** the folded CNN has 20 `Conv`, 8 residual `Add`, 17 `Relu`, one `MaxPool`, one
+# `GlobalAveragePool` and one `Gemm`. How many `QuantizeLinear` and `DequantizeLinear` nodes will the QDQ model
+# hold? And what will onnxruntime run in their place: at its BASIC level, at EXTENDED, and at ALL (the default)?
+
+# %%
+cols = {"float32": quant.op_counts(cnn_folded), "QDQ model": quant.op_counts(cnn_pc),
+        "QDQ at BASIC": quant.op_counts(quant.optimized(cnn_pc, "basic")),
+        "QDQ at EXTENDED": quant.op_counts(quant.optimized(cnn_pc, "extended")),
+        "QDQ at ALL": quant.op_counts(quant.optimized(cnn_pc, "all"))}
+print(quant.op_table(cols))
+qconv = next(n for n in quant.optimized(cnn_pc, "all").graph.node if n.op_type == "QLinearConv")
+print(f"a QLinearConv at ALL: domain {qconv.domain!r}, {len(qconv.input)} inputs, attributes "
+      f"{ {a.name: onnx.helper.get_attribute_value(a) for a in qconv.attribute if a.name == 'channels_last'} }")
+
+# %% [markdown]
+# Read the columns left to right:
+#
+# - the **QDQ model** still computes in float: every Conv reads dequantized inputs and weights; the `Relu`s are
+#   gone already, because a Relu followed by a uint8 quantize whose range starts at 0 is the quantize's own clamp
+#   (the quantizer drops it);
+# - at **BASIC** onnxruntime only prepares the pairs: no integer kernel yet, and even more `DequantizeLinear`s,
+#   because a dequantize read by two nodes is duplicated so that each node has its own (each
+#   `DQ → op → Q` group must be self-contained before it can be fused);
+# - at **ALL** each `DQ(x), DQ(w) → Conv → Q` became one **`QLinearConv`** (uint8 in, int8 weights, int32
+#   accumulation, the requantisation to the output's scale inside); each `DQ, DQ → Add → Q` a **`QLinearAdd`**;
+#   the pool and the classifier `QLinearGlobalAveragePool` and `QGemm`. What is left of the pairs is one
+#   `QuantizeLinear` at the input and one `DequantizeLinear` at the output. The integer fusions happen at
+#   **EXTENDED** already; ALL adds layout work: the int8 convolutions run channels-last (`com.microsoft`
+#   `QLinearConv` with `channels_last`, and `NhwcMaxPool`), so two `Transpose`s switch the layout once at the
+#   input and once at the output.
+#
+# ## 4. A transformer block: QLinearMatMul, MatMulIntegerToFloat, and the fusions QDQ blocks
+#
+# The zoo's BERT with two layers (hidden 128, two heads, sequence 32, batch 4). Three ways to quantize it: every
+# operator the quantizer knows; only the `MatMul`s; only the `MatMul`s and without a quantize on their outputs.
+#
+# **Predict:** onnxruntime fuses a float BERT's written-out LayerNorm and GELU into single kernels (notebook 04).
+# Will it still, once quantize/dequantize pairs sit between their ops?
+
+# %%
+bert = zoo.bert(layers=2, hidden=128, heads=2, intermediate=512, vocab=1000, batch=4, seq=32)
+bert_calib = quant.token_batches(8, 4, 32, 1000, seed=1)
+bert_test = quant.token_batches(16, 4, 32, 1000, seed=2)
+bert_all = quant.quantize(bert, bert_calib)
+bert_mm = quant.quantize(bert, bert_calib, op_types=["MatMul"])
+bert_mm_float_out = quant.quantize(bert, bert_calib, op_types=["MatMul"],
+                                   extra_options={"OpTypesToExcludeOutputQuantization": ["MatMul"]})
+cols = {"float32": quant.op_counts(quant.optimized(bert)), "all ops": quant.op_counts(quant.optimized(bert_all)),
+        "MatMul only": quant.op_counts(quant.optimized(bert_mm)),
+        "MatMul, float out": quant.op_counts(quant.optimized(bert_mm_float_out))}
+shown = ["MatMul", "QLinearMatMul", "MatMulIntegerToFloat", "QGemm", "Gemm", "FusedMatMul", "QLinearAdd",
+         "QLinearMul", "QLinearSoftmax", "Softmax", "LayerNormalization", "SkipLayerNormalization", "BiasGelu",
+         "Gelu", "ReduceMean", "Pow", "Sqrt", "Erf", "QuantizeLinear", "DequantizeLinear"]
+print("op types onnxruntime runs at level ALL (a selection; 'nodes' counts all of them)")
+print(quant.op_table(cols, [op for op in shown if any(c[op] for c in cols.values())]))
+for name, m in (("all ops", bert_all), ("MatMul only", bert_mm), ("MatMul, float out", bert_mm_float_out)):
+    print(f"float islands, {name}: {dict(quant.float_islands(quant.optimized(m)))}")
+
+# %% [markdown]
+# - *All ops*: every `MatMul` is a `QLinearMatMul`, every `Add` a `QLinearAdd`, but the LayerNorms and GELUs are
+#   still written out (`ReduceMean`, `Pow`, `Sqrt`, `Erf`): their float fusions look for a chain of float ops,
+#   and a Q/DQ pair between every two of them breaks the chain. Quantization blocked fusion.
+# - *MatMul only*: the `MatMul`s are `QLinearMatMul` (an output quantize follows, so the result is requantised to
+#   uint8 inside the kernel) and the float fusions all fire: `LayerNormalization`, `SkipLayerNormalization`,
+#   `BiasGelu`. Only the bias `Add`s after the projections stay apart, as float islands: the float32 model
+#   folds them into its `Gemm`s, a `QLinearMatMul` has no bias input.
+# - *MatMul, float out*: with no quantize after a MatMul, `DQ, DQ → MatMul` becomes **`MatMulIntegerToFloat`**
+#   (integer product, int32 accumulation, scaled back to float inside), or `QGemm` where the bias Add folded in.
+#   Not every time, though: the float islands show `Gemm`s reading two dequantizes. Their node names end in
+#   `MatMulAddFusion`: onnxruntime's float `MatMul + Add → Gemm` rewrite made them, and no integer rule turned
+#   them into `QGemm` afterwards, as one did for the others. They compute in float on weights dequantized at run
+#   time: two fusions met on the same nodes, and for these the float one was the last word.
+#
+# ## 5. Accuracy against float32
+#
+# Each int8 model against its float32 original (optimisations off) on the test inputs, which calibration never
+# saw: the largest absolute error, the relative error `‖int8 − fp32‖ / ‖fp32‖` over all outputs, and for the
+# classifier the share of inputs whose top-1 class agrees.
+#
+# **Predict:** the CNN quantized per channel or per tensor: which is more accurate, and by how much?
+
+# %%
+acc = {"CNN, weights per tensor": quant.accuracy(cnn, cnn_pt, cnn_test, classifier=True),
+       "CNN, weights per channel": quant.accuracy(cnn, cnn_pc, cnn_test, classifier=True),
+       "BERT, all ops": quant.accuracy(bert, bert_all, bert_test),
+       "BERT, MatMul only": quant.accuracy(bert, bert_mm, bert_test),
+       "BERT, MatMul, float out": quant.accuracy(bert, bert_mm_float_out, bert_test)}
+print("\n".join(text_table(["int8 model", "max |error|", "relative error", "top-1 agrees"],
+                           [[k] + a.row() for k, a in acc.items()])))
+n_images = sum(f["input"].shape[0] for f in cnn_test)
+print(wrap(f"(CNN: {n_images} test images; BERT: {len(bert_test)} test batches of 4 x 32 tokens; logits and "
+           f"hidden states of random-weight models, so a relative error, not a task score)"))
+pt, pc = acc["CNN, weights per tensor"], acc["CNN, weights per channel"]
+(better, b), (_, w) = sorted((("per channel", pc), ("per tensor", pt)), key=lambda kv: kv[1].rel)
+display(Markdown(f"The answer: weights {better} are the more accurate, relative error {b.rel:.3f} against "
+                 f"{w.rel:.3f}, top-1 agreement {b.top1:.0%} against {w.top1:.0%}."))
+
+# %% [markdown]
+# These are models with deterministic random weights, so "top-1 agrees" means the int8 classifier picks the same
+# class as the float32 one, not that either is right. A real deployment judges the int8 model on its task's
+# metric; the relative error is what this notebook can measure honestly.
+#
+# ## 6. Speed on this CPU: does int8 pay?
+#
+# This CPU has AVX-512 VNNI, an instruction that multiplies 64 uint8 × int8 pairs and adds them into 16 int32
+# lanes, where a float32 fused multiply-add does 16:
+
+# %%
+print("this CPU:", quant.cpu_flags("avx512f", "avx512_vnni", "avx_vnni"))
+print("multiply-adds per 512-bit instruction:", quant.VNNI_MACS)
+
+# %% [markdown]
+# **Predict:** the float32 CNN against its int8 versions, all at onnxruntime's full optimisations, one thread
+# each (the machine is shared with other work, and one thread keeps the comparison about the kernels, not about
+# threading). Four times the multiply-adds per instruction: will int8 be four times faster? And the int8 model
+# whose BNs were not folded?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+cnn_unfolded_q = quant.quantize(cnn, cnn_calib, per_channel=True)
+feeds = cnn_test[0]
+sessions = {name: runtime.session(m, "all", threads=1) for name, m in
+            (("float32", cnn), ("int8 per tensor", cnn_pt), ("int8 per channel", cnn_pc),
+             ("int8, BN not folded", cnn_unfolded_q))}
+times = timing.interleaved({name: (lambda s=s: s.run(None, feeds)) for name, s in sessions.items()}, min_time=4.0)
+cnn_cmp = {name: timing.Comparison.from_samples(times["float32"], times[name], label_a="float32", label_b=name)
+           for name in sessions if name != "float32"}
+print(timing.comparisons_table(cnn_cmp, ("CNN, batch 4", "float32", "int8", "fp32/int8", "95% CI", "verdict")))
+fold_cmp = timing.Comparison.from_samples(times["int8, BN not folded"], times["int8 per channel"],
+                                          label_a="int8, BN not folded", label_b="int8, BN folded")
+best = max(c.speedup for c in cnn_cmp.values())
+vnni = quant.VNNI_MACS["int8 (vpdpbusd)"] / quant.VNNI_MACS["fp32 (vfmadd)"]
+display(Markdown(" ".join([cnn_cmp["int8 per tensor"].markdown("The int8 CNN, weights per tensor,"),
+                           cnn_cmp["int8 per channel"].markdown("The int8 CNN, weights per channel,"),
+                           cnn_cmp["int8, BN not folded"].markdown("The int8 CNN whose BNs were not folded"),
+                           fold_cmp.markdown("Folding the BNs first", than="quantizing them unfolded"),
+                           f"The best ratio, {best:.2f}×, is {'below' if best < vnni else 'above'} the "
+                           f"{vnni:.0f}× of multiply-adds per instruction."])))
+
+# %% [markdown]
+# **Predict:** and the BERT with its MatMuls in int8 (the fastest-looking variant of §4, the float fusions intact)?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+bert_cmp = timing.compare_models(bert, bert_mm, level_a="all", level_b="all", threads=1, feeds=bert_test[0],
+                                 label_a="float32", label_b="int8 MatMuls", min_time=3.0)
+print(bert_cmp.table())
+display(Markdown(bert_cmp.markdown("The BERT with int8 MatMuls")))
+
+# %% [markdown]
+# The instruction count is not a prediction for a whole model. Only the convolutions' and MatMuls' inner loops
+# run in VNNI, while the quantize at the input, the requantisation of every output, the layout `Transpose`s and
+# the float ops between (LayerNorm, Softmax, GELU in BERT) run as before; on the other side a float32
+# convolution is not limited by its multiply-adds alone, and int8 tensors are a quarter of the bytes to move.
+# Where the ratio lands is the measurement's to say (the sentences above). The unfolded CNN also runs each BN in
+# float, with a dequantize before and a quantize after it. How much int8 gains depends on the shapes: build §1's
+# CNN with `zoo.resnet_small(width=16)` or a smaller image, run the notebook again, and see how the fixed costs
+# weigh.
+#
+# ## 7. Where fusion breaks quantization
+#
+# ### 7.1 Per-channel scales: what a fold must do with them
+#
+# Fusion after quantization means folding a per-channel multiplier (a BN, a `Mul` by a constant vector, a layer
+# scale) into weights that are *already* int8. Per channel, that is exact: `w_c · a_c = (q_c · s_c) · a_c =
+# q_c · (s_c · a_c)`, so the integers stay and only the scales change (a negative factor negates the channel's
+# integers, exact in −127..127). Per tensor there is one `s` for every channel, which cannot absorb a different
+# `a_c` each: the folded weights must be re-rounded onto a new grid.
+#
+# **Predict:** fold the BN factors of §2's spread layer into the int8 weights of its first conv, quantized
+# per channel and per tensor. How large is each error against folding in float?
+
+# %%
+w_raw = quant.weight_of(layer, "/conv1/Conv")
+s_pc = (quant.channel_ranges(w_raw) / 127).astype(np.float32)
+q_pc = quant.quantize_array(w_raw, s_pc, 0, "int8", axis=0)
+s_pt, _ = quant.qparams(w_raw.min(), w_raw.max(), "int8", symmetric=True)
+q_pt = quant.quantize_array(w_raw, s_pt, 0, "int8")
+a = bn.reshape(-1, 1, 1, 1)
+rows = []
+for name, qw, sw, axis in (("per channel", q_pc, s_pc, 0), ("per tensor", q_pt, s_pt, None)):
+    want = quant.dequantize_array(qw, sw, 0, axis) * a  # the int8 weights' own values, folded in float
+    q2, s2 = quant.fold_channel_scale(qw, sw, bn)
+    got = quant.dequantize_array(q2, s2, 0, axis if np.size(s2) > 1 else None)
+    per_ch = (np.abs(got - want).reshape(len(bn), -1).max(1) / np.abs(want).reshape(len(bn), -1).max(1))
+    rows.append([name, "unchanged" if np.array_equal(np.abs(q2), np.abs(qw)) else "re-rounded",
+                 f"{np.abs(got - want).max() / np.abs(want).max():.1e}", f"{per_ch.max():.1e}",
+                 f"{bn[per_ch.argmax()]:.3f}"])
+print("\n".join(text_table(["int8 weights", "integers after the fold", "max error / max |w|",
+                            "worst channel", "its BN factor"], rows)))
+print(f"BN factors range over {bn.min():.3f} .. {bn.max():.3f}")
+
+# %% [markdown]
+# Per channel the fold is exact up to the float32 rounding of the new scales; per tensor it adds a second
+# rounding to every weight, and the channel that loses most (relative to its own weights) is one with a small
+# factor: its folded weights use only a few of the grid's steps. This is why a compiler that folds after
+# quantization (or fuses a scale into an int8 conv) wants per-channel weight scales, and why fusing BN *before*
+# calibration is simpler still.
+#
+# ### 7.2 A residual Add between two differently scaled tensors
+#
+# Two int8 tensors with different scales cannot be added as integers: `3` in one means `3 · s_a`, in the other
+# `3 · s_b`. Each residual `Add` of the CNN meets two such tensors, and onnxruntime's `QLinearAdd` requantises:
+# `y = round((s_a/s_y)·(q_a − z_a) + (s_b/s_y)·(q_b − z_b)) + z_y`, one multiplier per input.
+#
+# **Predict:** are the two inputs of the CNN's residual Adds quantized with similar scales?
+
+# %%
+adds = quant.add_scales(cnn_pc)
+print("\n".join(text_table(["Add", "s_a", "s_b", "s_y", "s_a / s_y", "s_b / s_y"],
+                           [[d["node"].rsplit("/", 2)[1], f"{d['a'][0]:.4f}", f"{d['b'][0]:.4f}",
+                             f"{d['y'][0]:.4f}", f"{d['a'][0] / d['y'][0]:.3f}", f"{d['b'][0] / d['y'][0]:.3f}"]
+                            for d in adds])))
+ratios = [max(d["a"][0], d["b"][0]) / min(d["a"][0], d["b"][0]) for d in adds]
+print(f"{len(adds)} Adds; their two inputs' scales differ by {min(ratios):.2f}x to {max(ratios):.2f}x")
+
+# %% [markdown]
+# Our numpy requantisation against onnxruntime's `QLinearAdd` kernel, on the first Add's real scales and random
+# uint8 inputs:
+
+# %%
+d = adds[0]
+rng = np.random.default_rng(0)
+qa, qb = (rng.integers(0, 256, 10_000).astype(np.uint8) for _ in range(2))
+args = (qa, *d["a"], qb, *d["b"], *d["y"])
+ours, ort = quant.requantize_add(*args), quant.run_qlinear_add(*args)
+diff = np.abs(ours.astype(int) - ort.astype(int))
+print(f"{qa.size} elements: identical {int((diff == 0).sum())}, off by one step {int((diff == 1).sum())}, "
+      f"more {int((diff > 1).sum())}")
+if diff.any():
+    print("(where they differ the exact value is within float32 rounding of a half: the kernel sums in another order)")
+
+# %% [markdown]
+# What onnxruntime does *not* do is fuse the Add into the convolution before it. In float at level ALL the
+# residual `Add` and its `Relu` go into the conv kernel (the fusion of notebook 03's `conv_add_act`); in int8 they
+# cannot, because `QLinearConv` has no input for a second, differently scaled tensor. Count what runs:
+
+# %%
+float_all, int8_all = quant.op_counts(quant.optimized(cnn_folded)), quant.op_counts(quant.optimized(cnn_pc))
+print(quant.op_table({"float32 at ALL": float_all, "int8 (QDQ) at ALL": int8_all}))
+print(f"kernels: float32 {sum(float_all.values())}, int8 {sum(int8_all.values())}; residual Adds run as their own "
+      f"kernel: float32 {float_all['Add']}, int8 {int8_all['QLinearAdd']}")
+
+# %% [markdown]
+# Each `QLinearAdd` is one more pass over two int8 tensors and one more requantisation per residual block. An int8
+# accelerator that wants the conv, the dequantize, the add, the Relu and the next quantize in one kernel needs a
+# fusion pass made for exactly that pattern: which is what CANN has.
+#
+# ## 8. The same picture on Ascend: AMCT and ATC's requant / dequant fusion
+#
+# On Ascend, quantization is AMCT's job and fusion ATC's. From the project's CANN notes (`cann_facts.md` §8.A;
+# documentation read, not run: we have no Ascend device):
+#
+# - **AMCT folds BN itself.** `quantize_model` applies the BN fusion and the weight calibration (its sample's
+#   comment: "Phase1: do conv+bn fusion, weights calibration and generate calibration model"); the switch is
+#   `do_fusion`, on by default (`cann_facts.md` §8.A A1, A4). That is §2's lesson built into the tool.
+# - **Per-channel weights, per-tensor activations.** Weights are quantized by ARQ with `channel_wise` true or
+#   false; activations per tensor only: "The current hardware does not support per-channel quantization for
+#   activations and only supports per-channel quantization for weights" (`cann_facts.md` §8.A A3). So on Ascend
+#   too, per-channel scales could not rescue §2's unfolded layer, whose harmful tensor is an activation; AMCT
+#   avoids it by folding first.
+# - **Fake-quant vs deploy model.** AMCT's `save_model` writes a *fake_quant* model that runs on ONNX Runtime in
+#   FP32 (our QDQ model plays that part when run with optimisations off; at EXTENDED onnxruntime itself turns the
+#   same file into integer kernels) and a *deploy* model with `AscendQuant` (to int8) → int8 Conv → int32 →
+#   `AscendDequant` (to float), which only ATC can compile (`cann_facts.md` §8.A A1, A2).
+# - **ATC fuses the chains.** The UB fusion passes `TbeConvDequantQuantFusionPass`,
+#   `TbeConvDequantVaddReluQuantFusionPass` and `TbeConvDequantVaddReluFusionPass` fuse Conv2D + Dequant
+#   (+ Add + Relu) + Quant into one conv2d kernel: the first is our `QLinearConv`, the second the residual block
+#   that onnxruntime leaves as `QLinearConv` + `QLinearAdd`. The graph pass `V200RequantFusionPass` (Atlas inference
+#   series, the 310P) turns AscendDequant + Relu/Concat + AscendQuant into one `AscendRequant`, and requires equal
+#   AscendQuant scales (`cann_facts.md` §8.A A5). According to the same notes, AMCT rewrites
+#   AscendDequant + Relu6 + AscendQuant to use a Relu when `(127 - offset) / scale < 6`, since a Relu6 blocks the
+#   requant fusion (§8.A A4): the requant fusion needs equal AscendQuant scales, and AMCT's Relu6 → Relu rewrite
+#   exists so that it can fire at all.
+# - **Turning fusion off to compare.** `--fusion_switch_file` with lines such as `RequantFusionPass:off` is how
+#   one compares the quantized model layer by layer (`cann_facts.md` §8.A A5), as our BASIC column of §3 shows the
+#   QDQ model before onnxruntime's integer fusions.
+
+# %%
+print(quant.cann_table())
+
+# %% [markdown]
+# How much int8 gains on an Ascend card is not something this CPU can measure. The figure the notes give is a
+# specification, not a measurement: an Atlas 300I Pro (one Ascend 310P3) is quoted at 140 TOPS INT8 against 70
+# TFLOPS FP16, a 2:1 ratio, from repositories that quote Huawei's product page (`cann_facts.md` §8.A A6, marked
+# secondary there). Whether a given model reaches it depends, as §6 showed here, on how much of it runs inside the
+# fused int8 kernels.
+#
+# ## Summary
+#
+# - Fold BN (and other per-channel factors) into the weights *before* calibrating: activations get one scale per
+#   tensor, so an unfolded Conv→BN tensor loses its small channels, and the BN stays a float island.
+# - onnxruntime's QDQ model is float plus quantize/dequantize marks; at level EXTENDED and above they fuse into
+#   `QLinearConv`, `QLinearMatMul` / `MatMulIntegerToFloat`, `QLinearAdd`; a Q/DQ between every op blocks float fusions.
+# - Per-channel weight scales make later folds exact; a residual Add of two scales needs a requantisation that
+#   onnxruntime runs as its own kernel and ATC's `TbeConvDequantVaddReluQuantFusionPass` fuses into the conv.

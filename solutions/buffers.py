@@ -1,0 +1,26 @@
+"""The exercise of notebook 14: the largest double-buffered tile that fits the Unified Buffer."""
+
+import math
+
+
+def largest_tile(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1):
+    """Reference: two buffers per queue, each a whole number of 32-byte blocks of the narrower dtype."""
+    per_elem = 2 * (inputs * in_bytes + outputs * out_bytes)
+    step = 32 // math.gcd(32, min(in_bytes, out_bytes))
+    return ub_bytes // per_elem // step * step
+
+
+def largest_tile_one_buffer(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1):
+    """WRONG (off by one buffer): sizes one buffer per queue, so two of them overflow the UB."""
+    per_elem = inputs * in_bytes + outputs * out_bytes
+    step = 32 // math.gcd(32, min(in_bytes, out_bytes))
+    return ub_bytes // per_elem // step * step
+
+
+def largest_tile_unaligned(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1):
+    """WRONG: the right count of buffers, but not rounded down to whole 32-byte blocks."""
+    return ub_bytes // (2 * (inputs * in_bytes + outputs * out_bytes))
+
+
+def largest_tile_stub(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1):
+    raise NotImplementedError

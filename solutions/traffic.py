@@ -1,0 +1,14 @@
+"""The exercise of notebook 01: the bytes the silu block moves, counted by hand as the cost model counts them."""
+
+X = 1 * 16 * 32 * 32 * 4  # one float32 [1, 16, 32, 32] map: 65,536 B
+P = 16 * 4  # one (16, 1, 1) float32 constant
+
+#: Reference. Unfused, each node reads its inputs and writes its output: scale x, s -> a0; shift a0, b -> a;
+#: sigmoid a -> g; silu a, g -> h; residual h, x -> y. Fused, one kernel reads x, s, b once and writes y.
+ANSWER = {"unfused": (2 * X + P) + (2 * X + P) + 2 * X + 3 * X + 3 * X, "fused": X + P + P + X}
+
+#: WRONG: counts each tensor once however many nodes read it (a is read by sigmoid and silu, x by scale and residual)
+WRONG_READ_ONCE = {"unfused": ANSWER["unfused"] - 2 * X, "fused": ANSWER["fused"]}
+
+#: WRONG: the fused kernel still writes and reads back its intermediates a0, a, g, h
+WRONG_FUSED_MIDS = {"unfused": ANSWER["unfused"], "fused": ANSWER["fused"] + 4 * 2 * X}

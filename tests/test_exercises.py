@@ -1,0 +1,169 @@
+"""fusionlab.exercises: each reference answer in solutions/ passes its checker, each planted wrong answer fails with
+a hint naming the case it fails on, and the notebook's stub gets NOT ANSWERED YET (no traceback)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fusionlab.cost import devices
+from fusionlab.exercises import buffers, core, folding, rules, softmax, thresholds, traffic
+from fusionlab.lessons.reductions import online_softmax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # solutions/ sits at the repository root
+from solutions import buffers as s_buffers  # noqa: E402
+from solutions import folding as s_folding
+from solutions import rules as s_rules
+from solutions import softmax as s_softmax
+from solutions import thresholds as s_thresholds
+from solutions import traffic as s_traffic
+
+#: (checker module, reference answer)
+REFERENCES = [
+    pytest.param(folding, s_folding.fold, id="folding"),
+    pytest.param(rules, s_rules.MaxMinClip, id="rules"),
+    pytest.param(traffic, s_traffic.ANSWER, id="traffic"),
+    pytest.param(thresholds, s_thresholds.ANSWER, id="thresholds"),
+    pytest.param(softmax, s_softmax.update, id="softmax"),
+    pytest.param(buffers, s_buffers.largest_tile, id="buffers"),
+]
+
+#: (checker, planted wrong answer, the case it must fail on, words the hint must contain)
+WRONG = [
+    pytest.param(folding, s_folding.fold_forgot_bias, 0, "your bias differs", id="folding-forgot-bias"),
+    pytest.param(folding, s_folding.fold_wrong_axis, 0, "your weights differ", id="folding-wrong-axis"),
+    pytest.param(rules, s_rules.ClipAnyBound, 5, "must not", id="rules-any-bound"),
+    pytest.param(traffic, s_traffic.WRONG_READ_ONCE, 0, "second reads of x and a", id="traffic-read-once"),
+    pytest.param(traffic, s_traffic.WRONG_FUSED_MIDS, 1, "keeps them on chip", id="traffic-fused-mids"),
+    pytest.param(thresholds, s_thresholds.WRONG_SEED_RULE, 1, "but 6 does too", id="thresholds-seed-rule"),
+    pytest.param(thresholds, 7, 0, "needs 224.0 KB > 192 KB", id="thresholds-too-large"),
+    pytest.param(softmax, s_softmax.update_no_rescale, 1, "rescale both", id="softmax-no-rescale"),
+    pytest.param(softmax, s_softmax.update_unguarded, 4, "NaN", id="softmax-unguarded"),
+    pytest.param(buffers, s_buffers.largest_tile_one_buffer, 0, "ONE buffer per queue", id="buffers-one-buffer"),
+    pytest.param(buffers, s_buffers.largest_tile_unaligned, 3, "32-byte blocks", id="buffers-unaligned"),
+]
+
+#: what each notebook's stub cell holds
+STUBS = [
+    pytest.param(folding, lambda W, b, scale: ..., id="folding"),
+    pytest.param(rules, s_rules.Stub, id="rules"),
+    pytest.param(traffic, {"unfused": ..., "fused": ...}, id="traffic"),
+    pytest.param(thresholds, ..., id="thresholds"),
+    pytest.param(softmax, s_softmax.update_stub, id="softmax"),
+    pytest.param(buffers, s_buffers.largest_tile_stub, id="buffers"),
+]
+
+
+@pytest.mark.parametrize("module, answer", REFERENCES)
+def test_reference_passes(module, answer):
+    v = module.check(answer)
+    assert v.ok, str(v)
+    assert str(v).startswith(f"PASS {module.EXERCISE}: all {len(module.CASES)} case")
+    for case in module.CASES:
+        assert case.name in str(v)
+
+
+@pytest.mark.parametrize("module, answer, index, words", WRONG)
+def test_planted_wrong_fails_naming_its_case(module, answer, index, words):
+    v = module.check(answer)
+    assert not v.ok and v.status == core.FAIL
+    case = module.CASES[index]
+    assert v.failed_case == case.name and v.passed == index
+    assert f"case {index + 1} of {len(module.CASES)}: {case.name}" in str(v).replace("\n   ", " ")
+    assert words in v.hint, v.hint
+
+
+@pytest.mark.parametrize("module, answer", STUBS)
+def test_stub_is_not_answered_yet(module, answer):
+    v = module.check(answer)
+    assert v.status == core.UNANSWERED and not v
+    assert str(v).startswith(f"NOT ANSWERED YET {module.EXERCISE}")
+    assert "Traceback" not in str(v) and "NOT ANSWERED YET" in v._repr_markdown_()
+
+
+def test_an_answer_that_raises_fails_on_its_first_case_in_one_line():
+    v = softmax.check(lambda m, l, acc, scores, v: 1 / 0)
+    assert v.status == core.FAIL and v.passed == 0
+    assert v.hint == "your answer raised ZeroDivisionError: division by zero"
+
+
+def test_verdicts_print_the_same_every_time_and_within_110_characters():
+    first = [str(m.check(a)) for m, a in ((folding, s_folding.fold_forgot_bias), (rules, s_rules.MaxMinClip))]
+    again = [str(m.check(a)) for m, a in ((folding, s_folding.fold_forgot_bias), (rules, s_rules.MaxMinClip))]
+    assert first == again
+    assert all(len(line) <= 110 for text in first for line in text.splitlines())
+    md = folding.check(s_folding.fold)._repr_markdown_()
+    assert md.startswith("**PASS**") and "1. 3x3 Conv 4 -\\> 6 channels" in md
+
+
+def test_folding_checks_against_onnxruntime_not_the_formula():
+    # a fold that is off by 1e-3 relative everywhere: close to the formula, outside fp32 tolerance at the output
+    def slightly_off(W, b, scale):
+        w2, b2 = s_folding.fold(W, b, scale)
+        return w2 * np.float32(1.001), b2
+
+    v = folding.check(slightly_off)
+    assert v.status == core.FAIL and "onnxruntime's Conv -> Mul" in v.hint
+
+
+def test_rule_near_misses_hold_the_pattern():
+    """A rule without legality checks fuses the near misses the rule must refuse; the engine itself refuses the
+    escaping intermediates (a second consumer, a graph output), whatever the rule says."""
+    for case in rules.CASES:
+        model, _ = rules.build_case(case.data)
+        found, _, _ = rules.run_rule(s_rules.ClipAnyBound(), model)
+        if case.data.positive:
+            assert found, case.name
+        elif "output" in case.name:
+            assert not found, case.name
+        else:
+            assert found or "three inputs" in case.name, case.name
+
+
+def test_rules_check_refuses_a_rule_with_the_wrong_name():
+    class Renamed(s_rules.MaxMinClip):
+        names = ("my_clip",)
+
+    v = rules.check(Renamed)
+    assert v.status == core.FAIL and "names = ('max_min_clip',)" in v.hint
+
+
+def test_traffic_truth_is_the_cost_model_and_the_hand_count():
+    assert traffic.truth() == s_traffic.ANSWER
+    v = traffic.check((s_traffic.ANSWER["unfused"] * 1.005, s_traffic.ANSWER["fused"]))  # within 1 %
+    assert v.ok
+
+
+def test_thresholds_best_is_the_largest_fitting_cap():
+    assert thresholds.best() == s_thresholds.ANSWER
+    assert thresholds.fits(s_thresholds.ANSWER) and not thresholds.fits(s_thresholds.ANSWER + 1)
+    assert thresholds.BUDGET_KB == 192.0
+    v = thresholds.check(True)
+    assert v.status == core.FAIL and "int >= 1" in v.hint
+
+
+def test_softmax_reference_solution_matches_the_lesson_loop():
+    """The reference update, driven over blocks, is the loop of fusionlab.lessons.reductions.flash_attention."""
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((3, 20)).astype(np.float32)
+    v = np.eye(20, dtype=np.float32)
+    got = softmax.drive(s_softmax.update, scores, v, 6)
+    assert np.allclose(got, online_softmax(scores, 6), rtol=1e-5, atol=1e-6)
+
+
+def test_buffers_cases_use_the_device_presets():
+    assert buffers.CASES[0].data.ub == int(devices.get("Atlas 300I Pro").ub_kb * 1024)
+    assert buffers.CASES[1].data.ub == int(devices.get("Atlas 800I A2").ub_kb * 1024)
+
+
+def test_a_rule_that_ignores_the_second_consumer_is_kept_safe_by_the_engine():
+    """The brief's classic mistake cannot fail this exercise: the engine, not the rule, refuses an intermediate read
+    outside the group, and records why."""
+    assert rules.check(s_rules.FirstReader).ok
+    case = next(c for c in rules.CASES if "also read by" in c.name)
+    model, _ = rules.build_case(case.data)
+    found, _, refusals = rules.run_rule(s_rules.FirstReader(), model)
+    assert not found and any("read outside the group" in r.reason for r in refusals)

@@ -40,7 +40,7 @@
 # ## The notebooks, in order
 #
 # Click a name to open it. Each notebook starts with what you will be able to do and ends with a short summary;
-# six of them then add an Exercises section, with exercises that check your answer at once.
+# eight of them then add an Exercises section, with exercises that check your answer at once.
 #
 # | notebook | what it teaches |
 # |---|---|

@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import fusionlab
-from fusionlab import timing, viz, zoo
+from fusionlab import exercises, timing, viz, zoo
 from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import decoding as dec
 from fusionlab.passes import fuse, vertical
@@ -518,3 +518,26 @@ print(f"this notebook's decoder in fp16 on one 310P3, 128 cached: at most {small
 # - Fusing norms, rotations and attention (verified on prefill and decode) leaves the weights' bytes; what can
 #   pay is reading the cache without a copy (GroupQueryAttention; CANN's IncreFlashAttention takes the
 #   groups).
+
+# %% [markdown]
+# ## Exercises
+#
+# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; a reference
+# answer is in the repository's `solutions/` folder, outside the notebooks (try first).
+#
+# **Exercise 1: the KV cache a decode step reads.** Write `kv_cache_bytes(layers, heads, kv_heads, head_dim,
+# context, dtype_bytes)`: the bytes a decode step reads from the cache when `context` tokens are cached, for a
+# decoder of `layers` layers whose `heads` query heads share `kv_heads` K/V heads of `head_dim` values, each value
+# `dtype_bytes` bytes (§3 counted it for this notebook's decoder). The hidden shapes include an 8B-sized one with
+# GQA, one without GQA, multi-query attention and an empty cache.
+
+# %%
+def kv_cache_bytes(layers, heads, kv_heads, head_dim, context, dtype_bytes):
+    """Bytes of K and V a decode step reads with `context` tokens cached."""
+    ...  # your code here
+
+
+# %%
+exercises.kvcache.check(kv_cache_bytes)

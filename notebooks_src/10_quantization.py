@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 
 import fusionlab
-from fusionlab import timing, zoo
+from fusionlab import exercises, timing, zoo
 from fusionlab.lessons import quantization as quant
 from fusionlab.passes import fuse
 from fusionlab.text import text_table, wrap
@@ -514,3 +514,27 @@ print(quant.cann_table())
 #   `QLinearConv`, `QLinearMatMul` / `MatMulIntegerToFloat`, `QLinearAdd`; a Q/DQ between every op blocks float fusions.
 # - Per-channel weight scales make later folds exact; a residual Add of two scales needs a requantisation that
 #   onnxruntime runs as its own kernel and ATC's `TbeConvDequantVaddReluQuantFusionPass` fuses into the conv.
+
+# %% [markdown]
+# ## Exercises
+#
+# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; a reference
+# answer is in the repository's `solutions/` folder, outside the notebooks (try first).
+#
+# **Exercise 1: quantize to uint8 as onnxruntime does.** Write `quantize(x, lo, hi)` returning `(q, scale,
+# zero_point)`: the asymmetric uint8 scale and zero point that map the calibrated range `[lo, hi]` onto 0..255
+# (§1: widened to hold 0, so that 0 is exact), and `q`, the float32 array `x` quantized with them (a uint8 array).
+# `check` compares your parameters with the quantizer's and your `q` with onnxruntime's own `QuantizeLinear` run on
+# the same `x` with your parameters; the hidden cases include a range that does not hold 0, values outside the
+# range and exact ties.
+
+# %%
+def quantize(x, lo, hi):
+    """(q, scale, zero_point) of float32 x in uint8, asymmetric, from the calibrated range [lo, hi]."""
+    raise NotImplementedError  # your code here
+
+
+# %%
+exercises.qparams.check(quantize)

@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 
 from fusionlab.cost import devices
-from fusionlab.exercises import buffers, core, folding, rules, softmax, thresholds, traffic
+from fusionlab.exercises import buffers, core, folding, kvcache, qparams, rules, softmax, thresholds, traffic
+from fusionlab.lessons.quantization import qparams as lesson_qparams, run_qdq
 from fusionlab.lessons.reductions import online_softmax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # solutions/ sits at the repository root
 from solutions import buffers as s_buffers  # noqa: E402
 from solutions import folding as s_folding
+from solutions import kvcache as s_kvcache
+from solutions import qparams as s_qparams
 from solutions import rules as s_rules
 from solutions import softmax as s_softmax
 from solutions import thresholds as s_thresholds
@@ -28,6 +31,8 @@ REFERENCES = [
     pytest.param(traffic, s_traffic.ANSWER, id="traffic"),
     pytest.param(thresholds, s_thresholds.ANSWER, id="thresholds"),
     pytest.param(softmax, s_softmax.update, id="softmax"),
+    pytest.param(kvcache, s_kvcache.kv_cache_bytes, id="kvcache"),
+    pytest.param(qparams, s_qparams.quantize, id="qparams"),
     pytest.param(buffers, s_buffers.largest_tile, id="buffers"),
 ]
 
@@ -44,6 +49,12 @@ WRONG = [
     pytest.param(softmax, s_softmax.update_unguarded, 4, "NaN", id="softmax-unguarded"),
     pytest.param(buffers, s_buffers.largest_tile_one_buffer, 0, "ONE buffer per queue", id="buffers-one-buffer"),
     pytest.param(buffers, s_buffers.largest_tile_unaligned, 3, "32-byte blocks", id="buffers-unaligned"),
+    pytest.param(kvcache, s_kvcache.kv_cache_bytes_query_heads, 0, "the query heads counted",
+                 id="kvcache-query-heads"),
+    pytest.param(kvcache, s_kvcache.kv_cache_bytes_k_only, 0, "K only", id="kvcache-k-only"),
+    pytest.param(qparams, s_qparams.quantize_no_widen, 1, "widen the range", id="qparams-no-widen"),
+    pytest.param(qparams, s_qparams.quantize_round_half_up, 4, "rounds a tie to the even level",
+                 id="qparams-half-up"),
 ]
 
 #: what each notebook's stub cell holds
@@ -53,6 +64,8 @@ STUBS = [
     pytest.param(traffic, {"unfused": ..., "fused": ...}, id="traffic"),
     pytest.param(thresholds, ..., id="thresholds"),
     pytest.param(softmax, s_softmax.update_stub, id="softmax"),
+    pytest.param(kvcache, s_kvcache.kv_cache_bytes_stub, id="kvcache"),
+    pytest.param(qparams, s_qparams.quantize_stub, id="qparams"),
     pytest.param(buffers, s_buffers.largest_tile_stub, id="buffers"),
 ]
 
@@ -167,3 +180,14 @@ def test_a_rule_that_ignores_the_second_consumer_is_kept_safe_by_the_engine():
     model, _ = rules.build_case(case.data)
     found, _, refusals = rules.run_rule(s_rules.FirstReader(), model)
     assert not found and any("read outside the group" in r.reason for r in refusals)
+
+
+def test_the_tie_case_is_a_tie_in_float32_and_onnxruntime_rounds_it_to_even():
+    """The qparams tie case is exact (scale 1/64), so onnxruntime's QuantizeLinear decides it, not float error."""
+    case = qparams.CASES[4].data
+    s, z = lesson_qparams(case.lo, case.hi, "uint8")
+    assert s == 1 / 64 and z == 64
+    ratios = case.array / np.float32(s)
+    assert np.all(ratios - np.floor(ratios) == 0.5)
+    q, _ = run_qdq(case.array, s, z)
+    assert [int(v) for v in q] == [int(np.rint(r)) + z for r in ratios]  # 2.5 -> 2, 3.5 -> 4: even

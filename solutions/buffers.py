@@ -24,3 +24,10 @@ def largest_tile_unaligned(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1):
 
 def largest_tile_stub(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1):
     raise NotImplementedError
+
+#: What tests/test_exercises.py grades: the checker, the reference, each planted wrong answer with the index of the
+#: case it must fail on and words its hint must hold, and the notebook's stub.
+CHECKER = "buffers"
+REFERENCE = largest_tile
+WRONG = [(largest_tile_one_buffer, 0, "ONE buffer per queue"), (largest_tile_unaligned, 3, "32-byte blocks")]
+STUB = largest_tile_stub

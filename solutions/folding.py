@@ -24,3 +24,9 @@ def fold_wrong_axis(W, b, scale):
     if W.shape[1] != s.size:
         return (W * s[: W.shape[1]].reshape(1, -1, 1, 1)).astype(W.dtype), (bias * s).astype(W.dtype)
     return (W * s.reshape(1, -1, 1, 1)).astype(W.dtype), (bias * s).astype(W.dtype)
+
+#: What tests/test_exercises.py grades (see solutions/__init__.py).
+CHECKER = "folding"
+REFERENCE = fold
+WRONG = [(fold_forgot_bias, 0, "your bias differs"), (fold_wrong_axis, 0, "your weights differ")]
+STUB = lambda W, b, scale: ...  # noqa: E731 - the notebook's stub cell

@@ -18,3 +18,9 @@ def kv_cache_bytes_k_only(layers, heads, kv_heads, head_dim, context, dtype_byte
 
 def kv_cache_bytes_stub(layers, heads, kv_heads, head_dim, context, dtype_bytes):
     ...  # the notebook's stub
+
+#: What tests/test_exercises.py grades (see solutions/__init__.py).
+CHECKER = "kvcache"
+REFERENCE = kv_cache_bytes
+WRONG = [(kv_cache_bytes_query_heads, 0, "the query heads counted"), (kv_cache_bytes_k_only, 0, "K only")]
+STUB = kv_cache_bytes_stub

@@ -36,3 +36,9 @@ def quantize_round_half_up(x, lo, hi):
 
 def quantize_stub(x, lo, hi):
     raise NotImplementedError
+
+#: What tests/test_exercises.py grades (see solutions/__init__.py).
+CHECKER = "qparams"
+REFERENCE = quantize
+WRONG = [(quantize_no_widen, 1, "widen the range"), (quantize_round_half_up, 4, "rounds a tie to the even level")]
+STUB = quantize_stub

@@ -113,3 +113,9 @@ class FirstReader(MaxMinClip):
             if c.size != 1 or cx.broadcasts_up(c, x) or c.dtype != cx.dtype(x):
                 raise Refused("the bounds must be scalars of x's dtype that keep x's rank")
         return Match("max_min_clip", mx, [mx, mn], "Max then Min", "Clip", data=(x, (lo.reshape(()), hi.reshape(()))))
+
+#: What tests/test_exercises.py grades (see solutions/__init__.py).
+CHECKER = "rules"
+REFERENCE = MaxMinClip
+WRONG = [(ClipAnyBound, 5, "must not")]
+STUB = Stub

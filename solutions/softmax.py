@@ -31,3 +31,9 @@ def update_unguarded(m, l, acc, scores, v):
 
 def update_stub(m, l, acc, scores, v):
     raise NotImplementedError
+
+#: What tests/test_exercises.py grades (see solutions/__init__.py).
+CHECKER = "softmax"
+REFERENCE = update
+WRONG = [(update_no_rescale, 1, "rescale both"), (update_unguarded, 4, "NaN")]
+STUB = update_stub

@@ -10,3 +10,9 @@ ANSWER = 6
 
 #: WRONG: the seed's rule of thumb for the 800I A2 (split above 5 ops): it fits, but 6 does too
 WRONG_SEED_RULE = 5
+
+#: What tests/test_exercises.py grades (see solutions/__init__.py).
+CHECKER = "thresholds"
+REFERENCE = ANSWER
+WRONG = [(WRONG_SEED_RULE, 1, "but 6 does too"), (7, 0, "needs 224.0 KB > 192 KB")]
+STUB = ...

@@ -12,3 +12,9 @@ WRONG_READ_ONCE = {"unfused": ANSWER["unfused"] - 2 * X, "fused": ANSWER["fused"
 
 #: WRONG: the fused kernel still writes and reads back its intermediates a0, a, g, h
 WRONG_FUSED_MIDS = {"unfused": ANSWER["unfused"], "fused": ANSWER["fused"] + 4 * 2 * X}
+
+#: What tests/test_exercises.py grades (see solutions/__init__.py).
+CHECKER = "traffic"
+REFERENCE = ANSWER
+WRONG = [(WRONG_READ_ONCE, 0, "second reads of x and a"), (WRONG_FUSED_MIDS, 1, "keeps them on chip")]
+STUB = {"unfused": ..., "fused": ...}

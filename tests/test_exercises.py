@@ -3,6 +3,8 @@ a hint naming the case it fails on, and the notebook's stub gets NOT ANSWERED YE
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import sys
 from pathlib import Path
 
@@ -10,64 +12,44 @@ import numpy as np
 import pytest
 
 from fusionlab.cost import devices
-from fusionlab.exercises import buffers, core, folding, kvcache, qparams, rules, softmax, thresholds, traffic
+from fusionlab import exercises
+from fusionlab.exercises import buffers, core, folding, qparams, rules, softmax, thresholds, traffic
 from fusionlab.lessons.quantization import qparams as lesson_qparams, run_qdq
 from fusionlab.lessons.reductions import online_softmax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # solutions/ sits at the repository root
+import solutions  # noqa: E402
 from solutions import buffers as s_buffers  # noqa: E402
 from solutions import folding as s_folding
-from solutions import kvcache as s_kvcache
 from solutions import qparams as s_qparams
 from solutions import rules as s_rules
 from solutions import softmax as s_softmax
 from solutions import thresholds as s_thresholds
 from solutions import traffic as s_traffic
 
-#: (checker module, reference answer)
-REFERENCES = [
-    pytest.param(folding, s_folding.fold, id="folding"),
-    pytest.param(rules, s_rules.MaxMinClip, id="rules"),
-    pytest.param(traffic, s_traffic.ANSWER, id="traffic"),
-    pytest.param(thresholds, s_thresholds.ANSWER, id="thresholds"),
-    pytest.param(softmax, s_softmax.update, id="softmax"),
-    pytest.param(kvcache, s_kvcache.kv_cache_bytes, id="kvcache"),
-    pytest.param(qparams, s_qparams.quantize, id="qparams"),
-    pytest.param(buffers, s_buffers.largest_tile, id="buffers"),
-]
+SOLUTIONS = solutions.modules()
+
+
+def _checker(sol):
+    return importlib.import_module(f"fusionlab.exercises.{sol.CHECKER}")
+
+
+#: (checker module, reference answer), one per solutions module
+REFERENCES = [pytest.param(_checker(s), s.REFERENCE, id=s.CHECKER) for s in SOLUTIONS]
 
 #: (checker, planted wrong answer, the case it must fail on, words the hint must contain)
-WRONG = [
-    pytest.param(folding, s_folding.fold_forgot_bias, 0, "your bias differs", id="folding-forgot-bias"),
-    pytest.param(folding, s_folding.fold_wrong_axis, 0, "your weights differ", id="folding-wrong-axis"),
-    pytest.param(rules, s_rules.ClipAnyBound, 5, "must not", id="rules-any-bound"),
-    pytest.param(traffic, s_traffic.WRONG_READ_ONCE, 0, "second reads of x and a", id="traffic-read-once"),
-    pytest.param(traffic, s_traffic.WRONG_FUSED_MIDS, 1, "keeps them on chip", id="traffic-fused-mids"),
-    pytest.param(thresholds, s_thresholds.WRONG_SEED_RULE, 1, "but 6 does too", id="thresholds-seed-rule"),
-    pytest.param(thresholds, 7, 0, "needs 224.0 KB > 192 KB", id="thresholds-too-large"),
-    pytest.param(softmax, s_softmax.update_no_rescale, 1, "rescale both", id="softmax-no-rescale"),
-    pytest.param(softmax, s_softmax.update_unguarded, 4, "NaN", id="softmax-unguarded"),
-    pytest.param(buffers, s_buffers.largest_tile_one_buffer, 0, "ONE buffer per queue", id="buffers-one-buffer"),
-    pytest.param(buffers, s_buffers.largest_tile_unaligned, 3, "32-byte blocks", id="buffers-unaligned"),
-    pytest.param(kvcache, s_kvcache.kv_cache_bytes_query_heads, 0, "the query heads counted",
-                 id="kvcache-query-heads"),
-    pytest.param(kvcache, s_kvcache.kv_cache_bytes_k_only, 0, "K only", id="kvcache-k-only"),
-    pytest.param(qparams, s_qparams.quantize_no_widen, 1, "widen the range", id="qparams-no-widen"),
-    pytest.param(qparams, s_qparams.quantize_round_half_up, 4, "rounds a tie to the even level",
-                 id="qparams-half-up"),
-]
+WRONG = [pytest.param(_checker(s), answer, index, words, id=f"{s.CHECKER}-{n}")
+         for s in SOLUTIONS for n, (answer, index, words) in enumerate(s.WRONG)]
 
 #: what each notebook's stub cell holds
-STUBS = [
-    pytest.param(folding, lambda W, b, scale: ..., id="folding"),
-    pytest.param(rules, s_rules.Stub, id="rules"),
-    pytest.param(traffic, {"unfused": ..., "fused": ...}, id="traffic"),
-    pytest.param(thresholds, ..., id="thresholds"),
-    pytest.param(softmax, s_softmax.update_stub, id="softmax"),
-    pytest.param(kvcache, s_kvcache.kv_cache_bytes_stub, id="kvcache"),
-    pytest.param(qparams, s_qparams.quantize_stub, id="qparams"),
-    pytest.param(buffers, s_buffers.largest_tile_stub, id="buffers"),
-]
+STUBS = [pytest.param(_checker(s), s.STUB, id=s.CHECKER) for s in SOLUTIONS]
+
+
+def test_every_exercise_has_its_solution_and_a_planted_wrong_answer():
+    names = {m.name for m in pkgutil.iter_modules(exercises.__path__)} - {"core"}
+    assert names == {s.CHECKER for s in SOLUTIONS}
+    assert set(exercises.__all__) >= names  # `exercises.NAME` works after `from fusionlab import exercises`
+    assert all(s.WRONG for s in SOLUTIONS)
 
 
 @pytest.mark.parametrize("module, answer", REFERENCES)

@@ -315,15 +315,22 @@ class Page:
             return w.node;""", i), timeout, f"cell {i} never on the page")
 
     def run_cell(self, i: int, timeout: float = 120) -> None:
-        """Select cell `i` and press Shift+Enter, as a learner runs one cell; wait until it has run."""
+        """Select cell `i` and press Shift+Enter, as a learner runs one cell; wait until it has run.
+
+        "Has run" is the cell's execution state going to running and back to idle (its execution count alone may
+        not change: the first cell run in a fresh kernel is [1], as stored)."""
         from selenium.webdriver.common.keys import Keys
 
-        before = self.js(_JS_PANEL + "return flPanel().content.widgets[arguments[0]].model.executionCount;", i)
+        self.js(_JS_PANEL + """const m = flPanel().content.widgets[arguments[0]].model; window.flRan = 0;
+            const seen = (_, a) => {
+              if (a.name !== 'executionState') return;
+              if (a.newValue === 'running') window.flRan = 1;
+              else if (a.newValue === 'idle' && window.flRan === 1) { window.flRan = 2; m.stateChanged.disconnect(seen); }
+            };
+            m.stateChanged.connect(seen);""", i)
         prompt = self.cell(i).find_element("css selector", ".jp-InputArea-prompt")
         self.d.execute_script("arguments[0].scrollIntoView({block: 'center'})", prompt)
         prompt.click()  # selects the cell (command mode), focus back in the notebook
         self.wait(lambda: self.js(_JS_PANEL + "return flPanel().content.activeCellIndex") == i, 10, "not selected")
         self.press(Keys.SHIFT, Keys.ENTER)
-        self.wait(lambda: self.js(_JS_PANEL + """const m = flPanel().content.widgets[arguments[0]].model;
-            return m.executionState === 'idle' && m.executionCount !== arguments[1];""", i, before),
-            timeout, f"cell {i} did not run")
+        self.wait(lambda: self.js("return window.flRan === 2"), timeout, f"cell {i} did not run")

@@ -490,6 +490,69 @@ def test_netron_frame_loads_after_run_all_and_stops_with_the_kernel(page):
     page.wait(lambda: not _port_open(port), 30, "netron still listening after the kernel shut down")
 
 
+# -- an exercise, answered as a learner answers it ----------------------------------------------------------
+
+EXERCISE_NB = "09_decoding.ipynb"
+#: one line each, as typed into the stub cell (no newline: the editor would indent what follows a colon)
+WRONG_ANSWER = ("kv_cache_bytes = lambda layers, heads, kv_heads, head_dim, context, dtype_bytes: "
+                "context * layers * kv_heads * head_dim * dtype_bytes")
+RIGHT_ANSWER = ("kv_cache_bytes = lambda layers, heads, kv_heads, head_dim, context, dtype_bytes: "
+                "context * layers * 2 * kv_heads * head_dim * dtype_bytes")
+
+
+def _type_into(page, i: int, text: str) -> None:
+    """Click into cell i's editor, select all of it, type `text` over it (real key events)."""
+    editor = page.cell(i).find_element(By.CSS_SELECTOR, ".cm-content")
+    page.d.execute_script("arguments[0].scrollIntoView({block: 'center'})", editor)
+    editor.click()
+    page.press(Keys.CONTROL, "a")
+    page.press(text)
+    page.wait(lambda: page.js(_JS_PANEL_SRC, i) == text, 10, f"cell {i} does not hold what was typed")
+
+
+_JS_PANEL_SRC = """const app = window.jupyterapp;
+for (const w of app.shell.widgets('main')) {
+  if (w.isVisible && w.content && w.context) return w.content.widgets[arguments[0]].model.sharedModel.getSource();
+}
+return null;"""
+
+
+def _shown(page, i: int) -> str:
+    """The text of cell i's rendered outputs (without the [n]: prompt)."""
+    return "\n".join(e.text for e in page.cell(i).find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output"))
+
+
+def test_a_learner_answers_an_exercise_and_the_check_grades_it(page, lab):
+    """Edit the stub, run it and the check cell: a planted mistake gets FAIL with its hint, the right answer PASS.
+    Nothing else of the notebook is run (the exercise needs only the imports cell)."""
+    name = EXERCISE_NB
+    page.open(name)
+    try:
+        page.run_cell(page.cell_index("from fusionlab import exercises"))
+        stub, check = page.cell_index("def kv_cache_bytes("), page.cell_index("exercises.kvcache.check(")
+        assert _shown(page, check).startswith("NOT ANSWERED YET"), _shown(page, check)
+        _type_into(page, stub, WRONG_ANSWER)
+        page.run_cell(stub)
+        page.run_cell(check)
+        wrong = page.wait(lambda: _shown(page, check) if _shown(page, check).startswith("FAIL") else None, 30,
+                          "no FAIL verdict")
+        assert "case 1 of" in wrong and "K only" in wrong, wrong
+        page.screenshot("09_exercise_fail", page.cell(check))
+        _type_into(page, stub, RIGHT_ANSWER)
+        page.run_cell(stub)
+        page.run_cell(check)
+        right = page.wait(lambda: _shown(page, check) if _shown(page, check).startswith("PASS") else None, 30,
+                          "no PASS verdict")
+        assert "all 5 cases right" in right, right
+        page.screenshot("09_exercise_pass", page.cell(check))
+        assert page.problems() == []
+    finally:  # the learner's copy back as stored, and the editor reloaded from it
+        (lab.root / name).write_bytes((ROOT / "notebooks" / name).read_bytes())
+        page.js("""const app = window.jupyterapp;
+            for (const w of app.shell.widgets('main')) { if (w.isVisible && w.context) return w.context.revert(); }""")
+    assert lab.git_status() == ""
+
+
 def test_the_lab_wrote_nothing_into_home(lab):
     """The server and its kernels ran with HOME set to an empty folder: Jupyter's files went to the project."""
     written = sorted(str(p.relative_to(lab.home)) for p in lab.home.rglob("*"))

@@ -39,8 +39,8 @@
 #
 # ## The notebooks, in order
 #
-# Click a name to open it. Each notebook starts with what you will be able to do and ends with a short summary;
-# eight of them then add an Exercises section, with exercises that check your answer at once.
+# Click a name to open it. Each notebook starts with what you will be able to do and ends with a short summary,
+# then exercises that check your answer at once.
 #
 # | notebook | what it teaches |
 # |---|---|
@@ -313,7 +313,42 @@ print("onnxruntime's fused model is equivalent:", report.ok)
 # - Every notebook follows the same pipeline: model → analysis → fusion plan → rewrite → verify → measure → explain.
 # - Measurements here are medians with confidence intervals from interleaved runs on this CPU; Ascend numbers are
 #   modelled from published specifications, not measured.
+
+# %% [markdown]
+# ## Exercises
 #
-# **Try next:** change `C_out` or `H, W` above and re-run the timing cells. Does the gain from onnxruntime's
-# fusion grow or shrink with the tensor size? Then open `01_fused_loops`, the next notebook: what one fused loop
-# saves, in bytes, before `02_conv_bn_folding` folds the BatchNormalization by hand.
+# The exercises check themselves: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
+#
+# **Exercise 1: the bytes a fused chain saves.** Write `saved_bytes(shape, dtype_bytes, ops)`: the memory traffic
+# saved when the chain `ops` (a Conv, then ops such as `"BatchNormalization"` and `"Relu"`, each reading only the
+# one before) runs as one kernel, counted as "What fusing it would save" counts it. Every tensor between them has
+# the Conv output's `shape`, each value `dtype_bytes` bytes. The truth is fusionlab's cost model (`cost.plan_cost`,
+# notebook 07): bytes moved unfused minus fused. The hidden chains include a batch of 8, fp16, a Conv → Relu and a
+# Conv alone.
+
+# %%
+def saved_bytes(shape, dtype_bytes, ops):
+    ...  # your code here
+
+# %%
+from fusionlab import exercises
+
+exercises.savings.check(saved_bytes)
+
+# %% [markdown]
+# **Exercise 2: BatchNormalization as a scale and a shift.** At inference, BatchNormalization computes
+# `gamma * (x - mean) / sqrt(var + eps) + beta` per channel (the model's `bn.scale`, `bn.bias`, `bn.mean`, `bn.var`
+# and `epsilon`). That is one multiply and one add, which is why it folds into the Conv before it (notebook 02
+# does it by hand). Write `bn_affine(gamma, beta, mean, var, eps)` returning `(scale, shift)`, one value per channel
+# each, so that `scale * x + shift` gives the same. `check` compares that with onnxruntime running the
+# BatchNormalization; the hidden cases include a negative `gamma`, a variance of 0 and a large `eps`.
+
+# %%
+def bn_affine(gamma, beta, mean, var, eps):
+    ...  # your code here
+
+# %%
+exercises.bnaffine.check(bn_affine)

@@ -243,10 +243,10 @@ print(f"speed-up over onnxruntime {cmp_gelu.speedup:.2f}x vs bytes ratio {gelu.b
 # %% [markdown]
 # ## Exercises
 #
-# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
-# `check` grades it at once and prints PASS with what it checked, or FAIL with a hint saying whether you are too
-# high or too low and which tensor you probably missed. The notebook is stored unanswered; the reference answer,
-# counted by hand, is in the repository's `solutions/` folder, outside the notebooks (try first).
+# The exercises check themselves: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
 # **Exercise 1: predict a plan's bytes.** Count, as fusionlab's cost model does (notebook 07 uses it for whole
 # networks), the bytes the block below moves through device memory: unfused, one kernel per node, each kernel
@@ -263,6 +263,15 @@ answer = {"unfused": ..., "fused": ...}  # your two counts, in bytes
 exercises.traffic.check(answer)
 
 # %% [markdown]
-# Further, unchecked: run `codegen.loop_vs_loop(spec, n)` with a chain of your own (add a `("Tanh",)` step and
-# watch the speed-up fall below the bytes ratio), or make the tensor small enough to stay in the cache
-# (`n=2**16`): the unfused loops get faster, and the bytes ratio stops predicting the speed-up.
+# **Exercise 2: fuse an op the generator has no template for.** `codegen` cannot emit `HardSwish` (MobileNetV3's
+# activation), which ONNX defines as `x * max(0, min(1, x / 6 + 1 / 2))`. Write it as a chain of steps the generator
+# does support (`codegen.SUPPORTED`), in the form of §2's `spec`: `("Mul", "x")` multiplies by the chain's input.
+# `check` generates the fused loop with `codegen.fuse_elementwise` and compares it with onnxruntime running one
+# `HardSwish` node, as §3 checked the kernel. The hidden inputs include values beyond the bends at ±3, exactly at
+# them, NaN and infinities.
+
+# %%
+hard_swish = ...  # your steps: a list like spec in §2
+
+# %%
+exercises.hardswish.check(hard_swish)

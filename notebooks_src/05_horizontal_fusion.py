@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from fusionlab import seed_claims, timing, viz, zoo
+from fusionlab import exercises, seed_claims, timing, viz, zoo
 from fusionlab.analysis import derive
 from fusionlab.build import make_model, tensor, value_info
 from fusionlab.graph import load
@@ -328,7 +328,47 @@ print("Attention nodes after onnxruntime's extended level:", ops.get("Attention"
 # - Run the vertical pass first, as the seed advises, so horizontal groups stack single fused ops.
 # - Whether it is faster depends on sizes and on what onnxruntime already does (at `all` the `Split` breaks its NCHWc
 #   layout): measure both ways.
+
+# %% [markdown]
+# ## Exercises
 #
-# **Try next:** raise `min_branches` to 3 (the default `min_num_branches` of Relay's `CombineParallelConv2D`) and see which groups remain; compare at
-# longer sequences (`dims={"sequence": 128}`, then `256`); run the horizontal pass alone on Inception and compare its groups with the ones above;
-# notebook 06 groups ops in arbitrary topologies (mixed fusion).
+# The exercises check themselves: write your answer in the cell under each task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
+#
+# **Exercise 1: Q, K and V as one MatMul.** Write `fuse_qkv(Wq, bq, Wk, bk, Wv, bv)` returning `(W, b, split)`:
+# the wide weight, the wide bias and the `Split`'s sizes, with numpy (§1 derived them; write them yourself rather
+# than call `derive.concat_matmul_weights`). Each `W*` is (K, N); a `b*` may be None (a bare MatMul); return
+# `b = None` when no projection has a bias. `check` runs one MatMul + Add + Split with your answer against
+# onnxruntime running the three projections. The hidden cases include K and V narrower than Q (grouped-query
+# attention), no biases, K alone without one (as in Whisper) and float16.
+
+# %%
+def fuse_qkv(Wq, bq, Wk, bk, Wv, bv):
+    """(W, b, split): one wide MatMul + Add whose Split hands Q, K and V back."""
+    ...  # your code here
+
+
+# %%
+exercises.qkv.check(fuse_qkv)
+
+# %% [markdown]
+# **Exercise 2: which siblings stack?** Write `can_stack(a, b)`: True when the horizontal pass puts ops `a` and `b`
+# in one group (§3). Each is a `Sibling` with `name`, `op` (`"Conv"` or `"MatMul"`), `reads` (the tensor it
+# reads), `weight` (a numpy array, or None when the weight is a graph input) and `attrs` (the node's attributes,
+# as the cell below shows). `check` asks about every pair in hidden sets of siblings and compares with
+# `horizontal.plan`: Q, K and V of different widths, Inception's 1x1 branches, and near misses (strides, kernel,
+# dilation, `group=2`, a weight that is a graph input, another input tensor). §1 says which weight axis is stacked.
+
+# %%
+def can_stack(a, b):
+    """Whether the horizontal pass stacks siblings a and b into one wide op."""
+    ...  # your code here
+
+
+print(exercises.siblings.Sibling("conv_b", "Conv", "x", np.zeros((4, 8, 1, 1), np.float32),
+                                 {"kernel_shape": [1, 1], "strides": [2, 2]}))
+
+# %%
+exercises.siblings.check(can_stack)

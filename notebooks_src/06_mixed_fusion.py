@@ -361,10 +361,10 @@ print(seed_claims.claim("s22-mixed-40-60pct").summary())
 # %% [markdown]
 # ## Exercises
 #
-# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
-# `check` grades it at once and prints PASS with what it checked, or FAIL with a hint naming what your answer
-# gets wrong. The notebook is stored unanswered; the reference answer, with its working, is in the repository's
-# `solutions/` folder, outside the notebooks (try first).
+# The exercises check themselves: write your answer in the cell under each task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
 # **Exercise 1: choose a `max_group_ops` that meets a memory budget.** The model below is a chain of elementwise
 # ops on maps of the size of §5's; some of its ops read another full-size input. The mixed pass groups the chain,
@@ -384,6 +384,26 @@ max_group_ops = ...  # your answer: an int
 
 # %%
 exercises.thresholds.check(max_group_ops)
+
+# %% [markdown]
+# **Exercise 2: the post-dominator tree.** Write `post_dominators(consumers, outputs)`: every node's immediate
+# post-dominator, or None, as §3 builds them. A DAG comes as `consumers`, {node: [the nodes that read its result]}
+# in topological order, and `outputs`, the nodes whose result is also a graph output. `exercises.postdom.as_dag(g)`
+# gives §3's graph in this form (the cell below prints a node of it): your answer on it should give §3's tree.
+# `check` builds hidden DAGs as ONNX graphs and compares with `mixed.post_dominator_tree`: diamonds, unbalanced
+# and nested branches, a graph output mid-graph, a shortcut past a join.
+
+# %%
+def post_dominators(consumers, outputs):
+    """{node: its immediate post-dominator, or None}, for every node of the DAG."""
+    ...  # your code here
+
+
+consumers, outputs = exercises.postdom.as_dag(g)
+print("relu1 ->", consumers["relu1"], "| graph outputs:", outputs)
+
+# %%
+exercises.postdom.check(post_dominators)
 
 # %% [markdown]
 # Further, unchecked: change `tile_kb` and `buffer_kb` together (the 310P3 core's UB, `cann_facts.md` §3.3); plan

@@ -518,10 +518,10 @@ print(ort_fold.table())
 # %% [markdown]
 # ## Exercises
 #
-# Each exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell
-# after it. `check` grades the answer at once on hidden cases and prints PASS with what it checked, or FAIL with
-# a hint that names the first case your answer gets wrong. This notebook is stored with the exercise unanswered;
-# reference answers are in the repository's `solutions/` folder, outside the notebooks (try first).
+# The exercises check themselves: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
 # **Exercise 1: fold a Conv and a per-channel Mul by hand.** A Conv followed by a Mul by a per-channel constant
 # (what a BN's scale is, once its shift has moved into the bias) is one Conv with new weights and bias. Write
@@ -542,7 +542,24 @@ def fold(W, b, scale):
 exercises.folding.check(fold)
 
 # %% [markdown]
-# Beyond the exercise: ConvTranspose + BN folds too (onnxruntime has no fusion for it), scaling weight axis 1 per
-# group, as §3 showed; fold one in an ONNX model yourself and `fusionlab.verify` it. Notebooks **03** (CNNs:
-# Conv+BN+SiLU, the residual Add) and **04** (transformers: Add+Gelu, LayerNorm, attention) run the same fold as a
-# pass over whole networks.
+# **Exercise 2: fold a BatchNormalization into a ConvTranspose.** onnxruntime has no fusion for ConvTranspose ->
+# BatchNormalization; write it. `fold_bn(W, b, gamma, beta, mean, var, eps, group)` returns `(W2, b2)` for one
+# ConvTranspose computing BN(ConvTranspose(x, W, b)): `W` has shape `(C_in, C_out / group, k...)` (§3: the output
+# channels are axis 1, per group), `b` is `(C_out,)` or `None`, the BN's parameters are `(C_out,)` each, and the bias
+# follows §2's derivation, not the write-up's formula. `check(fold_bn)` runs each hidden case's ConvTranspose -> BN in
+# onnxruntime (optimisations off) against one ConvTranspose with your `(W2, b2)`, at float32 tolerances. The cases
+# include 8 -> 8 channels (where scaling axis 0 fits the shape), groups, a depthwise and a 1-D ConvTranspose, no bias,
+# and a channel whose variance is 0.
+
+# %%
+def fold_bn(W, b, gamma, beta, mean, var, eps, group):
+    """(W2, b2): one ConvTranspose computing BatchNormalization(ConvTranspose(x, W, b))."""
+    ...  # your code here
+
+
+# %%
+exercises.transposed.check(fold_bn)
+
+# %% [markdown]
+# Notebooks **03** (CNNs: Conv+BN+SiLU, the residual Add) and **04** (transformers: Add+Gelu, LayerNorm,
+# attention) run the same fold as a pass over whole networks.

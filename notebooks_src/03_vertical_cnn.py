@@ -401,9 +401,9 @@ print(seed_claims.claim("s1-yolov5-23pct").summary())
 # %% [markdown]
 # ## Exercises
 #
-# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
-# `check` grades it at once on hidden graphs and prints PASS with what it checked, or FAIL with a hint naming the
-# first graph your rule gets wrong. The notebook is stored unanswered; a reference answer is in the repository's
+# The exercises check themselves: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong. The notebook is stored unanswered; reference answers are in the repository's
 # `solutions/` folder, outside the notebooks (try first).
 #
 # **Exercise 1: write a vertical rule.** Exporters write `torch.clamp` and TensorFlow's `relu6` as two ops,
@@ -443,6 +443,21 @@ class MaxMinClip(Rule):
 
 # %%
 exercises.rules.check(MaxMinClip)
+
+# %% [markdown]
+# **Exercise 2: predict the plan.** Seven small graphs, each a Conv and a BatchNormalization with what follows them,
+# are listed below (`W` is the Conv's weight; the BN's parameters are constants). For each, how many kernels does
+# the model launch after `fuse(model, passes=("vertical",))`? Use §3: which rule takes the chain, what it emits
+# (FusedConv, or Conv + QuickGelu), and the legality checks that stop it (an intermediate read by another node or
+# that is a graph output). `check(kernels)` runs the pass on each graph and counts; the hint names the first graph
+# you got wrong and what the pass did there.
+
+# %%
+print(exercises.plans.listing())
+kernels = {"A": ..., "B": ..., "C": ..., "D": ..., "E": ..., "F": ..., "G": ...}  # your predictions
+
+# %%
+exercises.plans.check(kernels)
 
 # %% [markdown]
 # On a model of your own, the same pipeline runs from the command line: `fusionlab fuse` it, then `fusionlab

@@ -15,8 +15,10 @@
 # %%
 from pathlib import Path
 
+from onnx import helper
+
 import fusionlab
-from fusionlab import timing, zoo
+from fusionlab import exercises, timing, zoo
 from fusionlab.compilers import ort
 from fusionlab.cost import calibrate
 from fusionlab.passes import fuse, vertical
@@ -194,3 +196,46 @@ for note in chosen.plan.notes:
 #   once the pass has proved the head views from the shape arithmetic.
 # * A fused kernel earns its place by measurement: `SkipLayerNormalization` is off by default, and
 #   `select="measured"` keeps only the groups that time faster on your machine.
+
+# %% [markdown]
+# ## Exercises
+#
+# The exercises check themselves: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
+#
+# **Exercise 1: write GELU as the exporter does.** §1's `gelu` rule fuses erf-GELU as torch's TorchScript exporter
+# writes it: `x / √2`, `Erf`, `+ 1`, `× x`, `× 0.5`. Write `gelu_nodes(x, y)` returning those ONNX nodes
+# (`helper.make_node`), reading the tensor named `x` and writing `y`, constants as `Constant` nodes named after `y`.
+# `check(gelu_nodes)` builds a model around them and grades two things: onnxruntime computes GELU (against float64,
+# fp32 tolerances), and `fuse(model, passes=("vertical",))` turns all of it into one `Gelu` (opset 17 and 20), or a
+# `BiasGelu` when a bias Add comes first. A GELU that is only close, or has a constant rounded, does not fuse.
+
+# %%
+def gelu_nodes(x, y):
+    """ONNX nodes computing y = x * 0.5 * (1 + erf(x / sqrt(2)))."""
+    half = helper.make_node("Constant", [], [f"{y}_half"], value_float=0.5)  # a scalar constant, for a start
+    raise NotImplementedError  # your code here
+
+
+# %%
+exercises.gelu.check(gelu_nodes)
+
+# %% [markdown]
+# **Exercise 2: what SkipLayerNormalization saves.** §1 measured the fused kernel slower; count what it saves in
+# bytes. Write `saved_bytes(batch, seq, hidden, dtype_bytes, bias, sum_read_again)`: the traffic one
+# `SkipLayerNormalization` removes against the residual `Add` and `LayerNormalization` it replaces, on activations
+# of shape `(batch, seq, hidden)`. With `bias`, the projection's bias `Add` (a `(hidden,)` vector) comes first and
+# joins the kernel; with `sum_read_again` (the pre-LN form) the next block's residual `Add` reads the sum too.
+# `check(saved_bytes)` compares with the cost model (each kernel's reads and writes, notebook 03 §3), unfused less
+# fused; the cases include fp16 and one decode step.
+
+# %%
+def saved_bytes(batch, seq, hidden, dtype_bytes, bias, sum_read_again):
+    """Bytes moved by the unfused Add(s) + LayerNormalization less those moved by SkipLayerNormalization."""
+    ...  # your code here
+
+
+# %%
+exercises.skipln.check(saved_bytes)

@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import fusionlab
-from fusionlab import cost, seed_claims, timing, widgets, zoo
+from fusionlab import cost, exercises, seed_claims, timing, widgets, zoo
 from fusionlab.analysis import working_set
 from fusionlab.cost import calibrate, devices
 from fusionlab.passes import fuse, mixed, options_for
@@ -541,12 +541,44 @@ display(Markdown(f"The last line: the groups cover {counted.nodes} of the {len(r
 #   above 5 ops" costs BERT latency in this model, and its "15–20 % more peak memory" is a training effect.
 # * The Ascend numbers are predictions from published specs; on this CPU the prediction is checked against what
 #   onnxruntime measures, with the error shown.
+
+# %% [markdown]
+# ## Exercises
 #
-# **What to try next**
+# The exercises check themselves: write your answer in the cell under the task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; a reference
+# answer is in the repository's `solutions/` folder, outside the notebooks (try first).
 #
-# * In the explorer, lower the UB budget and watch groups split; switch between the 300I Pro and the
-#   800I A2 (less UB per core, more bandwidth).
-# * Change `launch_overhead_us` of a preset (`dataclasses.replace(devices.get("Atlas 300I Pro"),
-#   launch_overhead_us=1.0)`) and see how much of the predicted gain was launches.
-# * `fusionlab explain model.onnx --device "Atlas 800I A2" --max-group-ops 3` prints the same tables for
-#   any model.
+# **Exercise 1: a kernel's time on the roofline.** Write `kernel_time(flops, nbytes, device)`: the seconds the cost
+# model predicts for one node run as its own kernel on a preset (a `devices.Device`), from its FLOPs and the bytes
+# it moves (§2's rule; the presets run float models at fp16, §1). The hidden nodes, on four presets, include
+# memory-, compute- and launch-bound ones and a MatMul at the ridge. Try yours on §2's Relu first
+# (`relu_cost.flops`, `relu_cost.bytes`, `pro`).
+
+# %%
+def kernel_time(flops, nbytes, device):
+    """Seconds one node takes as its own kernel on `device`, by the roofline."""
+    ...  # your code here
+
+
+# %%
+exercises.roofline.check(kernel_time)
+
+# %% [markdown]
+# **Exercise 2: the working set in tiles.** Write `ub_bytes(members, tile)`: the UB bytes a fused group needs with
+# tiles of `tile` bytes, by §3's rules, without calling `working_set`. `members` lists the group's ops in execution
+# order, each a `working_set.Member`: `cube` (its reads go to the cube through L1), `reads` and `writes` (`(name,
+# bytes)` of the tensors it reads from or writes to device memory) and `keeps` (`(name, bytes, position of the
+# last reader)` of its intermediates). A tensor smaller than a tile takes its own bytes. §3's group is
+# `mixed.working_set_members(yolo, g5.nodes)`, and §3 printed its answer at 16 KiB; the hidden groups also include
+# a tensor read by two ops, LayerNorms and §5's chain of Adds.
+
+# %%
+def ub_bytes(members, tile):
+    """UB bytes of a fused group (its members in execution order) with tiles of `tile` bytes."""
+    ...  # your code here
+
+
+# %%
+exercises.tiles.check(ub_bytes)

@@ -519,7 +519,7 @@ display(Markdown(
 # %% [markdown]
 # ## Exercises
 #
-# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
+# The exercises check themselves: write your answer in the cell under the task, run it, then run the `check` cell.
 # `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
 # first case your answer gets wrong. The notebook is stored unanswered; a reference answer is in the repository's
 # `solutions/` folder, outside the notebooks (try first).
@@ -542,6 +542,24 @@ def update(m, l, acc, scores, v):
 
 # %%
 exercises.softmax.check(update)
+
+# %% [markdown]
+# **Exercise 2: merge two blocks' mean and variance.** Write the step §5's `welford` takes per block as a function,
+# `merge(a, b) -> (count, mean, m2)`: `a` and `b` hold two blocks of the same rows, each as `(count, mean, m2)`
+# with `count` an int and `mean`, `m2` float32 arrays of one value per row (`m2`: the sum of squared deviations
+# from the block's mean); return the statistics of both blocks together. The checker merges hidden blocks left to
+# right from count 0, or as a tree, and compares the mean and `m2 / count` with float64 `np.mean` and `np.var` of
+# the rows. Its cases include unequal blocks, a block of one value, blocks whose means differ, and rows around
+# 1e4, where E[x²] − E[x]² in float32 loses the variance.
+
+# %%
+def merge(a, b):
+    """(count, mean, m2) of blocks a and b together."""
+    ...  # your code here
+
+
+# %%
+exercises.moments.check(merge)
 
 # %% [markdown]
 # Further, unchecked: change `N` (the row length) in section 1 to 256 or 16384 (when does the row stop fitting

@@ -59,7 +59,7 @@ from .fold import is_host_side
 from .options import check_options
 
 __all__ = ["plan", "apply", "trace", "check_group", "Step", "PostDomTree", "post_dominator_tree", "working_set",
-           "working_set_detail", "OPTIONS", "DEFAULT_MAX_GROUP_OPS", "DEFAULT_TILE_KB"]
+           "working_set_detail", "working_set_members", "OPTIONS", "DEFAULT_MAX_GROUP_OPS", "DEFAULT_TILE_KB"]
 
 #: the seed's rule for Atlas 800I A2: split a fused op of more than 5 basic ops
 DEFAULT_MAX_GROUP_OPS = 5
@@ -275,9 +275,15 @@ def working_set(graph: Graph, nodes: list[str], *, tile_kb: float = DEFAULT_TILE
 def working_set_detail(graph: Graph, nodes: list[str], *, shapes: ShapeInfo | None = None,
                        dims: dict | None = None) -> ws_model.WorkingSet:
     """The buffers behind `working_set` (the same model): `.account(tile)` and `.describe(tile)` say what fills it."""
+    return ws_model.working_set(working_set_members(graph, nodes, shapes=shapes, dims=dims))
+
+
+def working_set_members(graph: Graph, nodes: list[str], *, shapes: ShapeInfo | None = None,
+                        dims: dict | None = None) -> list[ws_model.Member]:
+    """A candidate group of named nodes as the working-set model sees it: its members in execution order."""
     shapes = _info(graph, shapes, dims)
     gnodes = _build(graph, shapes)
-    return ws_model.working_set(_members(gnodes, _indices(gnodes, nodes), shapes))
+    return _members(gnodes, _indices(gnodes, nodes), shapes)
 
 
 def _indices(gnodes, nodes: list[str]) -> list[int]:

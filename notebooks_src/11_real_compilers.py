@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fusionlab import timing, zoo
+from fusionlab import exercises, timing, zoo
 from fusionlab.compilers import MODELS, grouping, iree, ort
 from fusionlab.export import cann
 from fusionlab.graph import load
@@ -453,11 +453,43 @@ for stage, passes in cann.read_fusion_result(published).items():
 #   (the per-op build also pays a module call per op).
 # * fusionlab's mixed pass agrees with TVM's FuseOps on almost every edge of the CNNs; on BERT the two handle
 #   reductions as mirror images.
+
+# %% [markdown]
+# ## Exercises
 #
-# **What to try next**
+# The exercises check themselves: write your answer in the cell under each task, run it, then run the `check`
+# cell. `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming
+# the first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
-# * `iree.count_dispatches(model, ["--iree-dispatch-creation-enable-fuse-padding-into-linalg-consumer-ops"])`
-#   on ResNet: do the `slow_memcpy` dispatches go away?
-# * Compile BERT with IREE and compare its time with onnxruntime at level ALL (`iree.Module`,
-#   `timing.compare`).
-# * Add `Resize` to fusionlab's injective ops and re-run the agreement on YOLOv5n.
+# **Exercise 1: edges two groupings decide alike.** Write `edges_alike(graph, groups_a, groups_b)` returning
+# `(alike, total)`, §5's *edges alike* column, from its definition: `total` counts the data edges producer →
+# consumer between two nodes that are not `Constant`s, each edge once; `alike` counts those that both groupings fuse
+# (one group holds both ends) or both leave unfused. A grouping is a list of lists of node names. Walk
+# `for node in graph` and each value in `node.inputs`: `value.producer()` is its node (None for a graph input or a
+# weight; a value may be None too). The hidden graphs include a node reading one producer twice, a `Constant`
+# input, a graph output that nodes also read, and BERT-tiny's two mixed plans.
+
+# %%
+def edges_alike(graph, groups_a, groups_b):
+    """(edges both groupings decide alike, edges between non-Constant nodes)."""
+    ...  # your code here
+
+
+# %%
+exercises.agreement.check(edges_alike)
+
+# %% [markdown]
+# **Exercise 2: an ATC switch file for the plan's passes.** Write `switch_file(plan)` returning the text of the
+# `--fusion_switch_file` (JSON, as `cann.fusion_switch` writes it) that turns off every ATC pass §6 files the plan's
+# groups under, and nothing more: the baseline conversion to compare on a device. The hidden plans include
+# ResNet's, BERT-tiny's (filed under `Fusionlab…` names only), a MatMul with its bias, and a plan with no group.
+
+# %%
+def switch_file(plan):
+    """The JSON text of ATC's --fusion_switch_file for a conversion without the plan's fusions."""
+    ...  # your code here
+
+
+# %%
+exercises.atcswitch.check(switch_file)

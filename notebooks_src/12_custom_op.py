@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import fusionlab
-from fusionlab import seed_claims, timing, viz, zoo
+from fusionlab import exercises, seed_claims, timing, viz, zoo
 from fusionlab.export import DeclarationError, compute, declare_group, library_path, package_files, reg_op, replace_groups, write_package
 from fusionlab.passes import vertical
 from fusionlab.text import wrap
@@ -422,10 +422,36 @@ print(seed_claims.claim("s1-yolov5-23pct").summary())
 # - onnxruntime runs it through a Python kernel and matches the unfused model; the generated package holds the
 #   prototype, msopgen input, Ascend C project, ONNX plugin, `atc` command and `fusion_switch.cfg`.
 # - ATC already fuses Conv + BN + ReLU: write a custom fused op for a pattern ATC does not fuse, and measure it.
+
+# %% [markdown]
+# ## Exercises
 #
-# **What to try next**
+# The exercises check themselves: write your answer in the cell under each task, run it, then run the `check`
+# cell. `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming
+# the first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
-# - Turn the SiLU groups of `zoo.yolov5s` (Conv + BN + Sigmoid + Mul) into `ConvSigmoidMul` ops, and
-#   check the name rule accepts `ConvSilu` too.
-# - Declare a `MatMulAddRelu` by hand and look at the infer function it generates.
-# - Run `fusionlab customop model.onnx --list` on your own model to see which groups qualify.
+# **Exercise 1: declare MatMulAddRelu.** With `reg_op`, declare `.fuses("MatMul", "Add", "Relu")` with `MatMul`'s
+# inputs `x1`, `x2`, `bias`, output `y`, types `DT_FLOAT16` and `DT_FLOAT`, attributes `transpose_x1`,
+# `transpose_x2` (`Bool`, default false). `check` applies §2's rules, then §3's `infer` on hidden shapes (`float16`
+# too) against onnxruntime.
+
+# %%
+def declare_matmul_add_relu():  # returns what OP_END_FACTORY_REG returns
+    ...  # your code here
+
+
+# %%
+exercises.prototype.check(declare_matmul_add_relu)
+
+# %% [markdown]
+# **Exercise 2: the fused kernel.** Write its numpy kernel. `check` runs it through §5's PyOp bridge against the
+# unfused ops (§6) on hidden inputs: stacked matrices, a bias pushing outputs below zero.
+
+# %%
+def matmul_add_relu(x1, x2, bias):  # y = relu(x1 @ x2 + bias)
+    raise NotImplementedError  # your code here
+
+
+# %%
+exercises.pykernel.check(matmul_add_relu)

@@ -26,6 +26,7 @@ import numpy as np
 import fusionlab
 from fusionlab import exercises, timing, viz, zoo
 from fusionlab.cost import calibrate, devices
+from fusionlab.cost import model as cost_model
 from fusionlab.lessons import decoding as dec
 from fusionlab.passes import fuse, vertical
 from fusionlab.text import text_table, wrap
@@ -95,7 +96,9 @@ display(Markdown(
 # so the 300I Duo (two 310P3 chips, each with its own memory) appears as one of its chips, whose figures are
 # nearly the 300I Pro's (their lines overlap). The 910B's AI cores are split: each has one cube core for
 # matrix products and two vector cores, so its 20 cube cores do the matmuls that dominate decoding, and the
-# roofline uses its fp16 cube peak.
+# roofline uses its fp16 cube peak. A 310P3's AI cores each hold a cube and a vector unit, and the chip has
+# standalone vector cores besides (the table's count, from the chip's platform file as quoted in
+# `cann_facts.md` §3.3, a secondary source).
 #
 # **Predict before you run the next cell:** on which side of each device's ridge does a decode step fall? And
 # a prefill of 512 tokens?
@@ -115,7 +118,7 @@ dec.roofline_figure(lines, points, title="a decode step (128 cached) and a prefi
 
 # %%
 table = [[d.name, f"{d.mem_bandwidth_gbs:g}", f"{d.peak_fp16_tflops:g}", str(d.ai_cores),
-          str(d.vector_cores or "-"),
+          str(d.vector_cores or (f"{d.standalone_vector_cores} standalone" if d.standalone_vector_cores else "-")),
           f"{d.ridge_flop_per_byte:.0f}", "memory" if one16 < d.ridge_flop_per_byte else "compute",
           "memory" if pre16 < d.ridge_flop_per_byte else "compute"] for d in chips]
 show(["one chip of", "GB/s", "FP16 TFLOPS", "AI cores", "vector cores", "ridge FLOP/B", "decode bound by",
@@ -263,6 +266,39 @@ model = dec.llama_decoder(cfg, batch=1)
 result = fuse(fusionlab.load(model), passes=("vertical",))
 fused = result.graph.to_proto()
 print(result.plan.table())
+
+# %% [markdown]
+# The rotary groups are not accounted alike. The next cell prints what each rewrite wrote and what the plan
+# charges it:
+
+# %%
+rot = [g for g in result.plan.groups if g.rule == "rotary"]
+made = {o: n for n in model.graph.node for o in n.output}
+
+
+def projection(g):
+    """The projection whose output the group rotates: Transpose <- Reshape <- MatMul (q_proj or k_proj)."""
+    matmul = made[made[made[g.reason.rsplit(" of ", 1)[1]].input[0]].input[0]]
+    parts = matmul.name.split("/")  # /model/layers.0/self_attn/q_proj/MatMul
+    return f"{parts[2]} {parts[4]}"
+
+
+show(["group", "rotates", "kernels", "saved KiB", "nodes its rewrite wrote"],
+     [[g.id, projection(g), str(g.kernels), f"{g.saved_bytes / 1024:.0f}",
+       ", ".join(n.rsplit("/", 1)[-1] for n in g.extra["fused_nodes"])] for g in rot])
+first, plain = rot[0], [g for g in rot if g.kernels == 1]
+q_kib = max(g.saved_bytes for g in plain) / 1024
+k_kib = min(g.saved_bytes for g in plain) / 1024
+print(wrap(f"{first.id} also wrote {first.kernels - 1} nodes: the Slice and Reshape that cut the graph's cos and sin "
+           f"tables to the [S, D/2] caches every RotaryEmbedding reads; the other groups reuse them. The groups that "
+           f"wrote nothing else save {q_kib:.0f} KiB (queries, {cfg.heads} heads) or {k_kib:.0f} KiB (keys, "
+           f"{cfg.kv_heads} K/V heads): {q_kib / k_kib:.0f}x, the ratio of the heads."))
+
+# %% [markdown]
+# The first group's saved KiB are net of the caches it adds: when a rule does not say what its extra kernels
+# write, the plan charges each one an intermediate as large as the group's output, written and read
+# (`engine.saved_bytes`). For these small [S, D/2] tables that charge is pessimistic, so the first group's saving
+# is understated, and the total line under the plan with it.
 
 # %%
 before, after = zoo.summary(model), zoo.summary(fused)
@@ -501,6 +537,14 @@ show(["one chip of", "GiB per token", "FLOP/B", "ridge", "ms (bytes/bandwidth)",
 small = dec.modelled_decode(cfg, 128, chips[0])
 print(f"this notebook's decoder in fp16 on one 310P3, 128 cached: at most {small['tokens_per_s_bound']:,.0f} "
       f"tokens/s ({small['bytes'] / MiB:.1f} MiB per token)")
+pro = chips[0]
+step_cost = cost_model.plan_cost(fusionlab.load(model), cost_model.as_launched(result.plan), pro,
+                                 dims={"sequence": 1, "past": 128})
+launch_ms = step_cost.kernels * pro.launch_overhead_us / 1e3
+print(wrap(f"but the fused decoder launches {step_cost.kernels} kernels a step (the cost model's count, host-side shape "
+           f"ops left out); at the preset's {pro.launch_overhead_us:g} us a launch (assumed) that is {launch_ms:.2f} ms, "
+           f"{launch_ms / (small['t_memory_s'] * 1e3):.1f}x its memory time of {small['t_memory_s'] * 1e3:.2f} ms; the "
+           f"cost model predicts {step_cost.latency_s * 1e3:.2f} ms a step, {1 / step_cost.latency_s:,.0f} tokens/s"))
 
 # %% [markdown]
 # On every chip the memory time is far larger than the compute time: decode runs at the bandwidth, and the
@@ -508,6 +552,12 @@ print(f"this notebook's decoder in fp16 on one 310P3, 128 cached: at most {small
 # card serves (a second model instance with its own memory), not the speed of one request on one chip
 # (splitting one model over both chips adds the traffic between them, which this model does not count); a chip
 # with HBM (the 910B4) is several times faster per token; int8 weights nearly halve the bytes (the fp16 cache stays).
+#
+# The last lines say the bytes bound is not the whole story for a model this small: on the model of a 310P3 its
+# decode step is limited by kernel launches, not bytes (compare the launch time with the memory time above), and
+# the tokens per second fall well short of the bound. That is where fusion does pay in decoding: every kernel it
+# removes is one launch less per token. The launch cost is an
+# assumption of the presets (no figure is published; msprof's task wait times would measure it).
 #
 # ## Summary
 #
@@ -522,10 +572,10 @@ print(f"this notebook's decoder in fp16 on one 310P3, 128 cached: at most {small
 # %% [markdown]
 # ## Exercises
 #
-# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
-# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
-# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; a reference
-# answer is in the repository's `solutions/` folder, outside the notebooks (try first).
+# The exercises check themselves: write your answer in the cell under the task, run it, then run the `check`
+# cell. `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming
+# the first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
 # **Exercise 1: the KV cache a decode step reads.** Write `kv_cache_bytes(layers, heads, kv_heads, head_dim,
 # context, dtype_bytes)`: the bytes a decode step reads from the cache when `context` tokens are cached, for a
@@ -541,3 +591,20 @@ def kv_cache_bytes(layers, heads, kv_heads, head_dim, context, dtype_bytes):
 
 # %%
 exercises.kvcache.check(kv_cache_bytes)
+
+
+# %% [markdown]
+# **Exercise 2: rotary embeddings.** Write `apply_rotary(x, positions, base)`: `x` holds vectors [..., S, D] at the
+# token positions `positions` [S]; rotate each as §4 does, channel i paired with channel i + D/2 and turned by
+# p·θᵢ, θᵢ = base^(−2i/D), without calling `dec.rope`. `check` compares your result with onnxruntime's own
+# `RotaryEmbedding` kernel, the op the `rotary` rule writes; the hidden cases include §4's vector, a decode step
+# at a late position, several heads and another base.
+
+# %%
+def apply_rotary(x, positions, base=10000.0):
+    """x [..., S, D] rotated at `positions` [S], LLaMA's half-rotated form."""
+    ...  # your code here
+
+
+# %%
+exercises.rotary.check(apply_rotary)

@@ -286,10 +286,51 @@ for name, m in (("all ops", bert_all), ("MatMul only", bert_mm), ("MatMul, float
 #   folds them into its `Gemm`s, a `QLinearMatMul` has no bias input.
 # - *MatMul, float out*: with no quantize after a MatMul, `DQ, DQ → MatMul` becomes **`MatMulIntegerToFloat`**
 #   (integer product, int32 accumulation, scaled back to float inside), or `QGemm` where the bias Add folded in.
-#   Not every time, though: the float islands show `Gemm`s reading two dequantizes. Their node names end in
-#   `MatMulAddFusion`: onnxruntime's float `MatMul + Add → Gemm` rewrite made them, and no integer rule turned
-#   them into `QGemm` afterwards, as one did for the others. They compute in float on weights dequantized at run
-#   time: two fusions met on the same nodes, and for these the float one was the last word.
+#   Not every time, though: the float islands show `Gemm`s reading two dequantizes, and two `QLinearMatMul`s
+#   are left. The next cell says which MatMul of the first layer became what.
+
+# %%
+ran = quant.optimized(bert_mm_float_out)
+became = {}
+for n in ran.graph.node:  # a fused node keeps the exported MatMul's name, a Gemm with a suffix
+    if n.op_type in ("QLinearMatMul", "MatMulIntegerToFloat", "QGemm", "Gemm") and "/layer.0/" in n.name:
+        key = n.name.removesuffix("/MatMulAddFusion").removeprefix("/encoder/layer.0/")
+        became[key] = (n.op_type, n.name.endswith("MatMulAddFusion"))
+readers = {}
+for n in bert_mm_float_out.graph.node:
+    for i in n.input:
+        readers.setdefault(i, []).append(n)
+
+
+def after(name, steps=3):
+    """The op types that follow node `name` in the QDQ model (first reader each step)."""
+    out, node = [], next(n for n in bert_mm_float_out.graph.node if n.name == name)
+    for _ in range(steps):
+        node = readers[node.output[0]][0]
+        out.append(node.op_type)
+    return " -> ".join(out)
+
+
+show_rows = [[k, op, "yes" if gemm else "no", after("/encoder/layer.0/" + k)] for k, (op, gemm) in became.items()]
+print("\n".join(text_table(["layer 0 MatMul", "runs as", "named MatMulAddFusion", "after it in the QDQ model"],
+                            show_rows)))
+
+# %% [markdown]
+# Read the rows:
+#
+# - the two `QLinearMatMul`s are the attention's probabilities × values (`self/MatMul_1`), one per layer. The
+#   option left that MatMul without a quantize of its own, but a Transpose and a Reshape (ops that only move
+#   data) lead from it to the `QuantizeLinear` of the next projection's input; onnxruntime moves a quantize
+#   across such ops, so the MatMul met a quantize after all and was fused with its output requantised;
+# - the scores `Q·Kᵀ` (`self/MatMul`), whose output goes on in float to the scaling `Div`, became
+#   `MatMulIntegerToFloat`, as the option intends;
+# - the projections became `Gemm`s with their bias `Add` first (the `MatMulAddFusion` names: onnxruntime's float
+#   `MatMul + Add → Gemm` rewrite). Those of query, key and value were then turned into `QGemm`; the attention
+#   output and the two MLP projections were not, and stay float `Gemm`s reading dequantized activations and
+#   weights. What sets those three apart, in the last column, is where their output goes: into a residual `Add`
+#   and a LayerNorm, or into the GELU's `Div` and `Erf`, chains that onnxruntime's float fusions
+#   (`SkipLayerNormalization`, `Gelu`) take over. The graph shows that correlation, not which rule decided; for
+#   these three the float fusions had the last word.
 #
 # ## 5. Accuracy against float32
 #
@@ -518,10 +559,10 @@ print(quant.cann_table())
 # %% [markdown]
 # ## Exercises
 #
-# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
-# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
-# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; a reference
-# answer is in the repository's `solutions/` folder, outside the notebooks (try first).
+# The exercises check themselves: write your answer in the cell under the task, run it, then run the `check`
+# cell. `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming
+# the first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
 # **Exercise 1: quantize to uint8 as onnxruntime does.** Write `quantize(x, lo, hi)` returning `(q, scale,
 # zero_point)`: the asymmetric uint8 scale and zero point that map the calibrated range `[lo, hi]` onto 0..255
@@ -538,3 +579,20 @@ def quantize(x, lo, hi):
 
 # %%
 exercises.qparams.check(quantize)
+
+
+# %% [markdown]
+# **Exercise 2: requantise an int32 accumulator.** Write `requantize(acc, x_scale, w_scale, y_scale,
+# y_zero_point)`: the uint8 output an int8 kernel writes from its int32 accumulator `acc` [M, N], as §1 ("Inside
+# an int8 kernel") describes it; `w_scale` is one number, or one per output column for per-channel weights.
+# `check` compares your output with onnxruntime's own `QLinearMatMul` on the same integers and scales; the hidden
+# cases include outputs that saturate at 0 and at 255, exact ties and per-column weight scales.
+
+# %%
+def requantize(acc, x_scale, w_scale, y_scale, y_zero_point):
+    """uint8 [M, N] from the int32 accumulator acc [M, N]."""
+    raise NotImplementedError  # your code here
+
+
+# %%
+exercises.requant.check(requantize)

@@ -490,10 +490,10 @@ display(Markdown("\n\n".join(notes)))
 # %% [markdown]
 # ## Exercises
 #
-# The exercise checks itself: write your answer in the cell under the task, run it, then run the `check` cell.
-# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
-# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; a reference
-# answer is in the repository's `solutions/` folder, outside the notebooks (try first).
+# The exercises check themselves: write your answer in the cell under the task, run it, then run the `check`
+# cell. `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming
+# the first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
 # **Exercise 1: size a double buffer.** Write `largest_tile(ub_bytes, in_bytes, out_bytes, inputs, outputs)`: the
 # largest tile, in elements, such that each of the `inputs` input queues and each of the `outputs` output queues
@@ -511,8 +511,20 @@ def largest_tile(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1):
 # %%
 exercises.buffers.check(largest_tile)
 
+
 # %% [markdown]
-# Further, unchecked: change `ops_per_elem` and `inputs` in `modelled` to model your own kernel, or pass
-# `latency_us` to `core_from_device` to see how a fixed per-transfer cost punishes the smaller tiles double
-# buffering needs; try `BUFFER_NUM = 3` in `double_buffer.simulate` (when does a third buffer help on one memory
-# path?). Notebook `13_profiling_case` has the measured side of the seed's performance advice.
+# **Exercise 2: the time of a pipeline.** Write `pipeline_time(n_tiles, t_in, t_compute, t_out, buffers)`: how
+# long `n_tiles` tiles take through CopyIn → Compute → CopyOut on one core with `BUFFER_NUM = buffers` (1 or 2),
+# copy-in and copy-out sharing the core's memory path, each stage taking the given µs alone (§1–§2; the
+# closed forms of §1 are nearly all you need, but mind the first tile and the last). `check` compares your time
+# with `double_buffer.simulate`; the hidden cases include one tile, §1's equal stages, a
+# compute-bound kernel of few tiles, and stage times from the presets of §4.
+
+# %%
+def pipeline_time(n_tiles, t_in, t_compute, t_out, buffers):
+    """Microseconds for n_tiles tiles with `buffers` buffers per queue on one memory path."""
+    ...  # your code here
+
+
+# %%
+exercises.pipeline.check(pipeline_time)

@@ -25,7 +25,7 @@ THIS_MACHINE = "this machine"
 
 _FIELDS = ("name", "chip", "peak_fp16_tflops", "peak_int8_tops", "peak_fp32_tflops", "mem_bandwidth_gbs", "ub_kb",
            "l1_kb", "ai_cores", "power_w", "launch_overhead_us", "source", "uncertain")
-_OPTIONAL = ("precision", "efficient_transfer_kb", "chips", "vector_cores")
+_OPTIONAL = ("precision", "efficient_transfer_kb", "chips", "vector_cores", "standalone_vector_cores")
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,9 @@ class Device:
     #: cores that run a vector (elementwise) kernel, when they are not the AI cores: the 910B splits each AI core
     #: into one cube core (AIC) and two vector cores (AIV), so its vector kernels run on 2 x ai_cores of them
     vector_cores: int | None = None
+    #: vector cores beside AI cores that carry their own vector units (the 310P3's 7 per chip, cann_facts.md
+    #: s3.3, secondary); descriptive only: the cost model does not spread vector kernels over them
+    standalone_vector_cores: int | None = None
 
     def peak_flops(self, dtype: str = "float32") -> float:
         """Peak FLOP/s for a tensor dtype (fp32 without a published fp32 peak runs at the fp16 cube rate)."""
@@ -98,6 +101,8 @@ class Device:
             peak_fp16_tflops=self.peak_fp16_tflops / n, peak_int8_tops=per(self.peak_int8_tops),
             peak_fp32_tflops=per(self.peak_fp32_tflops), mem_bandwidth_gbs=self.mem_bandwidth_gbs / n,
             ai_cores=self.ai_cores // n, vector_cores=None if self.vector_cores is None else self.vector_cores // n,
+            standalone_vector_cores=(None if self.standalone_vector_cores is None
+                                     else self.standalone_vector_cores // n),
             power_w=per(self.power_w), chips=1, uncertain=uncertain,
             source=f"{self.source} One chip of the {n}: every card figure divided by {n} (the power share derived).")
 

@@ -4,16 +4,17 @@
 NOT ANSWERED YET for the stub) and the grading loop, once; each topic is a module with its hidden cases and a
 `check`: `savings` and `bnaffine` (notebook 00), `traffic` and `hardswish` (01), `folding` and `transposed` (02),
 `rules` and `plans` (03), `gelu` and `skipln` (04), `qkv` and `siblings` (05), `thresholds` and `postdom` (06),
-`roofline` and `tiles` (07), `softmax` and `moments` (08), `kvcache` (09), `qparams` (10), `agreement` and
-`atcswitch` (11), `prototype` and `pykernel` (12), `buffers` (14).
+`roofline` and `tiles` (07), `softmax` and `moments` (08), `kvcache` and `rotary` (09), `qparams` and `requant`
+(10), `agreement` and `atcswitch` (11), `prototype` and `pykernel` (12), `buffers` and `pipeline` (14).
 Reference answers and planted wrong ones live outside the package, in the repository's `solutions/`.
 """
 
-from . import (agreement, atcswitch, bnaffine, buffers, folding, gelu, hardswish, kvcache, moments, plans, postdom,
-    prototype, pykernel, qkv, qparams, roofline, rules, savings, siblings, skipln, softmax, thresholds, tiles,
-    traffic, transposed)
+from . import (agreement, atcswitch, bnaffine, buffers, folding, gelu, hardswish, kvcache, moments, pipeline, plans,
+    postdom, prototype, pykernel, qkv, qparams, requant, roofline, rotary, rules, savings, siblings, skipln,
+    softmax, thresholds, tiles, traffic, transposed)
 from .core import Case, Verdict
 
 __all__ = ["Case", "Verdict", "savings", "bnaffine", "traffic", "hardswish", "folding", "transposed", "rules",
            "plans", "gelu", "skipln", "qkv", "siblings", "thresholds", "postdom", "roofline", "tiles", "softmax",
-           "moments", "kvcache", "qparams", "agreement", "atcswitch", "prototype", "pykernel", "buffers"]
+           "moments", "kvcache", "rotary", "qparams", "requant", "agreement", "atcswitch", "prototype", "pykernel",
+           "buffers", "pipeline"]

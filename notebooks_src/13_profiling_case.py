@@ -24,7 +24,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 import fusionlab
-from fusionlab import cost, profile, seed_claims, zoo
+from fusionlab import cost, exercises, profile, seed_claims, zoo
 from fusionlab.cost import calibrate, devices, metrics
 from fusionlab.passes import fuse
 from fusionlab.text import wrap
@@ -568,9 +568,40 @@ for cid in ("s42-accuracy-anomaly", "s42-memory-leak", "s42-build-failure", "s42
 #   this CPU (onnxruntime ≥ 1.14), preallocation is already the default, and §8 shows what threads do to utilisation.
 # - When a fusion changes the answer, `fusionlab blame` names the graph transformer that did it (§10).
 #
-# **What to try next**
+# ## Exercises
 #
-# - `fusionlab profile your_model.onnx --fuse -o trace.json`, then open the trace in <https://ui.perfetto.dev>.
-# - Profile BERT (`zoo.bert(layers=2, hidden=128, heads=2, intermediate=512)`): many small MatMul/Add/Softmax
-#   kernels, so launch gaps weigh more.
-# - Notebook `14_double_buffering`: the pipeline trick behind the seed's "+18%".
+# The exercises check themselves: write your answer in the cell under each task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
+#
+# **Exercise 1: the time with no kernel running.** Write `idle_us(run_us, ops)`: the microseconds of a run of
+# `run_us` during which no kernel ran, given its kernels as `Profile.ops()` returns them (`start_us` from the run's
+# start, `dur_us`, `end_us`, `lane`, `wait_us`): the last figure of §2's op table (try it on `before`). The hidden
+# runs include back-to-back kernels, kernels overlapping on two lanes (parallel branches on two streams, the
+# seed's fix of §6), one kernel inside another, and a late first kernel.
+
+# %%
+def idle_us(run_us, ops):
+    """Microseconds of the run during which no kernel was running."""
+    ...  # your code here
+
+
+# %%
+exercises.idle.check(idle_us)
+
+# %% [markdown]
+# **Exercise 2: utilisation of one chip.** Write `utilisation(flops, nbytes, seconds, device)` returning
+# `(compute, bandwidth)`: the seed's two utilisation figures (§8), as fractions, for a run that did `flops` FLOPs
+# and moved `nbytes` bytes in `seconds`, on one chip of `device`, a preset as `devices.load_devices()` gives it,
+# at the fp16 peak (§9). The hidden runs include the 300I Duo's preset (the whole card) and a preset that also
+# lists an fp32 peak.
+
+# %%
+def utilisation(flops, nbytes, seconds, device):
+    """(compute utilisation, bandwidth utilisation) of the run on one chip of `device`, as fractions."""
+    ...  # your code here
+
+
+# %%
+exercises.utilisation.check(utilisation)

@@ -29,11 +29,10 @@ import numpy as np
 from onnx import numpy_helper
 
 import fusionlab
-from fusionlab import seed_claims, zoo
+from fusionlab import exercises, seed_claims, zoo
 from fusionlab.lessons import dynamic_shapes
 from fusionlab.passes import fuse
-from fusionlab.text import wrap
-from fusionlab.text import text_table
+from fusionlab.text import text_table, wrap
 from fusionlab.timing import Comparison, compare, interleaved
 from fusionlab.verification.runtime import make_feeds, session
 from IPython.display import Markdown, display
@@ -55,8 +54,7 @@ plt.rcParams["figure.dpi"] = 80
 # [ATC documentation](https://www.hiascend.com/document/detail/zh/CANNCommunityEdition/81RC1alpha001/devaids/devtools/atc/atlasatcparam_16_0020.html)
 # allows from 2 to 100 gears and recommends 3 to 4. Each gear lists one value for *every* `-1`, in order, so
 # with two inputs of shape `(1, -1)` a gear of 128 is written `128,128`. `dynamic_shapes.atc_dynamic_dims` writes
-# the
-# arguments:
+# the arguments:
 
 # %%
 GEARS = dynamic_shapes.gears(512, 4)  # halvings of 512: the "pow2" policy
@@ -91,8 +89,7 @@ except ValueError as exc:
 # `TilingData` that `op_host/<op>_tiling.h` declares) runs for every
 # call with the actual shapes and hands the kernel its block and tile sizes. The price is that tiling work per
 # call, and kernels that cannot be specialised for one shape; the gain is one model, no padding and no
-# compile-per-shape. Which is faster for a given model and traffic is a measurement on the device; on this CPU,
-# section 4 measures the same question with onnxruntime (one dynamic session against one static session per shape).
+# compile-per-shape. Which is faster is a measurement on the device; section 4 makes it on this CPU.
 
 # %% [markdown]
 # ## 2. The seed's cache, and its two flaws
@@ -210,9 +207,7 @@ for name, c in (("per exact shape (the seed)", exact_cache), ("gears 64/128/256/
 fig, ax = plt.subplots(figsize=(7, 3.4))
 ax.plot(np.arange(1, len(stream) + 1), exact_held, label="per exact shape (the seed): never stops growing")
 ax.plot(np.arange(1, len(stream) + 1), gear_held, label="gears 64/128/256/512: 4 models at most")
-ax.set_xlabel("requests served")
-ax.set_ylabel("compiled models held")
-ax.set_title("cache size over a stream of 2000 requests")
+ax.set(xlabel="requests served", ylabel="compiled models held", title="cache size over a stream of 2000 requests")
 ax.legend(fontsize="small")
 plt.close(fig)
 fig
@@ -241,16 +236,13 @@ fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
 ax1.hist(stream, bins=64, color="tab:gray")
 for g in GEARS:
     ax1.axvline(g, color="tab:red", lw=1)
-ax1.set_xlabel("request length (tokens); red: gears")
-ax1.set_ylabel("requests")
-ax1.set_title("the stream and the pow2 gears")
+ax1.set(xlabel="request length (tokens); red: gears", ylabel="requests", title="the stream and the pow2 gears")
 ks = range(1, 9)
 ax2.plot(list(ks), [waste(dynamic_shapes.gears(512, k, "pow2")) for k in ks], "o-", label="pow2 (halvings of 512)")
 ax2.plot(list(ks), [waste(dynamic_shapes.gears(512, k, "linear")) for k in ks], "s-", label="linear (equal steps)")
 ax2.axhline(1, color="black", lw=1, ls="--")
-ax2.set_xlabel("number of gears (= compilations)")
-ax2.set_ylabel("computed / useful tokens")
-ax2.set_title("padding waste against number of gears")
+ax2.set(xlabel="number of gears (= compilations)", ylabel="computed / useful tokens",
+        title="padding waste against number of gears")
 ax2.legend(fontsize="small")
 fig.tight_layout()
 plt.close(fig)
@@ -265,9 +257,9 @@ fig
 #
 # **Is padding exact?** BERT adds `(1 - attention_mask) × -10000` to the attention scores before the softmax.
 # A padded position has mask 0, so its score drops by 10000, and `exp(-10000)` is exactly 0 in fp32 (the
-# smallest positive fp32 number is about `exp(-103)`): padded keys get attention weight exactly 0, and the real
-# positions see the same weighted sums as without padding, plus terms that are exactly zero. Every other
-# operation in BERT works on one position at a time.
+# smallest positive fp32 number is about `exp(-103)`): padded keys get attention weight exactly 0, so the real
+# positions see the same weighted sums as without padding. Every other operation in BERT works on one position at
+# a time.
 
 # %%
 print("exp(-10000) in fp32:", np.exp(np.float32(-10000.0)))
@@ -427,18 +419,14 @@ fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
 ax1.loglog(GRID, [run_dynamic[n] * 1e3 for n in GRID], "o-", label="run, dynamic session")
 ax1.loglog(GRID, [run_static[n] * 1e3 for n in GRID], "s-", label="run, static session")
 ax1.loglog(GRID, [build_s[n] * 1e3 for n in GRID], "^--", label="build a static session")
-ax1.set_xlabel("sequence length (tokens)")
-ax1.set_ylabel("ms")
-ax1.set_title("compile once vs run: BERT-tiny, 1 thread")
+ax1.set(xlabel="sequence length (tokens)", ylabel="ms", title="compile once vs run: BERT-tiny, 1 thread")
 ax1.legend(fontsize="small")
 ratios = [cmp[n].speedup for n in GRID]
 err = [[cmp[n].speedup - cmp[n].ci_low for n in GRID], [cmp[n].ci_high - cmp[n].speedup for n in GRID]]
 ax2.errorbar(GRID, ratios, yerr=err, fmt="o-", capsize=3)
 ax2.axhline(1, color="black", lw=1, ls="--")
-ax2.set_xscale("log")
-ax2.set_xlabel("sequence length (tokens)")
-ax2.set_ylabel("time dynamic / time static")
-ax2.set_title("static-shape session speed-up (95% CI)")
+ax2.set(xscale="log", xlabel="sequence length (tokens)", ylabel="time dynamic / time static",
+        title="static-shape session speed-up (95% CI)")
 fig.tight_layout()
 plt.close(fig)
 fig
@@ -446,22 +434,19 @@ fig
 # %% [markdown]
 # Three things to read off (the numbers are this machine's, printed above):
 #
-# 1. **A compilation costs many runs** (the paragraph under the table gives the range). We have not measured
-#    ATC; an offline compiler that generates kernels for every operator of the model does far more work than an
-#    onnxruntime session build, so expect the ratio to be larger there, not smaller. Compiling while requests wait, as the seed's cache does on every new length, is expensive.
-# 2. **Padding costs real time.** Run time grows with the length, but not linearly: at short lengths a fixed cost per run weighs more (the time per token falls), at long ones
-#    attention's work grows with the square of the length. The first paragraph under the table gives the time per
-#    token at both ends, and what padding a 65-token request to gear 128 costs in time against in tokens (whether
-#    more or less than in proportion depends on where on the curve the two lengths sit). That is
-#    also why section 3's waste (computed / useful *tokens*) is only a proxy for the time padding wastes; section 6
-#    measures that time.
-# 3. **Does knowing the shape make the static session faster?** The verdicts under the table answer per
-#    length, but they do not isolate the shape: the static graph differs in more than shapes. It fuses one more
-#    `Add` + LayerNorm pair into a `SkipLayerNormalization`, and onnxruntime's CPU `SkipLayerNormalization` kernel is
-#    not necessarily faster than the `Add` and `LayerNormalization` kernels it replaces. To separate the two, time four sessions
-#    interleaved: dynamic and static, each with and without that one fusion (`SkipLayerNormFusion`
-#    disabled). Dynamic against static with the fusion off in *both* is the shape knowledge alone; each
-#    session with against without it is the fusion alone:
+# 1. **A compilation costs many runs** (the range is under the table). We have not measured ATC; generating kernels
+#    for every operator is far more work than an onnxruntime session build, so expect a larger ratio there.
+#    Compiling while requests wait, as the seed's cache does on every new length, is expensive.
+# 2. **Padding costs real time.** Run time grows with the length, but not linearly: at short lengths a fixed cost
+#    per run weighs more, at long ones attention's work grows with the square of the length. The paragraph under
+#    the table sets the time of a 65-token request padded to gear 128 against its tokens. So section 3's waste
+#    (computed / useful *tokens*) is only a proxy for the time padding wastes; section 6 measures that time.
+# 3. **Does knowing the shape make the static session faster?** The verdicts under the table do not isolate the
+#    shape: the static graph also fuses one more `Add` + LayerNorm into a `SkipLayerNormalization`, whose CPU kernel
+#    is not necessarily faster than the two it replaces. To separate them, time four sessions interleaved: dynamic
+#    and static, each with and without that fusion (`SkipLayerNormFusion` disabled). Dynamic against static with
+#    the fusion off in *both* is the shape knowledge alone; each session with against without it is the fusion
+#    alone:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -489,11 +474,10 @@ display(Markdown("What the split shows on this run: " + "; ".join(
     + " (ratios are the first session's time over the second's)."))
 
 # %% [markdown]
-# Whichever way the fusion lines fall, they are no verdict on fusion in general: they measure one kernel of
-# onnxruntime's CPU provider against the two it replaces. Nor does the shape line carry over to an NPU: onnxruntime's
-# CPU kernels choose their blocking at run time from the actual shapes, so a compile-time shape has less to decide
-# there than in a compiler that plans tiling and on-chip buffers per shape, which we cannot measure here. What
-# carries over is the method: a specialised build must be measured against the general one, per length, and one
+# The fusion lines are no verdict on fusion in general: they measure one onnxruntime CPU kernel against the two it
+# replaces. Nor does the shape line carry over to an NPU: onnxruntime's CPU kernels choose their blocking at run
+# time, so a compile-time shape has less to decide than in a compiler that plans tiling and on-chip buffers per
+# shape. What carries over is the method: measure a specialised build against the general one, per length, one
 # change at a time.
 #
 # ## 5. Replaying the stream through three policies
@@ -503,10 +487,10 @@ display(Markdown("What the split shows on this run: " + "; ".join(
 # only on the stream:
 #
 # - **exact shape** (the seed): a static model per distinct length, unbounded;
-# - **gears**: pad to the nearest of the four gears, a cache of capacity 4 (all gears) or 2 (too small);
+# - **gears**: pad up to one of the four gears, a cache of capacity 4 (all gears) or 2 (too small);
 # - **one static model**: everything padded to 512, the simplest static deployment (one gear);
-# - **one dynamic session**: compiled once, every request runs at its own length (what ATC's `--dynamic_dims`
-#   gears cannot do, and its shape-range mode of section 1 and onnxruntime on a CPU can).
+# - **one dynamic session**: compiled once, every request runs at its own length (as ATC's shape-range mode of
+#   section 1 does).
 
 # %%
 def policies(run_static=None, run_dynamic=None, build=None, dynamic_build=None):
@@ -544,8 +528,7 @@ fig, ax = plt.subplots(figsize=(8, 3.6))
 labels = [r.label.replace(", ", "\n") for r in timed]
 ax.bar(labels, [r.run_seconds for r in timed], label="running")
 ax.bar(labels, [r.build_seconds for r in timed], bottom=[r.run_seconds for r in timed], label="compiling")
-ax.set_ylabel("seconds for the 2000 requests")
-ax.set_title("the stream replayed with this machine's measured costs")
+ax.set(ylabel="seconds for the 2000 requests", title="the stream replayed with this machine's measured costs")
 ax.tick_params(axis="x", labelsize="small")
 ax.legend(fontsize="small")
 fig.tight_layout()
@@ -599,9 +582,7 @@ display(Markdown(
 print(seed_claims.claim("s51-bert-2.1x").summary())
 
 # %% [markdown]
-# The seed says the technique raised BERT's long-sequence throughput 2.1 times. It names no baseline, no
-# sequence lengths, no model size, batch size or device, so the number cannot be reproduced as stated. What we
-# can do is ask what each possible source of such a gain gives here.
+# What each possible source of such a gain gives here:
 #
 # - **Avoiding padding.** Against one static model padded to 512, compiling per exact shape saves the padded
 #   tokens. How much depends entirely on the length distribution: for our stream (mostly short requests) the
@@ -647,18 +628,15 @@ display(Markdown(
 # - On short-request traffic, not padding everything to 512 is worth several times the throughput: that is
 #   where a "×2" can easily come from. Four gears remove most of the time that padding to 512 wastes, with four
 #   compilations instead of hundreds.
-# - On long sequences, padding to 512 computes only about a third more tokens than needed. The time exact shapes
-#   save is the paragraph under the table, beside that token ratio: fixed costs and attention's square term move it
-#   away from the token ratio, in either direction, and this machine's noise with them. Our four
-#   gears do nothing for this stream: every request falls into the 512 gear; gears for long traffic would sit
-#   at, say, `320/384/448/512`. The dynamic session's figure also contains section 4's kernel difference, not
-#   only the padding avoided.
-# - So a ×2.1 *for long sequences* is hard to get from avoiding padding alone, with BERT's maximum of 512 tokens.
-#   It would have to come mostly from the kernels themselves being faster when compiled per shape. On this
-#   CPU that is section 4's measurement; set its largest ratio, and the shape knowledge alone (the paragraph under the
-#   table above), beside 2.1×.
-#   On an Ascend NPU it may well be different, but
-#   that is exactly the measurement the seed does not give, and we cannot make it without the hardware.
+# - On long sequences, padding to 512 computes only about a third more tokens than needed; the time exact shapes
+#   save (under the table) differs from that ratio by fixed costs, attention's square term and this machine's
+#   noise. Our four gears do nothing for this stream (every request falls into the 512 gear); gears for long
+#   traffic would sit at, say, `320/384/448/512`. The dynamic session's figure also holds section 4's kernel
+#   difference.
+# - So a ×2.1 *for long sequences* is hard to get from avoiding padding alone, with BERT's maximum of 512 tokens:
+#   it would have to come from kernels compiled per shape being faster, which on this CPU is section 4's ratio
+#   (under the table). On an Ascend NPU it may well differ, but that is the measurement the seed does not give,
+#   and we cannot make it without the hardware.
 #
 # ## Summary
 #
@@ -668,11 +646,39 @@ display(Markdown(
 # - Measured here, a compilation costs many runs and padding costs time; the seed's ×2.1 cannot be reproduced
 #   without its baseline and workload.
 #
-# **What to try next**
+# ## Exercises
 #
-# - Change `request_lengths` (median, sigma) and see how the best gears move; try quantiles of the stream as
-#   gears.
-# - Use a bigger encoder (`zoo.get("bert", layers=4, hidden=256, heads=4, intermediate=1024)`): does the build
-#   cost grow faster or slower than the run time?
-# - Batch requests of similar lengths together before padding: how does the waste change?
-# - Notebook `04_vertical_transformer` for the fusions that make up the "fused op" here.
+# The exercises check themselves: write your answer in the cell under each task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
+#
+# **Exercise 1: the compute padding to gears wastes.** Write `padded_waste(lengths, gears)`: pad each request up to
+# the smallest gear that holds it (§1's rule; pick the gear yourself, without `gear_for`) and return the tokens
+# computed over the tokens asked for, over the whole stream (§3's waste). The hidden streams include a 65-token
+# request, lengths equal to a gear, gears out of order, one gear, and 2000 requests like §2's.
+
+# %%
+def padded_waste(lengths, gears):
+    """Computed tokens / useful tokens, each request padded up to its gear."""
+    ...  # your code here
+
+
+# %%
+exercises.gears.check(padded_waste)
+
+# %% [markdown]
+# **Exercise 2: compilations of a bounded cache.** Write `compilations(shapes, capacity)`: how many times a cache
+# of compiled models compiles over the stream `shapes` when it holds at most `capacity` of them (None: no bound) and,
+# when full, evicts the least recently used, as `ShapeCache` does (§2, §5); write the eviction yourself. Key it by
+# `dynamic_shapes.shape_key(shape)`: the hidden streams spell one shape as a tuple, a list and with NumPy ints, and
+# include capacity 1, the seed's unbounded cache, and three gears cycling through room for two.
+
+# %%
+def compilations(shapes, capacity):
+    """Misses (= compilations) of an LRU cache of `capacity` compiled shapes over the stream."""
+    ...  # your code here
+
+
+# %%
+exercises.lru.check(compilations)

@@ -404,8 +404,3 @@ print("relu1 ->", consumers["relu1"], "| graph outputs:", outputs)
 
 # %%
 exercises.postdom.check(post_dominators)
-
-# %% [markdown]
-# Further, unchecked: change `tile_kb` and `buffer_kb` together (the 310P3 core's UB, `cann_facts.md` §3.3); plan
-# BERT-tiny (`zoo.get("bert_tiny")`) and look at its LayerNorm groups with and without recompute; compare the groups
-# with what onnxruntime fuses on its own (notebook 03, section 5).

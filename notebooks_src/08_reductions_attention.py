@@ -560,8 +560,3 @@ def merge(a, b):
 
 # %%
 exercises.moments.check(merge)
-
-# %% [markdown]
-# Further, unchecked: change `N` (the row length) in section 1 to 256 or 16384 (when does the row stop fitting
-# in L1, and what happens to the fused kernel's GB/s?); set `LANES = 1` (`R.softmax_kernel(lanes=1)`) and time it,
-# the row max no longer vectorises; in section 7, try `R.ascend_flash_tile("Atlas 800I A2", 4096, 256)`.

@@ -256,3 +256,27 @@ def test_every_rotary_the_generator_writes_fuses_and_agrees_or_is_a_near_miss():
         if near:
             assert any(r.rule == "rotary" for r in res.plan.refusals), (seed, b.tags)
     assert {"rotary_partial", "rotary_bsnd", "rotary_interleaved", "rotary_swapped", "rotary_attention"} <= seen, seen
+
+
+def test_the_group_that_writes_the_caches_is_charged_their_own_size():
+    """The first rotary group of a decoder also writes the Slice + Reshape that cut the cos and sin tables to the
+    kernel's [S, D/2] caches. Its saving is its twin's (the same rotation one layer on, which writes nothing else)
+    less those four tensors written and read back: half of each table, twice. Not four intermediates as large as
+    the group's output (the engine's default for an extra kernel), which understated the saving 9x in notebook 09."""
+    import fusionlab
+    from fusionlab.lessons import decoding as dec
+    from fusionlab.shapes import ShapeInfo
+
+    model = dec.llama_decoder(dec.LlamaConfig(), batch=1)
+    res = fuse(fusionlab.load(model), passes=("vertical",))
+    rot = {g.id: g for g in res.plan.groups if g.rule == "rotary"}
+    first = next(g for g in rot.values() if g.kernels == 5)
+    twin = next(g for g in rot.values() if g.kernels == 1 and g.reason.replace("layers.1", "layers.0") == first.reason)
+    g = fusionlab.load(model)
+    info = ShapeInfo.of(g)
+    tables = {v.name: v for n in g.nodes() for v in n.inputs if v is not None and n.op_type == "Mul"
+              and "layers.0/self_attn" in n.name and v.name.startswith("/model/rotary_emb/")}
+    assert len(tables) == 2, sorted(tables)  # cos and sin, [1, 1, S, D]
+    table_bytes = sum(info.nbytes(v) for v in tables.values())
+    assert table_bytes > 0
+    assert twin.saved_bytes - first.saved_bytes == 2 * table_bytes

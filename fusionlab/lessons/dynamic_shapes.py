@@ -48,7 +48,7 @@ MAX_GEARS = 100
 #: Replay policies and what each one models.
 POLICIES = {
     "exact": "one compiled model per exact shape (the seed's DynamicFusionOp)",
-    "gears": "pad to the nearest of a few compiled shape gears, LRU cache of compiled gears",
+    "gears": "pad up to one of a few compiled shape gears, LRU cache of compiled gears",
     "dynamic": "one dynamic-shape model, compiled once, run at the exact shape",
 }
 

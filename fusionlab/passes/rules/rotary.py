@@ -335,23 +335,26 @@ class Rotary(Rule):
         if not cx.free(*nodes):
             return None
         why = f"{form} rotary embedding of {data.x.name}" + (f", first {dims[3]} channels" if partial else "")
-        return Match("rotary", add, nodes, why, target.op, kernels=target.kernels + self._emits(cx, data),
-                     outputs=[out], data=data)
+        kernels, emitted = self._emits(cx, data, out)
+        return Match("rotary", add, nodes, why, target.op, kernels=target.kernels + kernels, outputs=[out],
+                     data=data, emitted_bytes=emitted)
 
     @staticmethod
-    def _emits(cx, data: "RotaryData") -> int:
-        """Kernels the rewrite writes besides RotaryEmbedding, as `rewrite` will: a computed cos/sin table's
-        cache (Slice + Reshape) once per table, by the first group that reads it (the same memo order), and the
-        Reshapes to and from [B, S, N*D] of a [B, S, N, D] input."""
+    def _emits(cx, data: "RotaryData", out: ir.Value) -> tuple[int, int]:
+        """(kernels, bytes written) the rewrite writes besides RotaryEmbedding, as `rewrite` will: a computed cos/sin
+        table's cache (Slice + Reshape, each writing half the table) once per table, by the first group that reads it
+        (the same memo order), and the Reshapes to and from [B, S, N*D] of a [B, S, N, D] input (each the size of
+        the output). The bytes are what the plan's saving charges for them, each tensor at its own size."""
         memo = cx.__dict__.setdefault("_rotary_plan_memo", set())
-        n = 2 if data.layout == "bsnd" else 0
+        n, written = (2, 2 * cx.nbytes(out)) if data.layout == "bsnd" else (0, 0)
         for v in (data.cos, data.sin):
             key = (id(v), data.interleaved)
             if cx.constant(v) is None and key not in memo:
                 n += 2
+                written += cx.nbytes(v)  # the Slice's half of the table, then the Reshape's copy of it
                 if cx.only is None:  # planning: a later group of this pass reuses the cache
                     memo.add(key)
-        return n
+        return n, written
 
     def _partial(self, cx, x: ir.Value, add: ir.Node):
         """(X, [slice rot, slice pass, Concat]) when x = X[..., :r] and the Add is followed by cat(out, X[..., r:])."""

@@ -40,6 +40,14 @@ def _checks(nb: Path) -> list[tuple[str, dict]]:
     return out
 
 
+def _last_section(cells: list[dict]) -> tuple[int, str]:
+    """(cell index, heading) of the notebook's last `## ` section, wherever the heading stands in a markdown cell."""
+    headings = [(i, line) for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+                for line in _text(c).splitlines() if line.startswith("## ")]
+    assert headings, "no sections"
+    return headings[-1]
+
+
 def _notebook(src: Path) -> Path:
     return ROOT / "notebooks" / f"{src.stem}.ipynb"
 
@@ -47,11 +55,8 @@ def _notebook(src: Path) -> Path:
 @pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
 def test_every_notebook_ends_with_its_exercises(src):
     cells = _cells(_notebook(src))
-    headings = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and _text(c).startswith("## ")]
-    assert headings, f"{src.stem}: no sections"
-    last = headings[-1]
-    assert _text(cells[last]).startswith("## Exercises"), (
-        f"{src.stem}: the last section is {_text(cells[last]).splitlines()[0]!r}, not '## Exercises'")
+    last, title = _last_section(cells)
+    assert title.startswith("## Exercises"), f"{src.stem}: the last section is {title!r}, not '## Exercises'"
     checks = [m for m, _ in _checks(_notebook(src))]
     assert len(set(checks)) >= MIN_EXERCISES, f"{src.stem}: {len(set(checks))} exercise(s): {checks}"
     in_section = [m for c in cells[last:] if c["cell_type"] == "code" for m in _CHECK.findall(_text(c))]
@@ -99,3 +104,6 @@ def test_the_check_finds_a_notebook_without_exercises(tmp_path):
     assert _checks(nb([md("## Summary"), code("x = 1")])) == []
     one = _checks(nb([md("## Exercises"), code("exercises.kvcache.check(f)")]))
     assert [m for m, _ in one] == ["kvcache"] and len(one) < MIN_EXERCISES
+    # a heading inside a cell counts: Summary and Exercises in one cell end in Exercises; a section after them does not
+    assert _last_section([md("## Summary\n- a\n\n## Exercises\nWrite f.")])[1] == "## Exercises"
+    assert _last_section([md("## Exercises"), md("More.\n\n## 7. Later")])[1] == "## 7. Later"

@@ -8,9 +8,10 @@ int8 weights, hands the learner the exact accumulator (q_x − z_x) @ q_w, and c
 own ``QLinearMatMul`` kernel run on the same integers and scales. The cases include saturation at 0 and at 255,
 exact ties and per-column weight scales; the hint names truncation, a forgotten zero point or a missing clip.
 
-The random cases keep the int8 weights within −63..63 (7 bits, what the quantizer's ``reduce_range`` stores):
-with the full −127..127 range, onnxruntime's uint8 × int8 kernel on this project's CPU departed from the exact
-int32 sum by up to 2 output levels on such random data, and the exercise is about the requantisation, not that.
+The random cases keep the int8 weights within −63..63 (7 bits, what `lessons.quantization.quantize` stores with
+onnxruntime's ``reduce_range``): with the full −127..127 range, onnxruntime's uint8 × int8 kernel on a CPU without
+VNNI adds pairs of products in int16 (AVX2's vpmaddubsw) and saturates, departing from the exact int32 sum
+(tests/test_quantization.py), and the exercise is about the requantisation, not that.
 """
 
 from __future__ import annotations

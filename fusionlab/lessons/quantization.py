@@ -233,7 +233,8 @@ def _quiet_quantizer():
 
 
 def quantize(model, calibration: Sequence[Mapping[str, np.ndarray]], *, per_channel: bool = False,
-             op_types: Sequence[str] | None = None, extra_options: dict | None = None) -> onnx.ModelProto:
+             op_types: Sequence[str] | None = None, extra_options: dict | None = None,
+             reduce_range: bool = True) -> onnx.ModelProto:
     """`model` quantized by onnxruntime's own ``quantize_static``: QDQ format, uint8 activations (asymmetric),
     int8 weights (symmetric), MinMax calibration on `calibration` (a list of feeds), weights per channel or
     per tensor; `op_types` limits which operator types are quantized."""
@@ -243,7 +244,7 @@ def quantize(model, calibration: Sequence[Mapping[str, np.ndarray]], *, per_chan
         src.write_bytes(proto.SerializeToString())
         quantize_static(str(src), str(dst), FeedsReader(calibration), quant_format=QuantFormat.QDQ,
                         per_channel=per_channel, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=CalibrationMethod.MinMax,
+                        calibrate_method=CalibrationMethod.MinMax, reduce_range=reduce_range,
                         op_types_to_quantize=list(op_types) if op_types else None,
                         extra_options=dict(extra_options or {}))
         return onnx.load_model_from_string(dst.read_bytes())

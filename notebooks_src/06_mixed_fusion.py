@@ -127,8 +127,9 @@ for node, pd in tree.items():
 
 # %% [markdown]
 # `relu1` feeds three ops, yet every path from it meets again at `join`: `join` is its post-dominator.
-# `center` feeds `square` and `normalise`; the paths meet at `normalise`. `softmax` writes the graph
-# output, so it post-dominates nothing below it.
+# `center` feeds `square` and `normalise`; the paths meet at `normalise`. `softmax` has none (`None`): nothing
+# post-dominates a node whose output leaves the graph, since a path from it ends there, even when its result is
+# also read further.
 #
 # ## 4. The grouping, step by step
 #
@@ -370,14 +371,15 @@ print(seed_claims.claim("s22-mixed-40-60pct").summary())
 # ops on maps of the size of §5's; some of its ops read another full-size input. The mixed pass groups the chain,
 # and every group's working set, by §5's tile rule (two tiles for each tensor read from or written to memory, one
 # for each intermediate still live), must fit the Unified Buffer of one core of the device printed below. Which is
-# the **largest** `max_group_ops` whose plan has every group within the budget? Work it out from the tile rule
-# first (the chain is short), then answer with an int; `check` plans the chain at every cap to grade it.
+# the **largest** `max_group_ops` whose plan has every group's working set at most the budget (a working set
+# equal to it fits)? Work it out from the tile rule first (the chain is short), then answer with an int; `check`
+# plans the chain at every cap to grade it.
 
 # %%
 chain = load(exercises.thresholds.model())
 print(wrap(" -> ".join(f"{n.op_type}({', '.join(v.name for v in n.inputs)})" for n in chain.nodes())))
-print(f"each map {chain.graph.inputs[0].shape} float32, {np.prod(chain.graph.inputs[0].shape.numpy()) * 4 // 1024} KiB; budget {exercises.thresholds.BUDGET_KB:g} KB, the UB of one "
-      f"{exercises.thresholds.DEVICE} core")
+print(f"each map {chain.graph.inputs[0].shape} float32, {np.prod(chain.graph.inputs[0].shape.numpy()) * 4 // 1024} KB; "
+      f"budget {exercises.thresholds.BUDGET_KB:g} KB, the UB of one {exercises.thresholds.DEVICE} core")
 
 # %%
 max_group_ops = ...  # your answer: an int

@@ -296,7 +296,7 @@ print(wrap(f"{first.id} also wrote {first.kernels - 1} nodes: the Slice and Resh
 twin = next(g for g in plain if projection(g).endswith(projection(first).split()[-1]))
 print(wrap(f"{first.id} saves {first.saved_bytes / 1024:.0f} KiB, {(twin.saved_bytes - first.saved_bytes) / 1024:.0f} KiB "
            f"less than {twin.id}, the same rotation one layer on: its caches, charged at their own size (the Slice "
-           f"writes half of each table, the Reshape copies it, and each is read back once)."))
+           f"writes half of each table, the plan charges the Reshape as a copy, and each is read back once)."))
 
 # %%
 before, after = zoo.summary(model), zoo.summary(fused)
@@ -431,7 +431,8 @@ display(Markdown(ca.markdown("GroupQueryAttention on the cache", "MultiHeadAtten
 
 # %% [markdown]
 # Where fusion can pay in decoding, then: not in the small elementwise intermediates, but in not materialising
-# a copy of the cache, the one tensor that grows with the context. CANN's IncreFlashAttention takes the same
+# a copy of the cache, the one tensor that grows with the context (and, for a small model on a device, in the
+# launches it removes: section 8). CANN's IncreFlashAttention takes the same
 # grouping as an argument, `num_key_value_heads` (section 8).
 #
 # ## 7. Tokens per second, and bytes per token against the bandwidth
@@ -553,9 +554,9 @@ print(wrap(f"but the fused decoder launches {step_cost.kernels} kernels a step (
 #
 # The last lines say the bytes bound is not the whole story for a model this small: on the model of a 310P3 its
 # decode step is limited by kernel launches, not bytes (compare the launch time with the memory time above), and
-# the tokens per second fall well short of the bound. That is where fusion does pay in decoding: every kernel it
-# removes is one launch less per token. The launch cost is an
-# assumption of the presets (no figure is published; msprof's task wait times would measure it).
+# the tokens per second fall well short of the bound. There fusion pays a second way, besides the cache copy of
+# section 6: every kernel it removes is one launch less per token. The launch cost is an assumption of the
+# presets (no figure is published; msprof's task wait times would measure it).
 #
 # ## Summary
 #
@@ -565,7 +566,7 @@ print(wrap(f"but the fused decoder launches {step_cost.kernels} kernels a step (
 #   cached rotated, and FlashDecoding splits one query over the sequence exactly by a log-sum-exp combine.
 # - Fusing norms, rotations and attention (verified on prefill and decode) leaves the weights' bytes; what can
 #   pay is reading the cache without a copy (GroupQueryAttention; CANN's IncreFlashAttention takes the
-#   groups).
+#   groups) and, for a small model on a device, the kernel launches it removes.
 
 # %% [markdown]
 # ## Exercises
@@ -576,9 +577,10 @@ print(wrap(f"but the fused decoder launches {step_cost.kernels} kernels a step (
 # answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
 # **Exercise 1: the KV cache a decode step reads.** Write `kv_cache_bytes(layers, heads, kv_heads, head_dim,
-# context, dtype_bytes)`: the bytes a decode step reads from the cache when `context` tokens are cached, for a
-# decoder of `layers` layers whose `heads` query heads share `kv_heads` K/V heads of `head_dim` values, each value
-# `dtype_bytes` bytes (§3 counted it for this notebook's decoder). The hidden shapes include an 8B-sized one with
+# context, dtype_bytes)`: the bytes of the K and V of the `context` earlier tokens that a decode step reads (§1's
+# "KV read" column; this token's own K/V not counted), for a decoder of `layers` layers whose `heads` query heads
+# share `kv_heads` K/V heads of `head_dim` values, each value `dtype_bytes` bytes (§3 counted it for this
+# notebook's decoder). The hidden shapes include an 8B-sized one with
 # GQA, one without GQA, multi-query attention and an empty cache.
 
 # %%

@@ -285,9 +285,9 @@ for name, m in (("all ops", bert_all), ("MatMul only", bert_mm), ("MatMul, float
 #   `BiasGelu`. Only the bias `Add`s after the projections stay apart, as float islands: the float32 model
 #   folds them into its `Gemm`s, a `QLinearMatMul` has no bias input.
 # - *MatMul, float out*: with no quantize after a MatMul, `DQ, DQ → MatMul` becomes **`MatMulIntegerToFloat`**
-#   (integer product, int32 accumulation, scaled back to float inside), or `QGemm` where the bias Add folded in.
-#   Not every time, though: the float islands show `Gemm`s reading two dequantizes, and two `QLinearMatMul`s
-#   are left. The next cell says which MatMul of the first layer became what.
+#   (integer product, int32 accumulation, scaled back to float inside). Not every time, though: there are
+#   `QGemm`s, two `QLinearMatMul`s, and the float islands show `Gemm`s reading two dequantizes. The next cell
+#   says which MatMul of the first layer became what.
 
 # %%
 ran = quant.optimized(bert_mm_float_out)
@@ -302,18 +302,23 @@ for n in bert_mm_float_out.graph.node:
         readers.setdefault(i, []).append(n)
 
 
-def after(name, steps=3):
-    """The op types that follow node `name` in the QDQ model (first reader each step)."""
+def after(name, steps=4):
+    """The op types that follow node `name` in the QDQ model (first reader each step), up to a QuantizeLinear."""
     out, node = [], next(n for n in bert_mm_float_out.graph.node if n.name == name)
-    for _ in range(steps):
+    while len(out) < steps and out[-1:] != ["QuantizeLinear"]:
         node = readers[node.output[0]][0]
         out.append(node.op_type)
-    return " -> ".join(out)
+    return " → ".join(out)
 
 
 show_rows = [[k, op, "yes" if gemm else "no", after("/encoder/layer.0/" + k)] for k, (op, gemm) in became.items()]
-print("\n".join(text_table(["layer 0 MatMul", "runs as", "named MatMulAddFusion", "after it in the QDQ model"],
+print("\n".join(text_table(["layer 0 MatMul", "runs as", "Add folded in", "after it in the QDQ model"],
                             show_rows)))
+qgemm = next(n for n in ran.graph.node if n.op_type == "QGemm" and "/layer.0/attention/self/query/" in n.name)
+bias_type = onnx.helper.tensor_dtype_to_np_dtype(
+    next(t for t in ran.graph.initializer if t.name == qgemm.input[6]).data_type)
+print(wrap(f"query's QGemm: bias input of type {bias_type}; output scale {qgemm.input[7].rsplit('/', 1)[-1]!r} "
+           f"(the scale of the QuantizeLinear after the Transpose), so its output is requantised to uint8"))
 
 # %% [markdown]
 # Read the rows:
@@ -322,15 +327,15 @@ print("\n".join(text_table(["layer 0 MatMul", "runs as", "named MatMulAddFusion"
 #   option left that MatMul without a quantize of its own, but a Transpose and a Reshape (ops that only move
 #   data) lead from it to the `QuantizeLinear` of the next projection's input; onnxruntime moves a quantize
 #   across such ops, so the MatMul met a quantize after all and was fused with its output requantised;
-# - the scores `Q·Kᵀ` (`self/MatMul`), whose output goes on in float to the scaling `Div`, became
-#   `MatMulIntegerToFloat`, as the option intends;
-# - the projections became `Gemm`s with their bias `Add` first (the `MatMulAddFusion` names: onnxruntime's float
-#   `MatMul + Add → Gemm` rewrite). Those of query, key and value were then turned into `QGemm`; the attention
-#   output and the two MLP projections were not, and stay float `Gemm`s reading dequantized activations and
-#   weights. What sets those three apart, in the last column, is where their output goes: into a residual `Add`
-#   and a LayerNorm, or into the GELU's `Div` and `Erf`, chains that onnxruntime's float fusions
-#   (`SkipLayerNormalization`, `Gelu`) take over. The graph shows that correlation, not which rule decided; for
-#   these three the float fusions had the last word.
+# - the scores `Q·Kᵀ` (`self/MatMul`), whose output goes on in float to the scaling `Div` (its quantize comes
+#   only after the `Softmax`), became `MatMulIntegerToFloat`, as the option intends;
+# - the projections became `Gemm`s with their bias `Add` folded in first (names ending `MatMulAddFusion`:
+#   onnxruntime's float `MatMul + Add → Gemm` rewrite). Those of query, key and value became `QGemm`s by the
+#   same rule as `MatMul_1`: a Reshape and a Transpose lead to a `QuantizeLinear`, so the `QGemm` takes an
+#   int32 bias and requantises its output to that quantize's scale (the line under the table). The attention
+#   output and the two MLP projections meet no quantize: their output goes into a residual `Add` and a
+#   LayerNorm, or into the GELU's `Div` and `Erf`, ops that compute in float. They stay float `Gemm`s reading
+#   dequantized activations and weights.
 #
 # ## 5. Accuracy against float32
 #
@@ -566,10 +571,11 @@ print(quant.cann_table())
 #
 # **Exercise 1: quantize to uint8 as onnxruntime does.** Write `quantize(x, lo, hi)` returning `(q, scale,
 # zero_point)`: the asymmetric uint8 scale and zero point that map the calibrated range `[lo, hi]` onto 0..255
-# (§1: widened to hold 0, so that 0 is exact), and `q`, the float32 array `x` quantized with them (a uint8 array).
-# `check` compares your parameters with the quantizer's and your `q` with onnxruntime's own `QuantizeLinear` run on
-# the same `x` with your parameters; the hidden cases include a range that does not hold 0, values outside the
-# range and exact ties.
+# (§1: widened to hold 0, so that 0 is exact), and `q`, the float32 array `x` quantized with them (a uint8 array),
+# without calling `quant.qparams` or `quant.quantize_array`. Compute the zero point from the scale in float64, as
+# the quantizer does (the scale it stores is float32). `check` compares your parameters with the quantizer's and
+# your `q` with onnxruntime's own `QuantizeLinear` run on the same `x` with your parameters; the hidden cases
+# include a range that does not hold 0, values outside the range, exact ties and a zero point that is a tie.
 
 # %%
 def quantize(x, lo, hi):

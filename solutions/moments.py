@@ -30,11 +30,21 @@ def merge_no_delta(a, b):
     return n, ma + (mb - ma) * (nb / n), qa + qb
 
 
+def merge_delta_weighted_wrongly(a, b):
+    """WRONG: the delta² term weighted by count_a / count (the mean's weight), not count_a · count_b / count."""
+    na, ma, qa = a
+    nb, mb, qb = b
+    n = na + nb
+    delta = mb - ma
+    return n, ma + delta * (nb / n), qa + qb + delta * delta * (na / n)
+
+
 def merge_stub(a, b):
     ...  # the notebook's stub
 
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "moments"
 REFERENCE = merge
-WRONG = [(merge_sums_of_squares, 5, "sums of squares"), (merge_no_delta, 0, "delta² term")]
+WRONG = [(merge_sums_of_squares, 5, "sums of squares"), (merge_no_delta, 0, "delta² term"),
+         (merge_delta_weighted_wrongly, 0, "weighted wrongly")]
 STUB = merge_stub

@@ -34,11 +34,22 @@ def quantize_round_half_up(x, lo, hi):
     return q, float(scale), zp
 
 
+def quantize_zero_point_from_float32(x, lo, hi):
+    """WRONG: the zero point from the float32 scale (as quant.qparams returns it): for [-1, 1] -lo / scale is
+    127.49999 and rounds to 127; the quantizer divides by the float64 scale, 127.5, and rounds to 128."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = np.float32((hi - lo) / 255)
+    zp = int(np.clip(np.round(-lo / scale), 0, 255))
+    q = np.clip(np.rint(np.asarray(x, np.float32) / scale) + zp, 0, 255).astype(np.uint8)
+    return q, float(scale), zp
+
+
 def quantize_stub(x, lo, hi):
     raise NotImplementedError
 
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "qparams"
 REFERENCE = quantize
-WRONG = [(quantize_no_widen, 1, "widen the range"), (quantize_round_half_up, 4, "rounds a tie to the even level")]
+WRONG = [(quantize_no_widen, 1, "widen the range"), (quantize_round_half_up, 4, "rounds a tie to the even level"),
+         (quantize_zero_point_from_float32, 5, "the float64 scale")]
 STUB = quantize_stub

@@ -8,11 +8,11 @@ intermediates at the first Mul/Sigmoid) = 12 tiles = 192 KB, which fits; the sev
 
 ANSWER = 6
 
-#: WRONG: the seed's rule of thumb for the 800I A2 (split above 5 ops): it fits, but 6 does too
+#: WRONG: the seed's rule of thumb for the 800I A2 (split above 5 ops): it fits, but so does 6
 WRONG_SEED_RULE = 5
 
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "thresholds"
 REFERENCE = ANSWER
-WRONG = [(WRONG_SEED_RULE, 1, "but 6 does too"), (7, 0, "needs 224.0 KB > 192 KB")]
+WRONG = [(WRONG_SEED_RULE, 1, "so does a larger cap"), (7, 0, "needs 224.0 KB > 192 KB")]
 STUB = ...

@@ -46,6 +46,21 @@ def ub_bytes_read_twice(members, tile):
     return fixed + max(sum(min(b, tile) for s, e, b in live if s <= k <= e) for k in range(len(members)))
 
 
+def ub_bytes_cube_serves(members, tile):
+    """WRONG: a tensor the cube reads (§2's `a`) counted once, with the cube's read, so not again for the Add that
+    reads it: the cube's copy is in L1, the Add brings its own through the UB."""
+    moved, live, cube_read = {}, [], set()
+    for pos, m in enumerate(members):
+        if m.cube:
+            cube_read.update(key for key, _ in m.reads)
+        else:
+            moved.update({("in", key): b for key, b in m.reads if key not in cube_read})
+        moved.update({("out", key): b for key, b in m.writes})
+        live += [(pos, last, b) for _, b, last in m.keeps]
+    fixed = sum(2 * min(b, tile) for b in moved.values())
+    return fixed + max(sum(min(b, tile) for s, e, b in live if s <= k <= e) for k in range(len(members)))
+
+
 def ub_bytes_stub(members, tile):
     ...  # the notebook's stub
 
@@ -54,5 +69,6 @@ CHECKER = "tiles"
 REFERENCE = ub_bytes
 WRONG = [(ub_bytes_all_live, 0, "every intermediate counted at once"),
          (ub_bytes_cube_in_ub, 0, "the cube's operands counted in the UB"),
-         (ub_bytes_read_twice, 3, "a tensor read by two ops counted twice")]
+         (ub_bytes_read_twice, 3, "a tensor read by two ops counted twice"),
+         (ub_bytes_cube_serves, 2, "a tensor the cube reads left out")]
 STUB = ub_bytes_stub

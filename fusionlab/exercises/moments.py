@@ -114,7 +114,7 @@ def _mistake(c: Moments, x: np.ndarray, got_var: np.ndarray) -> str:
     within = sum(q for _, _, q in bs)
     said = []
     if np.allclose(got_var, within / total, rtol=RTOL, atol=0.0) and not np.allclose(spread, 0.0, atol=1e-12):
-        said.append("the M2s added without the delta² term: the blocks' means differ, and "
+        said.append("the delta² term left out or weighted wrongly: the blocks' means differ, and "
                     "delta² · count_a · count_b / count adds what lies between them")
     if c.offset >= 1e3:
         said.append("at a mean of 1e4, Σx² and count · mean² agree in their first 7 or 8 digits, so their float32 "

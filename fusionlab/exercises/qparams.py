@@ -5,7 +5,9 @@ calibrated range [lo, hi] (widened to hold 0, so that 0 is exact) onto 0..255, a
 `check(quantize)` grades each hidden case twice: the parameters against `lessons.quantization.qparams` (what
 onnxruntime's quantizer computes), and ``q`` against onnxruntime's own QuantizeLinear kernel run on the same x with
 the learner's parameters (so a rounding or saturation mistake shows even when the parameters are right). The cases
-include a range that does not hold 0, values outside the range and exact ties, which QuantizeLinear rounds to even.
+include a range that does not hold 0, values outside the range, exact ties, which QuantizeLinear rounds to even, and
+a zero point that is itself a tie: -lo / scale = 127.5 with the float64 scale, which the quantizer rounds to 128
+(from the float32 scale the ratio is 127.49999, and it rounds to 127).
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ CASES = (
     Case("a range around 0: [-1, 2]", QCase((-1.0, -0.5, 0.0, 0.3, 1.0, 2.0), -1.0, 2.0)),
     Case("a range that does not hold 0: [0.5, 4] (widen it to [0, 4])", QCase((0.5, 1.0, 2.5, 4.0), 0.5, 4.0)),
     Case("an all-negative range: [-3, -1]", QCase((-3.0, -2.0, -1.0), -3.0, -1.0)),
-    Case("values outside the calibrated range: saturate", QCase((-5.0, -1.0, 0.0, 1.0, 9.0), -1.0, 1.0)),
+    Case("values outside the calibrated range: saturate", QCase((-5.0, -1.0, 0.0, 1.0, 9.0), -1.0, 1.5)),
     Case("exact ties: QuantizeLinear rounds half to even", QCase(_ties(), TIE_LO, TIE_HI)),
+    Case("a zero point that is a tie: [-1, 1], -lo / scale = 127.5", QCase((-1.0, -0.25, 0.0, 0.5, 1.0), -1.0, 1.0)),
 )
 
 
@@ -68,6 +71,11 @@ def _judge(quantize, case: Case) -> str | None:
         wide = " (did you widen the range to hold 0?)" if not c.lo <= 0 <= c.hi else ""
         return f"your scale {float(scale):.6g} is not (hi - lo) / 255 = {want_s:.6g}{wide}"
     if int(zp) != want_z:
+        lo = min(c.lo, 0.0)
+        ratio32 = -lo / np.float32((max(c.hi, 0.0) - lo) / 255)
+        if int(zp) == int(np.clip(np.round(ratio32), 0, 255)):
+            return (f"your zero point {int(zp)} is round(-lo / scale) with the scale as float32 (-lo / scale = "
+                    f"{float(ratio32):.8g}); the quantizer divides by the float64 scale, rounding half to even: {want_z}")
         return (f"your zero point {int(zp)} is not round(0 - lo / scale) = {want_z}, clipped to 0..255 (compute it with "
                 "the scale in float64, as onnxruntime's quantizer does, and round half to even)")
     want_q, _ = run_qdq(c.array, float(scale), int(zp), "uint8")

@@ -1,8 +1,8 @@
 """Exercise: choose a `max_group_ops` that meets an on-chip memory budget (notebook 06).
 
-The model is a chain of ten elementwise ops on float32 [1, 16, 32, 32] maps (64 KiB each); five of them read
+The model is a chain of ten elementwise ops on float32 [1, 16, 32, 32] maps (64 KB each; KB here is 1024 bytes, as in the notebook); five of them read
 another full-size input (y1..y5). The mixed pass (`fusionlab.passes.mixed`) groups the chain; each group's
-working set at 16 KiB tiles (`fusionlab.analysis.working_set`: two tiles for each tensor read from or written to
+working set at 16 KB tiles (`fusionlab.analysis.working_set`: two tiles for each tensor read from or written to
 memory, one for each live intermediate) must fit the Unified Buffer of one Atlas 800I A2 core. The learner
 answers the largest `max_group_ops` whose plan has every group within the budget; `check(n)` plans the model at
 every cap from 1 to the chain's length, so it knows which caps fit and which is the largest.
@@ -75,7 +75,7 @@ def _account(ws) -> str:
         if mine:
             kinds.append(f"{len(mine)} {one if len(mine) == 1 else many} {where} x {mine[0]} "
                          f"tile{'s' if mine[0] > 1 else ''}")
-    return f"{total / tile:g} tiles of {DEFAULT_TILE_KB:g} KiB = " + " + ".join(kinds)
+    return f"{total / tile:g} tiles of {DEFAULT_TILE_KB:g} KB = " + " + ".join(kinds)
 
 
 def fits(cap: int) -> bool:
@@ -109,12 +109,14 @@ def _largest(answer, case: Case) -> str | None:
     larger = [k for k in range(cap + 1, len(CHAIN) + 1) if fits(k)]
     if not larger:
         return None
-    k = larger[-1]
-    return (f"max_group_ops={int(answer)} meets the budget, but {k} does too (its largest group needs "
-            f"{largest_group(k)[0]:.1f} KB): a larger cap fuses more, so it moves fewer bytes")
+    nxt = cap + 1
+    kb = largest_group(nxt)[0]
+    return (f"max_group_ops={int(answer)} meets the budget, and so does a larger cap (at {nxt} the largest group "
+            f"needs {kb:.1f} KB{', within' if fits(nxt) else ' >'} {BUDGET_KB:g} KB): a larger cap fuses more, "
+            f"so it moves fewer bytes")
 
 
-CASES = (Case(f"every group of the plan fits {BUDGET_KB:g} KB", _meets),
+CASES = (Case(f"every group of the plan fits {BUDGET_KB:g} KB (a working set equal to it fits)", _meets),
          Case("no larger max_group_ops fits", _largest))
 
 
@@ -122,4 +124,4 @@ def check(answer) -> Verdict:
     """Grade an int: the plan at max_group_ops=answer meets the budget, and no larger cap does."""
     return grade(EXERCISE, answer, CASES, lambda a, c: c.data(a, c), task=TASK,
                  checked=f"The mixed plan at every max_group_ops from 1 to {len(CHAIN)}, each group's working set at "
-                         f"{DEFAULT_TILE_KB:g} KiB tiles against {BUDGET_KB:g} KB.")
+                         f"{DEFAULT_TILE_KB:g} KB tiles against {BUDGET_KB:g} KB.")

@@ -9,7 +9,8 @@ made by the mixed pass's own `mixed.working_set_members`, against `working_set(m
 YOLOv5 group at two tiles, the §2 MatMul + Add + Relu, a SiLU reading x twice, decomposed LayerNorms (long and
 short rows) and §5's chain of Adds. The hint names the likely mistake: every intermediate counted at once, the
 cube's operands counted in the UB, a tensor read twice counted twice, whole tensors where the tile is smaller, one
-tile per transfer.
+tile per transfer, a tensor the cube reads left out for the op that reads it again; both, when two give the same
+number.
 """
 
 from __future__ import annotations
@@ -115,13 +116,16 @@ def truth(g: Group) -> int:
 
 
 def count(ms, tile: int, *, peak: bool = True, cube_in_ub: bool = False, dedupe: bool = True, clip: bool = True,
-          copies: int = 2) -> int:
-    """The §3 count written out, with switches for the mistakes the hint names (all defaults: the rules)."""
+          copies: int = 2, cube_serves: bool = False) -> int:
+    """The §3 count written out, with switches for the mistakes the hint names (all defaults: the rules).
+    `cube_serves`: a tensor the cube reads is taken as brought in already when a later member reads it."""
     size = (lambda b: min(b, tile)) if clip else (lambda b: b)
     seen, fixed, mids = set(), 0, []
     for pos, m in enumerate(ms):
         for key, b in m.reads:
             if m.cube and not cube_in_ub:
+                if cube_serves:
+                    seen.add(("in", key))
                 continue
             if dedupe and ("in", key) in seen:
                 continue
@@ -142,8 +146,13 @@ def _mistake(ms, tile: int, got: int) -> str:
         (count(ms, tile, cube_in_ub=True), "the cube's operands counted in the UB: they go through L1"),
         (count(ms, tile, dedupe=False), "a tensor read by two ops counted twice: it is brought in once"),
         (count(ms, tile, clip=False), "whole tensors: a tensor takes min(its bytes, tile)"),
-        (count(ms, tile, copies=1), "one tile per transfer: double buffering takes two")) if value == got != want]
-    return f" (that is {' or '.join(said)})" if said else ""
+        (count(ms, tile, copies=1), "one tile per transfer: double buffering takes two"),
+        (count(ms, tile, cube_serves=True), "a tensor the cube reads left out for the op that reads it again: "
+                                             "the cube's copy is in L1, that op brings its own through the UB"))
+        if value == got != want]
+    if len(said) > 1:  # two mistakes give this number: name both, the answer alone cannot tell which
+        return " (that is one of these: " + "; or ".join(said) + ")"
+    return f" (that is {said[0]})" if said else ""
 
 
 def _judge(ub_bytes, case: Case) -> str | None:

@@ -119,6 +119,26 @@ print(f"onnxruntime, DQ, DQ -> MatMul -> Q at level ALL, ran {ran}: {qy_ort.toli
 # The int32 sum itself is exact; the error comes from the three roundings, and here it stays within about half a
 # step of the output grid. onnxruntime ran the four nodes as one kernel.
 #
+# **Seven-bit weights.** "The int32 sum is exact" holds for the instruction that computes it only if nothing
+# overflows on the way. AVX-512 VNNI's `vpdpbusd` adds four uint8 × int8 products straight into an int32 lane. A
+# CPU without VNNI uses AVX2's `vpmaddubsw`, which adds *two* neighbouring products in **int16** and saturates at
+# 32,767: 255 × 127 × 2 = 64,770 does not fit. onnxruntime's quantizer has an option for it, `reduce_range`:
+# weights in 7 bits (−64..64), so that 255 × 64 × 2 = 32,640 always fits. `quant.quantize` in this notebook uses it,
+# so every int8 model below computes the same on every x86 CPU, at the price of one bit of weight precision.
+# `quant.levels_off(bits)` runs random uint8 × int8 products through onnxruntime's `QLinearMatMul` and returns the
+# most output levels it lands from the exact integer arithmetic:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+flags = quant.cpu_flags("avx512_vnni", "avx_vnni", "avx2")
+vnni = flags["avx512_vnni"] or flags["avx_vnni"]
+off8, off7 = quant.levels_off(8), quant.levels_off(7)
+print("this CPU:", flags)
+display(Markdown(f"This CPU {'has' if vnni else 'has no'} VNNI. With 8-bit weights onnxruntime's answer is "
+                 f"{off8} output level{'s' if off8 != 1 else ''} off the exact one at worst"
+                 f"{' (the int16 saturation)' if off8 and not vnni else ''}; with 7-bit weights, {off7}."))
+
+# %% [markdown]
 # ## 2. Why BatchNormalization must be folded before quantizing
 #
 # A BatchNormalization multiplies each channel `c` by its own factor `γ_c / √(var_c + ε)` and shifts it. In a
@@ -368,11 +388,11 @@ display(Markdown(f"The answer: weights {better} are the more accurate, relative 
 #
 # ## 6. Speed on this CPU: does int8 pay?
 #
-# This CPU has AVX-512 VNNI, an instruction that multiplies 64 uint8 × int8 pairs and adds them into 16 int32
-# lanes, where a float32 fused multiply-add does 16:
+# AVX-512 VNNI's `vpdpbusd` multiplies 64 uint8 × int8 pairs and adds them into 16 int32 lanes, where a float32
+# fused multiply-add does 16 (§1 printed whether this CPU has it; without it, AVX2 does 32 pairs per 256-bit
+# instruction pair, `vpmaddubsw` then `vpmaddwd`):
 
 # %%
-print("this CPU:", quant.cpu_flags("avx512f", "avx512_vnni", "avx_vnni"))
 print("multiply-adds per 512-bit instruction:", quant.VNNI_MACS)
 
 # %% [markdown]
@@ -415,7 +435,7 @@ display(Markdown(bert_cmp.markdown("The BERT with int8 MatMuls")))
 
 # %% [markdown]
 # The instruction count is not a prediction for a whole model. Only the convolutions' and MatMuls' inner loops
-# run in VNNI, while the quantize at the input, the requantisation of every output, the layout `Transpose`s and
+# run in int8 instructions, while the quantize at the input, the requantisation of every output, the layout `Transpose`s and
 # the float ops between (LayerNorm, Softmax, GELU in BERT) run as before; on the other side a float32
 # convolution is not limited by its multiply-adds alone, and int8 tensors are a quarter of the bytes to move.
 # Where the ratio lands is the measurement's to say (the sentences above). The unfolded CNN also runs each BN in

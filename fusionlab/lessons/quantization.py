@@ -41,7 +41,7 @@ from ..text import text_table
 from ..verification import runtime
 
 __all__ = [
-    "QRANGE", "VNNI_MACS", "qparams", "quantize_array", "dequantize_array", "run_qdq", "qlinear_matmul",
+    "QRANGE", "VNNI_MACS", "levels_off", "qparams", "quantize_array", "dequantize_array", "run_qdq", "qlinear_matmul",
     "run_qlinear_matmul", "requantize_add", "run_qlinear_add", "image_batches", "token_batches", "FeedsReader",
     "quantize", "optimized", "op_counts", "op_table", "float_islands", "preprocess", "Accuracy", "accuracy",
     "bn_spread_layer", "bn_scales", "channel_ranges", "weight_of", "fold_channel_scale", "add_scales", "cpu_flags",
@@ -448,6 +448,23 @@ def add_scales(qdq_model) -> list[dict]:
         if a and b and y:
             out.append({"node": n.name, "a": a, "b": b, "y": y})
     return out
+
+
+def levels_off(weight_bits: int, *, trials: int = 8, seed: int = 0) -> int:
+    """The most output levels onnxruntime's QLinearMatMul departs from the exact integer arithmetic
+    (`qlinear_matmul`) over `trials` random uint8 activations times int8 weights of `weight_bits` bits
+    (8: -127..127; 7: -64..64, what `quantize` writes). 0 on every x86 CPU for 7 bits; for 8 bits it depends on
+    the CPU: without VNNI, AVX2's vpmaddubsw adds two uint8 x int8 products in int16 and saturates."""
+    top = 127 if weight_bits == 8 else 2 ** (weight_bits - 1)
+    worst = 0
+    for t in range(trials):
+        rng = np.random.default_rng(seed + t)
+        qa = rng.integers(0, 256, (8, 64)).astype(np.uint8)
+        qb = rng.integers(-top, top + 1, (64, 8)).astype(np.int8)
+        _, _, exact = qlinear_matmul(qa, 0.013, 120, qb, 0.0071, 0.6, 128)
+        ort, _ = run_qlinear_matmul(qa, 0.013, 120, qb, 0.0071, 0.6, 128)
+        worst = max(worst, int(np.abs(ort.astype(np.int64) - exact.astype(np.int64)).max()))
+    return worst
 
 
 def cpu_flags(*names: str) -> dict[str, bool]:

@@ -468,7 +468,8 @@ for stage, passes in cann.read_fusion_result(published).items():
 # (one group holds both ends) or both leave unfused. A grouping is a list of lists of node names. Walk
 # `for node in graph` and each value in `node.inputs`: `value.producer()` is its node (None for a graph input or a
 # weight; a value may be None too). The hidden graphs include a node reading one producer twice, a `Constant`
-# input, a graph output that nodes also read, and BERT-tiny's two mixed plans.
+# input, a graph output that nodes also read, a grouping that fuses nothing against one that fuses, and BERT-tiny's
+# two mixed plans.
 
 # %%
 def edges_alike(graph, groups_a, groups_b):
@@ -482,8 +483,10 @@ exercises.agreement.check(edges_alike)
 # %% [markdown]
 # **Exercise 2: an ATC switch file for the plan's passes.** Write `switch_file(plan)` returning the text of the
 # `--fusion_switch_file` (JSON, as `cann.fusion_switch` writes it) that turns off every ATC pass §6 files the plan's
-# groups under, and nothing more: the baseline conversion to compare on a device. The hidden plans include
-# ResNet's, BERT-tiny's (filed under `Fusionlab…` names only), a MatMul with its bias, and a plan with no group.
+# groups under, and nothing more: a conversion without this plan's passes, to compare on a device with ATC's
+# default (`ALL` switches off other passes too, as notebook 12's baseline does for UB fusion). The hidden plans
+# include ResNet's, BERT-tiny's (filed under `Fusionlab…` names only), a MatMul with its bias, and a plan with no
+# group.
 
 # %%
 def switch_file(plan):

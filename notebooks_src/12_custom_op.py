@@ -377,7 +377,7 @@ print(files["fusion_switch.cfg"])
 #
 # Both are on unless a `fusion_switch.cfg` turns them off, and `atc` reports what fired in `fusion_result.json`
 # (`match_times`, `effect_times` per pass). That is what the package's `fusion_switch.cfg` is for: it converts the
-# *original* model with those passes off, to get the unfused baseline.
+# *original* model with those passes off (all of UB fusion, as far as `ALL` reaches), to get the baseline.
 
 # %%
 print(seed_claims.claim("s22-cann-three-kinds").summary())

@@ -62,7 +62,7 @@ print("fused model equivalent to the original (fp32, rtol 1e-4, atol 1e-5):", re
 # shown is the median one of fifteen.
 #
 # **Predict first:** the original graph has 258 nodes and the fused one 142. How many kernels does one run of each
-# launch? (The table's first line answers it for the original; the next cell for both.)
+# launch? (The table's last line answers it for the original; the next cell for both.)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -579,7 +579,8 @@ for cid in ("s42-accuracy-anomaly", "s42-memory-leak", "s42-build-failure", "s42
 # `run_us` during which no kernel ran, given its kernels as `Profile.ops()` returns them (`start_us` from the run's
 # start, `dur_us`, `end_us`, `lane`, `wait_us`): the last figure of §2's op table (try it on `before`). The hidden
 # runs include back-to-back kernels, kernels overlapping on two lanes (parallel branches on two streams, the
-# seed's fix of §6), one kernel inside another, and a late first kernel.
+# seed's fix of §6), one kernel inside another, a long kernel outlasting the one that starts last, and a late
+# first kernel.
 
 # %%
 def idle_us(run_us, ops):

@@ -490,7 +490,7 @@ display(Markdown("\n\n".join(notes)))
 # %% [markdown]
 # ## Exercises
 #
-# The exercises check themselves: write your answer in the cell under the task, run it, then run the `check`
+# The exercises check themselves: write your answer in the cell under each task, run it, then run the `check`
 # cell. `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming
 # the first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
 # answers are in the repository's `solutions/` folder, outside the notebooks (try first).
@@ -500,7 +500,8 @@ display(Markdown("\n\n".join(notes)))
 # holds **two** buffers of one tile (`BUFFER_NUM = 2`, §1) in a Unified Buffer of `ub_bytes`, an input element
 # taking `in_bytes` and an output element `out_bytes`, and every buffer a whole number of the UB's 32-byte blocks
 # (`ubblock_size=32`, `cann_facts.md` §3.3). The hidden cases take the UB of one core from the device presets
-# printed in §4 (fp16 and fp32, an Add's two inputs, a Cast from fp32 to fp16) and one UB that is partly taken.
+# printed in §4, at its nominal size (on A2 the tiling code sees 256 B less at run time, §3.3), with fp16 and
+# fp32, an Add's two inputs, Casts from fp32 to fp16, and UBs that are partly taken.
 
 # %%
 def largest_tile(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1):
@@ -513,12 +514,15 @@ exercises.buffers.check(largest_tile)
 
 
 # %% [markdown]
-# **Exercise 2: the time of a pipeline.** Write `pipeline_time(n_tiles, t_in, t_compute, t_out, buffers)`: how
-# long `n_tiles` tiles take through CopyIn → Compute → CopyOut on one core with `BUFFER_NUM = buffers` (1 or 2),
-# copy-in and copy-out sharing the core's memory path, each stage taking the given µs alone (§1–§2; the
-# closed forms of §1 are nearly all you need, but mind the first tile and the last). `check` compares your time
-# with `double_buffer.simulate`; the hidden cases include one tile, §1's equal stages, a
-# compute-bound kernel of few tiles, and stage times from the presets of §4.
+# **Exercise 2: pipeline time with one and two buffers.** Write `pipeline_time(n_tiles, t_in, t_compute, t_out,
+# buffers)`: how long `n_tiles` tiles take through CopyIn → Compute → CopyOut on one core with
+# `BUFFER_NUM = buffers` (1 or 2), each stage taking the given µs alone. For two buffers §1 gives the period and
+# the bounds, not the first and last tiles, which no simple formula gets right when the copies set the pace. So
+# simulate the three queues as §1 describes them, without calling `double_buffer.simulate`: each queue takes the
+# tiles in order, one at a time, as soon as its buffer and data are ready; while copy-in and copy-out both run,
+# each goes at half speed. `check` compares your time with `double_buffer.simulate`; the hidden cases include one
+# tile, §1's equal stages, compute-bound and copy-bound kernels of few tiles, and stage times from the presets of
+# §4.
 
 # %%
 def pipeline_time(n_tiles, t_in, t_compute, t_out, buffers):

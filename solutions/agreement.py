@@ -43,11 +43,24 @@ def edges_alike_any_group(graph, groups_a, groups_b):
     return alike, len(edges)
 
 
+def edges_alike_group_index(graph, groups_a, groups_b):
+    """WRONG: each node mapped to its group's index and the two ends compared, so two nodes in no group
+    (None == None) count as fused."""
+    def index(groups):
+        return {n: i for i, g in enumerate(groups) for n in g}
+
+    ia, ib = index(groups_a), index(groups_b)
+    edges = _edges(graph)
+    alike = sum((ia.get(p) == ia.get(c)) == (ib.get(p) == ib.get(c)) for p, c in edges)
+    return alike, len(edges)
+
+
 def edges_alike_stub(graph, groups_a, groups_b):
     ...  # the notebook's stub
 
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "agreement"
 REFERENCE = edges_alike
-WRONG = [(edges_alike_any_group, 1, "the SAME group"), (edges_alike_per_input, 2, "reading one producer twice")]
+WRONG = [(edges_alike_any_group, 1, "the SAME group"), (edges_alike_per_input, 2, "reading one producer twice"),
+         (edges_alike_group_index, 6, "None == None")]
 STUB = edges_alike_stub

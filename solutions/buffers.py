@@ -22,6 +22,14 @@ def largest_tile_unaligned(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1):
     return ub_bytes // (2 * (inputs * in_bytes + outputs * out_bytes))
 
 
+def largest_tile_wide_step(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1):
+    """WRONG: aligned to 32 bytes of the wider dtype (or of the input's), so with fp32 in and fp16 out the fp16
+    buffer can end half-way through a block."""
+    per_elem = 2 * (inputs * in_bytes + outputs * out_bytes)
+    step = 32 // max(in_bytes, out_bytes)
+    return ub_bytes // per_elem // step * step
+
+
 def largest_tile_stub(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1):
     ...  # the notebook's stub
 
@@ -29,5 +37,6 @@ def largest_tile_stub(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1):
 #: case it must fail on and words its hint must hold, and the notebook's stub.
 CHECKER = "buffers"
 REFERENCE = largest_tile
-WRONG = [(largest_tile_one_buffer, 0, "ONE buffer per queue"), (largest_tile_unaligned, 3, "32-byte blocks")]
+WRONG = [(largest_tile_one_buffer, 0, "ONE buffer per queue"), (largest_tile_unaligned, 3, "32-byte blocks"),
+         (largest_tile_wide_step, 6, "the wider dtype")]
 STUB = largest_tile_stub

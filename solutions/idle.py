@@ -21,11 +21,18 @@ def idle_us_minus_durations(run_us, ops):
     return run_us - sum(e.dur_us for e in ops)
 
 
+def idle_us_tail_from_last_start(run_us, ops):
+    """WRONG: the Wait column plus the tail after the kernel that starts last, not after the latest end (a long
+    kernel on another lane can outlast it)."""
+    return sum(e.wait_us for e in ops) + run_us - ops[-1].end_us
+
+
 def idle_us_stub(run_us, ops):
     ...  # the notebook's stub
 
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "idle"
 REFERENCE = idle_us
-WRONG = [(idle_us_waits, 0, "the Wait column"), (idle_us_minus_durations, 2, "subtracted twice")]
+WRONG = [(idle_us_waits, 0, "the Wait column"), (idle_us_minus_durations, 2, "subtracted twice"),
+         (idle_us_tail_from_last_start, 4, "the tail after the latest end, not the last start")]
 STUB = idle_us_stub

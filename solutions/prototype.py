@@ -25,6 +25,13 @@ def declare_output_float_only():
             .fuses("MatMul", "Add", "Relu").OP_END_FACTORY_REG("MatMulAddRelu"))
 
 
+def declare_output_extra_int32():
+    """WRONG: y declared with DT_INT32 besides the inputs' types, a dtype the fused body never produces."""
+    return (reg_op("MatMulAddRelu").INPUT("x1", F).INPUT("x2", F).INPUT("bias", F)
+            .OUTPUT("y", F + ["DT_INT32"]).ATTR("transpose_x1", "Bool", False).ATTR("transpose_x2", "Bool", False)
+            .fuses("MatMul", "Add", "Relu").OP_END_FACTORY_REG("MatMulAddRelu"))
+
+
 def declare_required_transposes():
     """WRONG: the transpose flags declared REQUIRED_ATTR; an ONNX MatMul node has none to give."""
     return (reg_op("MatMulAddRelu").INPUT("x1", F).INPUT("x2", F).INPUT("bias", F).OUTPUT("y", F)
@@ -45,6 +52,7 @@ def declare_matmul_add_relu_stub():
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "prototype"
 REFERENCE = declare_matmul_add_relu
-WRONG = [(declare_output_float_only, 3, "the output's types must be the inputs'"),
+WRONG = [(declare_output_float_only, 0, "the output's types must be the inputs'"),
+         (declare_output_extra_int32, 0, "the output's types must be the inputs'"),
          (declare_required_transposes, 1, "REQUIRED_ATTR"), (declare_bias_first, 0, "declare x1, x2, bias")]
 STUB = declare_matmul_add_relu_stub

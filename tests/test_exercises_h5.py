@@ -68,9 +68,19 @@ def test_pipeline_reference_is_the_simulator_on_each_case(case):
     c = case.data
     want = P.simulate(c.n_tiles, c.times, c.buffers).total
     got = s_pipeline.pipeline_time(c.n_tiles, *c.times, c.buffers)
-    assert got == pytest.approx(want, rel=pipeline.RTOL)
-    if c.n_tiles <= 8:
-        assert got == pytest.approx(want, rel=1e-12)
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_pipeline_reference_is_exact_on_random_stage_times_and_the_bounds_are_not():
+    rng = np.random.default_rng(21)
+    off = 0
+    for _ in range(300):
+        n, k = int(rng.integers(1, 30)), int(rng.integers(1, 4))
+        t = tuple(float(x) for x in rng.uniform(0.05, 5.0, 3))
+        want = P.simulate(n, t, k).total
+        assert s_pipeline.pipeline_time(n, *t, k) == pytest.approx(want, rel=1e-12)
+        off += k == 2 and not np.isclose(s_pipeline.pipeline_time_bounds(n, *t, k), want, rtol=pipeline.RTOL)
+    assert off > 30  # §1's two bounds miss often with two buffers, not only on the hidden case
 
 
 def test_pipeline_one_percent_off_fails_and_the_latency_formula_is_named():

@@ -7,7 +7,7 @@ both groupings decide the same way (fused: both ends in one group; or not). A gr
 names, as §5 compares TVM's with fusionlab's. `check(edges_alike)` grades it on hidden graphs against
 `compare_groupings`, the function §5 uses, and names the likely mistake: an edge counted twice when a node reads one
 producer twice, edges from Constant nodes counted, edges to graph outputs counted, or two ends in two different
-groups taken as fused.
+groups taken as fused, or two ungrouped ends taken as fused (a group index per node, None == None).
 """
 
 from __future__ import annotations
@@ -97,6 +97,11 @@ def _ungrouped():
     return model, [], []
 
 
+def _one_side():
+    model, _, _ = _chain()
+    return model, [], [["add", "relu"]]
+
+
 def _bert():
     model = zoo.get("bert_tiny", **MODELS["bert_tiny"])
     graph = load(model)
@@ -106,7 +111,7 @@ def _bert():
 
 _GRAPHS: dict[str, Callable] = {"chain": _chain, "two groups": _two_groups, "square": _square,
                                 "constant": _constant, "output read": _output_read, "ungrouped": _ungrouped,
-                                "bert": _bert}
+                                "one side": _one_side, "bert": _bert}
 
 
 @lru_cache(maxsize=None)
@@ -124,6 +129,8 @@ CASES = (
     Case("a Constant node feeding an Add (a compiler folds it away)", EdgeCase("constant")),
     Case("a value that is a graph output and is read by two nodes too", EdgeCase("output read")),
     Case("neither grouping fuses anything: every node runs alone", EdgeCase("ungrouped")),
+    Case("A fuses nothing, B fuses Add -> Relu: in A those two ends are in no group at all",
+         EdgeCase("one side")),
     Case("BERT-tiny (§4's model): the mixed plan at 5 ops against no threshold", EdgeCase("bert")),
 )
 
@@ -135,7 +142,8 @@ def expected(c: EdgeCase) -> tuple[int, int]:
     return sum(e.fused_a == e.fused_b for e in agreement.edges), len(agreement.edges)
 
 
-def _variant(graph, groups_a, groups_b, *, twice=False, constants=False, outputs=False, any_group=False):
+def _variant(graph, groups_a, groups_b, *, twice=False, constants=False, outputs=False, any_group=False,
+             none_equal=False):
     """(alike, total) counted with one plausible mistake, to name it in the hint."""
     def member(groups):
         out: dict[str, set[int]] = {}
@@ -149,6 +157,8 @@ def _variant(graph, groups_a, groups_b, *, twice=False, constants=False, outputs
     def fused(m, p, c):
         if c is None:
             return False
+        if none_equal:  # group of each end compared, None (no group) == None counting as fused
+            return m.get(p) == m.get(c)
         return bool(m.get(p)) and bool(m.get(c)) if any_group else bool(m.get(p, set()) & m.get(c, set()))
 
     pairs = []
@@ -170,7 +180,9 @@ def _variant(graph, groups_a, groups_b, *, twice=False, constants=False, outputs
 _MISTAKES = (({"twice": True}, "an edge counted once per input: a node reading one producer twice is one edge"),
              ({"constants": True}, "edges from Constant nodes counted: leave Constant nodes out"),
              ({"outputs": True}, "edges to graph outputs counted: an edge joins two nodes"),
-             ({"any_group": True}, "both ends grouped taken as fused: they must be in the SAME group"))
+             ({"any_group": True}, "both ends grouped taken as fused: they must be in the SAME group"),
+             ({"none_equal": True}, "two ungrouped ends taken as fused (None == None): fused needs a group holding "
+                                    "both"))
 
 
 def _mistake(c: EdgeCase, got: tuple[int, int]) -> str:

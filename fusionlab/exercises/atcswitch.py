@@ -111,7 +111,8 @@ def _judge(switch_file, case: Case) -> str | None:
         other = next(s for s in _STAGES if s != stage)
         for name, value in passes.items():
             if name == "ALL":
-                return f"ALL under {stage} turns off every {stage} pass, not only those this plan is filed under"
+                return (f"ALL under {stage} switches off {stage} passes beyond those this plan is filed under (and, "
+                        f"cann_facts.md says, not every pass): name the plan's passes")
             if name.startswith("Fusionlab"):
                 return (f"{name} is fusionlab's name for a rule with no documented ATC pass: ATC has no such "
                         f"pass to turn off")

@@ -6,8 +6,8 @@ The learner writes ``idle_us(run_us, ops) -> float``: given one run's duration a
 §2's op table. `check(idle_us)` builds each hidden run as an onnxruntime Chrome trace, parses it with
 `fusionlab.profile.parse_events`, hands the learner the parsed ops, and grades the answer against that profile's
 ``gap_us``. The hint names the likely mistake: the Wait column summed (the tail after the last kernel lost),
-every duration subtracted (overlapping kernels counted twice), gaps measured from the previous kernel rather than
-from the latest end, or the time before the first kernel and after the last left out.
+every duration subtracted (overlapping kernels counted twice), gaps or the tail measured from the previous
+(last-started) kernel rather than from the latest end, or the time before the first kernel and after the last left out.
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ CASES = (
                           (170.0, 50.0, 0, "Concat"), (230.0, 40.0, 0, "Conv")))),
     Case("a short kernel entirely inside a long one on the other lane",
          IdleCase(260.0, ((3.0, 200.0, 0, "MatMul"), (50.0, 30.0, 1, "Add"), (208.0, 40.0, 0, "Softmax")))),
+    Case("two lanes: a long kernel outlasts the one that starts last",
+         IdleCase(300.0, ((5.0, 250.0, 0, "MatMul"), (20.0, 30.0, 1, "Add"), (100.0, 40.0, 1, "Relu")))),
     Case("a late first kernel: 40 us of the run before any kernel starts",
          IdleCase(180.0, ((40.0, 60.0, 0, "Conv"), (104.0, 30.0, 0, "Relu"), (137.0, 35.0, 0, "Conv")))),
     Case("a YOLOv5-sized run: 256 kernels with launch gaps of a few us", IdleCase(*_YOLO)),
@@ -90,8 +92,11 @@ def _mistakes(c: IdleCase, ops: list[OpEvent]) -> list[tuple[float, str]]:
         (sum(e.wait_us for e in ops), "the Wait column summed: it leaves out the time after the last kernel ends"),
         (c.run_us - sum(e.dur_us for e in ops),
          "the run minus every duration: where kernels overlap on two lanes, the overlap is subtracted twice"),
-        (naive, "gaps measured from the previous kernel's end: a kernel still running on the other lane keeps "
-                "the run busy, so measure from the latest end so far"),
+        (naive, "gaps and the tail measured from the previous kernel's end: a kernel still running on the other "
+                "lane keeps the run busy, so measure from the latest end so far"),
+        (sum(e.wait_us for e in ops) + c.run_us - starts[-1].end_us,
+         "the tail measured from the kernel that starts last: it is the tail after the latest end, not the last "
+         "start"),
         (inner, "the gaps between kernels only: the time before the first kernel and after the last is idle too"),
         (inner + (c.run_us - last), "the time before the first kernel starts is idle too"),
         (sum(e.dur_us for e in ops), "the time in kernels, not the time with none running"),

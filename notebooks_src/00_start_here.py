@@ -322,24 +322,7 @@ print("onnxruntime's fused model is equivalent:", report.ok)
 # first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
 # answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
-# **Exercise 1: the bytes a fused chain saves.** Write `saved_bytes(shape, dtype_bytes, ops)`: the memory traffic
-# saved when the chain `ops` (a Conv, then ops such as `"BatchNormalization"` and `"Relu"`, each reading only the
-# one before) runs as one kernel, counted as "What fusing it would save" counts it. Every tensor between them has
-# the Conv output's `shape`, each value `dtype_bytes` bytes. The truth is fusionlab's cost model (`cost.plan_cost`,
-# notebook 07): bytes moved unfused minus fused. The hidden chains include a batch of 8, fp16, a Conv → Relu and a
-# Conv alone.
-
-# %%
-def saved_bytes(shape, dtype_bytes, ops):
-    ...  # your code here
-
-# %%
-from fusionlab import exercises
-
-exercises.savings.check(saved_bytes)
-
-# %% [markdown]
-# **Exercise 2: BatchNormalization as a scale and a shift.** At inference, BatchNormalization computes
+# **Exercise 1: BatchNormalization as a scale and a shift.** At inference, BatchNormalization computes
 # `gamma * (x - mean) / sqrt(var + eps) + beta` per channel (the model's `bn.scale`, `bn.bias`, `bn.mean`, `bn.var`
 # and `epsilon`). That is one multiply and one add, which is why it folds into the Conv before it (notebook 02
 # does it by hand). Write `bn_affine(gamma, beta, mean, var, eps)` returning `(scale, shift)`, one value per channel
@@ -351,4 +334,22 @@ def bn_affine(gamma, beta, mean, var, eps):
     ...  # your code here
 
 # %%
+from fusionlab import exercises
+
 exercises.bnaffine.check(bn_affine)
+
+# %% [markdown]
+# **Exercise 2: what onnxruntime runs at each level.** "A first measurement" said what each optimisation level
+# does to the block: `"basic"` folds the BatchNormalization into the Conv, `"extended"` also fuses the Conv and
+# its Relu into one `FusedConv`. Write `ort_ops(ops, level)`: the op types onnxruntime runs, in any order, when it
+# loads the chain `ops` (each op reading the one before, such as `["Conv", "BatchNormalization", "Relu"]`) at
+# `level`, one of `"disable"`, `"basic"`, `"extended"`. `check` compares your list with the graph onnxruntime
+# itself optimises (`fusionlab.compilers.ort.optimized_ops`). The hidden chains include a Conv without BN, a BN
+# after the Relu, a BN with no Conv and two blocks in a row.
+
+# %%
+def ort_ops(ops, level):
+    ...  # your code here
+
+# %%
+exercises.levels.check(ort_ops)

@@ -505,6 +505,10 @@ print(ort_fold.table())
 # onnxruntime doing the same fold by itself at its `basic` level, so the two should be about equal.
 
 # %% [markdown]
+# Notebooks **03** (CNNs: Conv+BN+SiLU, the residual Add) and **04** (transformers: Add+Gelu, LayerNorm,
+# attention) run the same fold as a pass over whole networks.
+
+# %% [markdown]
 # ## Summary
 #
 # - Conv + inference BatchNormalization folds exactly into one conv: $W' = sW$, $b' = s(b-\mu)+\beta$, with
@@ -523,14 +527,14 @@ print(ort_fold.table())
 # first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
 # answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
-# **Exercise 1: fold a Conv and a per-channel Mul by hand.** A Conv followed by a Mul by a per-channel constant
-# (what a BN's scale is, once its shift has moved into the bias) is one Conv with new weights and bias. Write
-# `fold(W, b, scale)` returning `(W2, b2)`: `W` is the Conv's weight, shape `(C_out, C_in / group, kH, kW)`; `b`
-# its bias, shape `(C_out,)`, or `None` when the Conv has none; `scale` the Mul's constant as the graph stores it,
-# shape `(C_out, 1, 1)`, `(1, C_out, 1, 1)` or `(1,)` (one factor for every channel). Return a bias even when the
-# Conv had none. `check(fold)` runs each hidden case's Conv -> Mul graph in onnxruntime with graph optimisations
-# off and compares it with one Conv holding your `(W2, b2)`, at float32 tolerances (`rtol=1e-4`, `atol=1e-5`).
-# The cases include a Conv without bias, grouped and depthwise convs and every shape of `scale` above.
+# **Exercise 1: fold a Conv and a per-channel Mul by hand.** A Conv followed by a Mul by a per-channel constant (what
+# a BN's scale is, once its shift has moved into the bias) is one Conv with new weights and bias. Write `fold(W, b,
+# scale)` returning `(W2, b2)`: `W` is the Conv's weight, shape `(C_out, C_in / group, kH, kW)`; `b` its bias, shape
+# `(C_out,)`, or `None` when the Conv has none; `scale` the Mul's constant as the graph stores it, shape `(C_out, 1,
+# 1)`, `(1, C_out, 1, 1)` or `(1,)`, one factor shared by all channels. Return a bias even when the Conv had none.
+# `check(fold)` runs each hidden case's Conv -> Mul graph in onnxruntime with graph optimisations off and compares it
+# with one Conv holding your `(W2, b2)`, at float32 tolerances (`rtol=1e-4`, `atol=1e-5`). The cases include a Conv
+# without bias, grouped and depthwise convs and every shape of `scale` above.
 
 # %%
 def fold(W, b, scale):
@@ -542,14 +546,14 @@ def fold(W, b, scale):
 exercises.folding.check(fold)
 
 # %% [markdown]
-# **Exercise 2: fold a BatchNormalization into a ConvTranspose.** onnxruntime has no fusion for ConvTranspose ->
-# BatchNormalization; write it. `fold_bn(W, b, gamma, beta, mean, var, eps, group)` returns `(W2, b2)` for one
-# ConvTranspose computing BN(ConvTranspose(x, W, b)): `W` has shape `(C_in, C_out / group, k...)` (§3: the output
-# channels are axis 1, per group), `b` is `(C_out,)` or `None`, the BN's parameters are `(C_out,)` each, and the bias
-# follows §2's derivation, not the write-up's formula. `check(fold_bn)` runs each hidden case's ConvTranspose -> BN in
-# onnxruntime (optimisations off) against one ConvTranspose with your `(W2, b2)`, at float32 tolerances. The cases
-# include 8 -> 8 channels (where scaling axis 0 fits the shape), groups, a depthwise and a 1-D ConvTranspose, no bias,
-# and a channel whose variance is 0.
+# **Exercise 2: fold a BatchNormalization into a ConvTranspose.** Do by hand, with numpy, what onnxruntime's basic
+# level does (§3 showed how; write it yourself rather than call `derive.fold_conv_bn`). `fold_bn(W, b, gamma, beta,
+# mean, var, eps, group)` returns `(W2, b2)` for one ConvTranspose computing BN(ConvTranspose(x, W, b)): `W` has shape
+# `(C_in, C_out / group, k...)` (§3: the output channels are axis 1, per group), `b` is `(C_out,)` or `None`, the BN's
+# parameters are `(C_out,)` each, and the bias follows §2's derivation, not the write-up's formula. `check(fold_bn)`
+# runs each hidden case's ConvTranspose -> BN in onnxruntime (optimisations off) against one ConvTranspose with your
+# `(W2, b2)`, at float32 tolerances. The cases include 8 -> 8 channels (where scaling axis 0 fits the shape), groups,
+# a depthwise and a 1-D ConvTranspose, no bias, and a channel whose variance is 0.
 
 # %%
 def fold_bn(W, b, gamma, beta, mean, var, eps, group):
@@ -559,7 +563,3 @@ def fold_bn(W, b, gamma, beta, mean, var, eps, group):
 
 # %%
 exercises.transposed.check(fold_bn)
-
-# %% [markdown]
-# Notebooks **03** (CNNs: Conv+BN+SiLU, the residual Add) and **04** (transformers: Add+Gelu, LayerNorm,
-# attention) run the same fold as a pass over whole networks.

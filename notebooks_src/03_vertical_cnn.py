@@ -388,6 +388,11 @@ print(seed_claims.claim("s1-yolov5-23pct").summary())
 # verdicts, read from the intervals, are printed there. The ledger entry (`docs/seed_claims.md`, `s1-yolov5-23pct`) records both baselines.
 
 # %% [markdown]
+# On a model of your own, the same pipeline runs from the command line: `fusionlab fuse` it, then `fusionlab
+# verify`, and `fusionlab bench --level extended --level-b disable original.onnx fused.onnx` gives the "ours vs
+# theirs" comparison of section 6.
+
+# %% [markdown]
 # ## Summary
 #
 # * Vertical fusion does a chain's work in one pass: a plan finds the chains it can prove legal, `apply` emits the
@@ -408,23 +413,34 @@ print(seed_claims.claim("s1-yolov5-23pct").summary())
 #
 # **Exercise 1: write a vertical rule.** Exporters write `torch.clamp` and TensorFlow's `relu6` as two ops,
 # `Max(x, lo)` then `Min(., hi)`, with constant bounds: two kernels and an intermediate where one `Clip(x, lo,
-# hi)` does. Write the rule with the engine every rule of this notebook uses (`fusionlab.passes.engine`; a
-# small rule to read first: `fusionlab/passes/rules/pool.py`, and the table in `docs/rules.md`):
+# hi)` does. Write the rule with the engine every rule of this notebook uses (`fusionlab.passes.engine`; "A rule"
+# in `docs/engine.md`). The cell below prints a real one, `silu` (x · sigmoid(x) becomes one QuickGelu, as in
+# §3); yours has the same shape:
 #
-# - `match(self, cx, mx)` is called on every `Max`. Return `Match("max_min_clip", mx, [mx, mn], reason, "Clip",
-#   data=...)` when the clamp may become one Clip; `None` when the pattern is not there; raise `Refused("why")`
-#   when it is there but must not fuse. Tools: `sole_consumer(value)`, `other_input(node, value)`,
-#   `is_op(node, "Min")`, `cx.constant(value)` (the array, or None if not a constant), `cx.dtype(value)`,
-#   `cx.broadcasts_up(array, x)` (would it raise x's rank?), `cx.free(node)`.
-# - `rewrite(self, cx, m)` returns the new nodes: `cx.node("Clip", [x, lo, hi], base=...)`, with the bounds as new
-#   initializers `cx.initializer(name, array)`. Clip's bounds must be scalars of rank 0.
+# - `match(self, cx, mx)` is called on every `Max` node `mx` (`mx.inputs`: its input values, `mx.outputs[0]`: its
+#   output). Return `Match("max_min_clip", mx, [mx, mn], reason, "Clip", data=...)` when the clamp may become one
+#   Clip (`data`: whatever `rewrite` needs); `None` when the pattern is not there; raise `Refused("why")` when it
+#   is there but must not fuse. Tools: `sole_consumer(value)`, `other_input(node, value)`, `is_op(node, "Min")`,
+#   `cx.constant(value)` (the array, or None if not a constant), `cx.dtype(value)`, `cx.broadcasts_up(array, x)`
+#   (would it raise x's rank?), `cx.free(node)`.
+# - `rewrite(self, cx, m)` returns the new nodes: `m.data` is what `match` stored, `m.anchor` the Max (its
+#   `.name` a base for new names). Build `cx.node("Clip", [x, lo, hi], base=...)` with the bounds as new
+#   initializers `cx.initializer(name, array)`; Clip's bounds must be scalars of rank 0. Keep the stub's
+#   `fixed = True` (a Clip is one op, whatever the group's size).
 #
 # `check(MaxMinClip)` runs your rule as the vertical pass runs a rule (`engine.find`, then `rewrite` and
 # `engine.replace` on each match) on hidden graphs made with the fuzzer's model builder: clamps it must fuse
 # (operands in either order, bounds in initializers or Constant nodes, two clamps in one graph), where the
 # rewritten model must pass onnx's full checker and compute what the original does in onnxruntime, and near
-# misses it must leave alone (a per-channel bound, a bound that would broadcast x up a rank, a Max of three
-# inputs, a Max output read elsewhere or a graph output).
+# misses it must leave alone: a per-channel lower or upper bound, an upper bound that is a graph input, a bound
+# that would broadcast x up a rank, a Max of three inputs, and two the engine refuses by itself (a Max output
+# read elsewhere or a graph output).
+
+# %%
+import inspect  # noqa: E402
+from fusionlab.passes.rules.activation import SiLU  # noqa: E402
+
+display(Markdown(f"```python\n{inspect.getsource(SiLU)}```"))
 
 # %%
 class MaxMinClip(Rule):
@@ -447,10 +463,10 @@ exercises.rules.check(MaxMinClip)
 # %% [markdown]
 # **Exercise 2: predict the plan.** Seven small graphs, each a Conv and a BatchNormalization with what follows them,
 # are listed below (`W` is the Conv's weight; the BN's parameters are constants). For each, how many kernels does
-# the model launch after `fuse(model, passes=("vertical",))`? Use §3: which rule takes the chain, what it emits
-# (FusedConv, or Conv + QuickGelu), and the legality checks that stop it (an intermediate read by another node or
-# that is a graph output). `check(kernels)` runs the pass on each graph and counts; the hint names the first graph
-# you got wrong and what the pass did there.
+# the model launch after `fuse(model, passes=("vertical",))`? Use §3 and §6's residual Add: which rule takes the
+# chain, what it emits (FusedConv, or Conv + QuickGelu), and the legality checks that stop it (an intermediate read
+# by another node or that is a graph output). `check(kernels)` runs the pass on each graph and counts; the hint
+# names the first graph you got wrong and what the pass did there.
 
 # %%
 print(exercises.plans.listing())
@@ -458,8 +474,3 @@ kernels = {"A": ..., "B": ..., "C": ..., "D": ..., "E": ..., "F": ..., "G": ...}
 
 # %%
 exercises.plans.check(kernels)
-
-# %% [markdown]
-# On a model of your own, the same pipeline runs from the command line: `fusionlab fuse` it, then `fusionlab
-# verify`, and `fusionlab bench --level extended --level-b disable original.onnx fused.onnx` gives the "ours vs
-# theirs" comparison of section 6.

@@ -205,9 +205,10 @@ for note in chosen.plan.notes:
 # first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
 # answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
-# **Exercise 1: write GELU as the exporter does.** §1's `gelu` rule fuses erf-GELU as torch's TorchScript exporter
-# writes it: `x / √2`, `Erf`, `+ 1`, `× x`, `× 0.5`. Write `gelu_nodes(x, y)` returning those ONNX nodes
-# (`helper.make_node`), reading the tensor named `x` and writing `y`, constants as `Constant` nodes named after `y`.
+# **Exercise 1: write GELU as the exporter does.** The vertical pass's `gelu` rule (§1's `bias_gelu` when a bias
+# Add comes first) fuses erf-GELU as torch's TorchScript exporter writes it: `x / √2`, `Erf`, `+ 1`, `× x`,
+# `× 0.5`. Write `gelu_nodes(x, y)` returning those ONNX nodes (`helper.make_node`), reading the tensor named `x`
+# and writing `y`, constants as `Constant` nodes named after `y`.
 # `check(gelu_nodes)` builds a model around them and grades two things: onnxruntime computes GELU (against float64,
 # fp32 tolerances), and `fuse(model, passes=("vertical",))` turns all of it into one `Gelu` (opset 17 and 20), or a
 # `BiasGelu` when a bias Add comes first. A GELU that is only close, or has a constant rounded, does not fuse.
@@ -223,13 +224,13 @@ def gelu_nodes(x, y):
 exercises.gelu.check(gelu_nodes)
 
 # %% [markdown]
-# **Exercise 2: what SkipLayerNormalization saves.** §1 measured the fused kernel slower; count what it saves in
-# bytes. Write `saved_bytes(batch, seq, hidden, dtype_bytes, bias, sum_read_again)`: the traffic one
-# `SkipLayerNormalization` removes against the residual `Add` and `LayerNormalization` it replaces, on activations
-# of shape `(batch, seq, hidden)`. With `bias`, the projection's bias `Add` (a `(hidden,)` vector) comes first and
-# joins the kernel; with `sum_read_again` (the pre-LN form) the next block's residual `Add` reads the sum too.
-# `check(saved_bytes)` compares with the cost model (each kernel's reads and writes, notebook 03 §3), unfused less
-# fused; the cases include fp16 and one decode step.
+# **Exercise 2: what SkipLayerNormalization saves.** In the rule benchmark §1 cites, the fused kernel was slower than
+# Add + LayerNormalization with optimisations off; count what it saves in bytes. Write `saved_bytes(batch, seq,
+# hidden, dtype_bytes, bias, sum_read_again)`: the traffic one `SkipLayerNormalization` removes against the residual
+# `Add` and `LayerNormalization` it replaces, on activations of shape `(batch, seq, hidden)`. With `bias`, the
+# projection's bias `Add` (a `(hidden,)` vector) comes first and joins the kernel; with `sum_read_again` (the pre-LN
+# form) the next block's residual `Add` reads the sum too. `check(saved_bytes)` compares with the cost model (each
+# kernel's reads and writes, notebook 03 §3), unfused less fused; the cases include fp16 and one decode step.
 
 # %%
 def saved_bytes(batch, seq, hidden, dtype_bytes, bias, sum_read_again):

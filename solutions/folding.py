@@ -25,8 +25,15 @@ def fold_wrong_axis(W, b, scale):
         return (W * s[: W.shape[1]].reshape(1, -1, 1, 1)).astype(W.dtype), (bias * s).astype(W.dtype)
     return (W * s.reshape(1, -1, 1, 1)).astype(W.dtype), (bias * s).astype(W.dtype)
 
+
+def fold_bias_none(W, b, scale):
+    """WRONG: right weights, but hands back b2 = None when the Conv had no bias (the folded Conv needs one)."""
+    w2, b2 = fold(W, b, scale)
+    return w2, (None if b is None else b2)
+
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "folding"
 REFERENCE = fold
-WRONG = [(fold_forgot_bias, 0, "your bias differs"), (fold_wrong_axis, 0, "your weights differ")]
+WRONG = [(fold_forgot_bias, 0, "your bias differs"), (fold_wrong_axis, 0, "your weights differ"),
+         (fold_bias_none, 1, "b2 is None")]
 STUB = lambda W, b, scale: ...  # noqa: E731 - the notebook's stub cell

@@ -79,6 +79,61 @@ class ClipAnyBound(MaxMinClip):
                         base=f"{base}_clip")]
 
 
+class LowerBoundOnly(MaxMinClip):
+    """WRONG: checks the size and rank of the lower bound only; a per-channel upper bound slips through."""
+
+    def match(self, cx, mx):
+        found = _split(cx, mx)
+        if found is None:
+            return None
+        x, lo = found
+        mn = sole_consumer(mx.outputs[0])
+        if not is_op(mn, "Min") or not cx.free(mn):
+            return None
+        other = other_input(mn, mx.outputs[0])
+        hi = cx.constant(other) if other is not None else None
+        if hi is None:
+            return None
+        if lo.size != 1 or cx.broadcasts_up(lo, x) or lo.dtype != cx.dtype(x):
+            raise Refused("the lower bound must be a scalar of x's dtype that keeps x's rank")
+        return Match("max_min_clip", mx, [mx, mn], "Max then Min", "Clip", data=(x, (lo.reshape(()), hi)))
+
+    def rewrite(self, cx, m):
+        x, (lo, hi) = m.data
+        base = m.anchor.name
+        hi = hi.reshape(()) if hi.size == 1 else hi
+        return [cx.node("Clip", [x, cx.initializer(f"{base}_min", lo), cx.initializer(f"{base}_max", hi)],
+                        base=f"{base}_clip")]
+
+
+class AnyUpperInput(MaxMinClip):
+    """WRONG: takes the Min's other input as the upper bound without asking that it be a constant."""
+
+    def match(self, cx, mx):
+        found = _split(cx, mx)
+        if found is None:
+            return None
+        x, lo = found
+        mn = sole_consumer(mx.outputs[0])
+        if not is_op(mn, "Min") or not cx.free(mn):
+            return None
+        other = other_input(mn, mx.outputs[0])
+        hi = cx.constant(other) if other is not None else None
+        for c in (lo, hi):
+            if c is not None and (c.size != 1 or cx.broadcasts_up(c, x) or c.dtype != cx.dtype(x)):
+                raise Refused("a constant bound must be a scalar of x's dtype that keeps x's rank")
+        if other is None:
+            return None
+        return Match("max_min_clip", mx, [mx, mn], "Max then Min", "Clip", data=(x, lo.reshape(()), other))
+
+    def rewrite(self, cx, m):
+        x, lo, hi = m.data
+        base = m.anchor.name
+        hi_c = cx.constant(hi)
+        hi_v = cx.initializer(f"{base}_max", hi_c.reshape(())) if hi_c is not None else hi
+        return [cx.node("Clip", [x, cx.initializer(f"{base}_min", lo), hi_v], base=f"{base}_clip")]
+
+
 class Stub(Rule):
     """What the notebook ships: the learner fills in match and rewrite."""
 
@@ -117,5 +172,6 @@ class FirstReader(MaxMinClip):
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "rules"
 REFERENCE = MaxMinClip
-WRONG = [(ClipAnyBound, 5, "must not")]
+WRONG = [(ClipAnyBound, 5, "must not"), (LowerBoundOnly, 6, "upper bound of shape (4, 1, 1)"),
+         (AnyUpperInput, 7, "no constant")]
 STUB = Stub

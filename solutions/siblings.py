@@ -31,6 +31,17 @@ def can_stack_grouped(a, b):
     return a.weight.shape[1:] == b.weight.shape[1:] if a.op == "Conv" else a.weight.shape[0] == b.weight.shape[0]
 
 
+def can_stack_any_dilations(a, b):
+    """WRONG: compares every attribute but the dilations (a dilated kernel reads other pixels)."""
+    def rest(s):
+        return {k: v for k, v in s.attrs.items() if k != "dilations"}
+    if a.reads != b.reads or a.op != b.op or a.weight is None or b.weight is None:
+        return False
+    if rest(a) != rest(b) or a.attrs.get("group", 1) != 1:
+        return False
+    return a.weight.shape[1:] == b.weight.shape[1:] if a.op == "Conv" else a.weight.shape[0] == b.weight.shape[0]
+
+
 def can_stack_stub(a, b):
     ...  # the notebook's stub
 
@@ -38,5 +49,5 @@ def can_stack_stub(a, b):
 CHECKER = "siblings"
 REFERENCE = can_stack
 WRONG = [(can_stack_same_weight_shape, 1, "the pass stacks them"), (can_stack_any_attributes, 3, "strides"),
-         (can_stack_grouped, 6, "grouped convolution")]
+         (can_stack_grouped, 6, "grouped convolution"), (can_stack_any_dilations, 5, "dilations")]
 STUB = can_stack_stub

@@ -13,8 +13,12 @@ WRONG_READ_ONCE = {"unfused": ANSWER["unfused"] - 2 * X, "fused": ANSWER["fused"
 #: WRONG: the fused kernel still writes and reads back its intermediates a0, a, g, h
 WRONG_FUSED_MIDS = {"unfused": ANSWER["unfused"], "fused": ANSWER["fused"] + 4 * 2 * X}
 
+#: WRONG: leaves out the per-channel constants s and b (64 B each), in both counts
+WRONG_NO_PARAMS = {"unfused": ANSWER["unfused"] - 2 * P, "fused": ANSWER["fused"] - 2 * P}
+
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "traffic"
 REFERENCE = ANSWER
-WRONG = [(WRONG_READ_ONCE, 0, "second reads of x and a"), (WRONG_FUSED_MIDS, 1, "keeps them on chip")]
+WRONG = [(WRONG_READ_ONCE, 0, "second reads of x and a"), (WRONG_FUSED_MIDS, 1, "keeps them on chip"),
+         (WRONG_NO_PARAMS, 0, "constants s and b")]
 STUB = {"unfused": ..., "fused": ...}

@@ -42,6 +42,6 @@ def fold_bn_stub(W, b, gamma, beta, mean, var, eps, group):
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "transposed"
 REFERENCE = fold_bn
-WRONG = [(fold_bn_axis0, 0, "could not be broadcast"), (fold_bn_first_group, 3, "first group's factors"),
+WRONG = [(fold_bn_axis0, 0, "weight axis 0"), (fold_bn_first_group, 3, "first group's factors"),
          (fold_bn_seed_bias, 0, "forgets")]
 STUB = fold_bn_stub

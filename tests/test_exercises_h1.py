@@ -1,4 +1,4 @@
-"""The exercises of notebooks 00 (savings, bnaffine) and 01 (hardswish): where their truth comes from, and that
+"""The exercises of notebooks 00 (bnaffine; levels in test_exercises_f1.py) and 01 (hardswish): where their truth comes from, and that
 answers a little off, or right only away from the hard corners, fail."""
 
 from __future__ import annotations
@@ -8,31 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fusionlab.exercises import bnaffine, core, hardswish, savings
+from fusionlab.exercises import bnaffine, core, hardswish
 from fusionlab.lessons import codegen
 from fusionlab.verification.runtime import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # solutions/ sits at the repository root
 from solutions import bnaffine as s_bnaffine  # noqa: E402
 from solutions import hardswish as s_hardswish  # noqa: E402
-from solutions import savings as s_savings  # noqa: E402
-
-
-def test_savings_truth_is_the_cost_model_and_notebook_00s_count():
-    """The cost model's saving on notebook 00's block is the section's 2 x 2 x intermediate; a Conv alone saves 0."""
-    block = savings.CASES[0].data
-    assert block.ops == ("Conv", "BatchNormalization", "Relu") and block.shape == (1, 16, 64, 64)
-    assert savings.truth(block) == 2 * 2 * (16 * 64 * 64 * 4)
-    assert savings.truth(savings.CASES[-1].data) == 0
-    fp16 = next(c.data for c in savings.CASES if c.data.dtype_bytes == 2)
-    assert savings.truth(fp16) == s_savings.saved_bytes(fp16.shape, 2, fp16.ops)
-
-
-def test_savings_hint_names_the_batch_and_rejects_a_non_number():
-    v = savings.check(lambda shape, dtype_bytes, ops: 2 * (len(ops) - 1) * int(np.prod(shape[1:])) * dtype_bytes)
-    assert v.status == core.FAIL and v.passed == 1 and "one sample" in v.hint
-    v = savings.check(lambda shape, dtype_bytes, ops: "a lot")
-    assert v.status == core.FAIL and "must return a number of bytes" in v.hint
 
 
 def test_bnaffine_checks_against_onnxruntime_not_the_formula():
@@ -77,7 +59,7 @@ def test_hardswish_fails_an_approximate_constant_and_an_unsupported_op_in_one_li
 
 
 def test_verdicts_print_the_same_every_time_and_within_110_characters():
-    pairs = ((savings, s_savings.saved_bytes_notebook_block), (bnaffine, s_bnaffine.bn_affine_no_eps),
+    pairs = ((bnaffine, s_bnaffine.bn_affine_no_eps),
              (bnaffine, s_bnaffine.bn_affine_shift_by_gamma), (hardswish, s_hardswish.NO_CLIP),
              (hardswish, s_hardswish.NO_MUL_X))
     first = [str(m.check(a)) for m, a in pairs]

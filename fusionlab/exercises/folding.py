@@ -116,7 +116,10 @@ def _judge(fold, case: Case) -> str | None:
     if is_stub(w2):
         raise NotAnswered
     w2 = np.asarray(w2)
-    b2 = np.zeros(c.c_out) if b2 is None else np.asarray(b2)
+    if b2 is None:
+        return (f"b2 is None; the folded Conv needs a bias even when the original had none (its {c.c_out} values "
+                f"are the scale times a bias of zeros)")
+    b2 = np.asarray(b2)
     if w2.shape != w.shape:
         return f"W2 has shape {list(w2.shape)}; the Conv needs W's shape {list(w.shape)}"
     if b2.shape != (c.c_out,):

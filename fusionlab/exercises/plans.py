@@ -112,7 +112,10 @@ def _what_it_did(result, original: onnx.ModelProto) -> str:
     if escapes:
         top = max(r.matched for r in escapes)
         r = [r for r in escapes if r.matched == top][-1]
-        parts.append(f"{r.rule} refuses, it needs {r.condition}: {r.found}")
+        found = r.found
+        for n in original.graph.node:  # "read by Sigmoid sigmoid": the op type says it, the node's name repeats it
+            found = found.replace(f"{n.op_type} {n.name}", n.op_type)
+        parts.append(f"{r.rule} refuses, it needs {r.condition}: {found}")
     return "; ".join(parts)
 
 

@@ -10,8 +10,8 @@ intermediate fewer. The learner writes a `Rule` subclass (`names = ("max_min_cli
   as initializers or Constant nodes, shapes () and (1,), two clamps in one graph, after one of the fuzzer's random
   elementwise chains), where the rewritten model must pass onnx's full checker (and the generator's `validate`
   holds for the original) and compute what the original does (onnxruntime, graph optimisations off);
-- NEAR-MISS graphs, where it must fuse nothing: a bound that is per-channel, a bound that would broadcast x up a
-  rank, a Max of three inputs, a Max output another node reads too, a Max output that is a graph output (the
+- NEAR-MISS graphs, where it must fuse nothing: a lower or an upper bound that is per-channel, an upper bound
+  that is a graph input (no constant), a bound that would broadcast x up a rank, a Max of three inputs, a Max output another node reads too, a Max output that is a graph output (the
   engine refuses the last two by itself, `engine.escapes`; the rule must refuse the others).
 
 The hint names the first failing case and what went wrong there.
@@ -118,6 +118,21 @@ def _per_channel(b):
     return [mn], [(mx, mn)]
 
 
+def _per_channel_hi(b):
+    x = b.input((1, 4, 3, 3), "x")
+    hi = b.const(np.array([1.0, 2.0, 0.5, 1.5], np.float32).reshape(4, 1, 1), "hi")
+    mx, mn = _clamp(b, x, _scalar(b, -1.0), hi)
+    return [mn], [(mx, mn)]
+
+
+def _hi_input(b):
+    x = b.input((2, 6), "x")
+    y = b.input((2, 6), "y")
+    mx = b.node("Max", [x, _scalar(b, 0.0)], (2, 6))
+    mn = b.node("Min", [mx, y], (2, 6))
+    return [mn], [(mx, mn)]
+
+
 def _rank_up(b):
     x = b.input((3, 4), "x")
     lo = b.const(np.full((1, 1, 1), -0.5, np.float32), "lo")
@@ -156,14 +171,20 @@ CASES = (
     Case("near miss: a per-channel lower bound of shape (4, 1, 1)",
          RuleCase(_per_channel, False, "Clip's bounds are one scalar each; a bound of shape (4, 1, 1) clamps each "
                                        "channel differently", seed=5)),
+    Case("near miss: a per-channel upper bound of shape (4, 1, 1)",
+         RuleCase(_per_channel_hi, False, "Clip's bounds are one scalar each; an upper bound of shape (4, 1, 1) "
+                                          "clamps each channel differently", seed=11)),
+    Case("near miss: Min(., y) with y a graph input, not a constant",
+         RuleCase(_hi_input, False, "y changes from run to run and has x's shape: it is no constant scalar bound",
+                  seed=12)),
     Case("near miss: a lower bound of shape (1, 1, 1) on a rank-2 x",
          RuleCase(_rank_up, False, "the bound broadcasts x up to rank 3, and Clip's output keeps x's rank",
                   seed=6)),
     Case("near miss: Max of three inputs, Max(x, lo, y)",
          RuleCase(_three_inputs, False, "Max is variadic: with a third input it is no clamp of x", seed=7)),
-    Case("near miss: the Max's output is also read by a Neg",
+    Case("near miss the engine refuses itself: the Max's output is also read by a Neg",
          RuleCase(_second_consumer, False, "fusing would remove a value the Neg reads", seed=8)),
-    Case("near miss: the Max's output is a graph output",
+    Case("near miss the engine refuses itself: the Max's output is a graph output",
          RuleCase(_graph_output, False, "fusing would remove a graph output", seed=9)),
 )
 

@@ -3,8 +3,8 @@
 The model is a small elementwise block on a float32 [1, 16, 32, 32] map x (64 KiB):
 ``a = x * s + b`` (per-channel s, b of shape (16, 1, 1)), ``y = a * sigmoid(a) + x``. The learner predicts the
 bytes moved through device memory when it runs unfused (one kernel per node) and fused (the mixed pass's plan:
-one kernel). `check({"unfused": ..., "fused": ...})` compares each number with `fusionlab.cost.plan_cost` (within
-1 %); a wrong number gets "too high" or "too low" and the tensor the gap most likely is: a second read of a
+one kernel). `check({"unfused": ..., "fused": ...})` compares each number with `fusionlab.cost.plan_cost`, exactly
+(the cost model counts whole bytes, so a byte count is right or wrong); a wrong number gets "too high" or "too low" and the tensor the gap most likely is: a second read of a
 tensor two nodes read, a tensor a fused kernel keeps on chip, a parameter.
 
 How the cost model counts (`fusionlab.cost.model`, rule 2): a kernel reads each tensor it takes from memory once
@@ -24,11 +24,10 @@ from ..cost.model import plan_cost
 from ..passes import plan as make_plan
 from .core import AnswerRaised, Case, NotAnswered, Verdict, grade, is_stub
 
-__all__ = ["EXERCISE", "TASK", "CASES", "TOLERANCE", "model", "describe", "truth", "check"]
+__all__ = ["EXERCISE", "TASK", "CASES", "model", "describe", "truth", "check"]
 
 EXERCISE = "predict the bytes a plan moves"
 TASK = "your two byte counts"
-TOLERANCE = 0.01
 DEVICE = "Atlas 300I Pro"  # any preset: bytes do not depend on it; precision is fixed at the model's fp32
 C, H = 16, 32
 
@@ -143,14 +142,14 @@ def _judge(answer: dict, case: Case) -> str | None:
         raise AnswerRaised(f"{which!r} must be a number of bytes, got {type(got).__name__}")
     want = truth()[which]
     gap = want - float(got)
-    if abs(gap) <= TOLERANCE * want:
+    if gap == 0:
         return None
     low = gap > 0
     word = "too low" if low else "too high"
     said = f"{float(got):,.0f} B is {word}: the cost model counts {'more' if low else 'less'} (off by " \
-           f"{abs(gap) / want:.0%})"
+           f"{abs(gap):,.0f} B)"
     fits = [(abs(abs(gap) - c[0]), c[1], c[2] if len(c) > 2 else True) for c in _candidates(which == "fused", low)
-            if abs(abs(gap) - c[0]) <= TOLERANCE * want]
+            if abs(gap) == c[0]]
     if fits:
         best = min(d for d, _, _ in fits)
         near = [(t, sp) for d, t, sp in fits if d == best]
@@ -169,10 +168,10 @@ CASES = (Case("unfused: one kernel per node, 5 kernels", "unfused"),
 
 
 def check(answer) -> Verdict:
-    """Grade {"unfused": bytes, "fused": bytes} (or a pair) against the cost model, within 1 %."""
+    """Grade {"unfused": bytes, "fused": bytes} (or a pair) against the cost model, exactly."""
     if isinstance(answer, (tuple, list)) and len(answer) == 2:
         answer = {"unfused": answer[0], "fused": answer[1]}
     if not is_stub(answer) and not (isinstance(answer, dict) and {"unfused", "fused"} <= set(answer)):
         return grade(EXERCISE, answer, CASES, lambda a, c: 'answer with {"unfused": bytes, "fused": bytes}')
     return grade(EXERCISE, answer, CASES, _judge, task=TASK,
-                 checked="Each number against fusionlab.cost.plan_cost's bytes moved, within 1 %.")
+                 checked="Each number against fusionlab.cost.plan_cost's bytes moved, exactly.")

@@ -7,7 +7,7 @@ BatchNormalization graph, runs it in onnxruntime with graph optimisations off, r
 learner's (W2, b2) on the same input, and compares them at float32 tolerances (rtol 1e-4, atol 1e-5 scaled by the
 output's magnitude, as `fusionlab.verify` does). When they differ, the hint compares the learner's weights and bias
 with `derive.fold_conv_bn(..., transpose=True)` and names the mistake they look like: weight axis 0 scaled (as for
-a Conv), every group scaled by the first group's factors, or the write-up's bias beta - s * mean, which forgets
+a Conv; when C_in != C_out that raises a broadcasting error, and the hint says so), every group scaled by the first group's factors, or the write-up's bias beta - s * mean, which forgets
 the ConvTranspose's own bias.
 """
 
@@ -21,7 +21,7 @@ from onnx import helper
 from ..analysis import derive
 from ..build import make_model, tensor, value_info
 from ..verification.runtime import run
-from .core import Case, NotAnswered, Verdict, attempt, first_difference, grade, is_stub
+from .core import AnswerRaised, Case, NotAnswered, Verdict, attempt, first_difference, grade, is_stub
 
 __all__ = ["EXERCISE", "TASK", "CASES", "check"]
 
@@ -121,7 +121,14 @@ def _where(err_at) -> str:
 def _judge(fold_bn, case: Case) -> str | None:
     c: TCase = case.data
     w, b, bn, x = c.arrays()
-    got = attempt(fold_bn, w.copy(), None if b is None else b.copy(), *(a.copy() for a in bn), c.eps, c.group)
+    try:
+        got = attempt(fold_bn, w.copy(), None if b is None else b.copy(), *(a.copy() for a in bn), c.eps, c.group)
+    except AnswerRaised as exc:
+        if "broadcast" in str(exc) and c.c_in != c.c_out:
+            raise AnswerRaised(f"{exc} (it looks like the C_out = {c.c_out} factors laid along weight axis 0, "
+                               f"which has C_in = {c.c_in} entries: on a ConvTranspose the output channels are "
+                               f"axis 1)") from None
+        raise
     if got is None:
         raise NotAnswered
     if not isinstance(got, (tuple, list)) or len(got) != 2:

@@ -17,7 +17,7 @@ import numpy as np
 from ..text import wrap
 
 __all__ = ["Case", "Verdict", "NotAnswered", "AnswerRaised", "attempt", "grade", "unanswered", "is_stub",
-           "first_difference", "PASS", "FAIL",
+           "first_difference", "where", "weight_pair", "output_difference", "PASS", "FAIL",
            "UNANSWERED"]
 
 PASS, FAIL, UNANSWERED = "PASS", "FAIL", "NOT ANSWERED YET"
@@ -165,3 +165,40 @@ def first_difference(got, want, rtol: float, atol: float) -> tuple[float, tuple[
     scored = np.where(bad, np.nan_to_num(err, nan=np.inf), -1.0)
     idx = np.unravel_index(int(np.argmax(scored)), want.shape)
     return float(err[idx]), tuple(int(i) for i in idx)
+
+
+def where(err_at: tuple[float, tuple[int, ...]]) -> str:
+    """`first_difference`'s answer as a hint reads it: "0.0123 at [1,0,2]"."""
+    err, idx = err_at
+    return f"{err:.3g} at [{','.join(map(str, idx))}]"
+
+
+def weight_pair(got, fn: str, op: str, w_shape: tuple[int, ...], c_out: int, *,
+                bias_none: str | None = None) -> tuple[np.ndarray, np.ndarray] | str:
+    """A fold's answer `(W2, b2)` checked for what any layer needs: a pair, W2 of the weight's shape, one finite bias
+    value per output channel. Returns the arrays, or the sentence saying what is wrong. `bias_none`: the sentence
+    for b2 = None (None: take it as a bias of zeros). Raises NotAnswered for the stub."""
+    if got is None:
+        raise NotAnswered
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        return f"{fn} must return a pair (W2, b2); it returned {type(got).__name__}"
+    w2, b2 = got
+    if is_stub(w2):
+        raise NotAnswered
+    if b2 is None and bias_none is not None:
+        return bias_none
+    w2 = np.asarray(w2)
+    b2 = np.zeros(c_out) if b2 is None else np.asarray(b2)
+    if w2.shape != tuple(w_shape):
+        return f"W2 has shape {list(w2.shape)}; the {op} needs W's shape {list(w_shape)}"
+    if b2.shape != (c_out,):
+        return f"b2 has shape {list(b2.shape)}; a {op} bias has one value per output channel: [{c_out}]"
+    if not (np.all(np.isfinite(w2)) and np.all(np.isfinite(b2))):
+        return "W2 or b2 holds NaN or infinity"
+    return w2, b2
+
+
+def output_difference(have, want, rtol: float, atol: float) -> tuple[float, tuple[int, ...]] | None:
+    """`first_difference` of a layer's output, the absolute tolerance scaled by the output's magnitude (at least 1)."""
+    return first_difference(have, want, rtol, atol * max(1.0, float(np.max(np.abs(want)))))
+

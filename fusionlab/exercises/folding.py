@@ -18,7 +18,7 @@ from onnx import helper
 
 from ..build import make_model, tensor, value_info
 from ..verification.runtime import run
-from .core import Case, NotAnswered, Verdict, attempt, first_difference, grade, is_stub
+from .core import Case, Verdict, attempt, first_difference, grade, output_difference, where, weight_pair
 
 __all__ = ["EXERCISE", "TASK", "CASES", "check", "exact_fold"]
 
@@ -99,47 +99,28 @@ def exact_fold(w, b, s):
     return w2, b2
 
 
-def _where(err_at) -> str:
-    err, idx = err_at
-    return f"{err:.3g} at [{','.join(map(str, idx))}]"
-
-
 def _judge(fold, case: Case) -> str | None:
     c: FoldCase = case.data
     w, b, s, x = c.arrays()
-    got = attempt(fold, w.copy(), None if b is None else b.copy(), s.copy())
-    if got is None:
-        raise NotAnswered
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        return f"fold must return a pair (W2, b2); it returned {type(got).__name__}"
+    got = weight_pair(attempt(fold, w.copy(), None if b is None else b.copy(), s.copy()), "fold", "Conv", w.shape,
+                      c.c_out, bias_none=f"b2 is None; the folded Conv needs a bias even when the original had none "
+                                         f"(its {c.c_out} values are the scale times a bias of zeros)")
+    if isinstance(got, str):
+        return got
     w2, b2 = got
-    if is_stub(w2):
-        raise NotAnswered
-    w2 = np.asarray(w2)
-    if b2 is None:
-        return (f"b2 is None; the folded Conv needs a bias even when the original had none (its {c.c_out} values "
-                f"are the scale times a bias of zeros)")
-    b2 = np.asarray(b2)
-    if w2.shape != w.shape:
-        return f"W2 has shape {list(w2.shape)}; the Conv needs W's shape {list(w.shape)}"
-    if b2.shape != (c.c_out,):
-        return f"b2 has shape {list(b2.shape)}; a Conv bias has one value per output channel: [{c.c_out}]"
-    if not (np.all(np.isfinite(w2)) and np.all(np.isfinite(b2))):
-        return "W2 or b2 holds NaN or infinity"
     want = run(unfused_model(c), {"x": x})["y"]
     have = run(folded_model(c, w2.astype(np.float32), b2.astype(np.float32)), {"x": x})["y"]
-    atol = ATOL * max(1.0, float(np.max(np.abs(want))))
-    out = first_difference(have, want, RTOL, atol)
+    out = output_difference(have, want, RTOL, ATOL)
     if out is None:
         return None
     ew, eb = exact_fold(w, b, s)
     wd = first_difference(w2, ew, RTOL, ATOL)
     bd = first_difference(b2, eb, RTOL, ATOL)
-    parts = [f"your Conv's output differs from onnxruntime's Conv -> Mul by {_where(out)}"]
+    parts = [f"your Conv's output differs from onnxruntime's Conv -> Mul by {where(out)}"]
     if wd is not None:
-        parts.append(f"your weights differ from the exact fold by {_where(wd)}")
+        parts.append(f"your weights differ from the exact fold by {where(wd)}")
     if bd is not None:
-        parts.append(f"your bias differs by {_where(bd)}" + (" (the Conv has no bias: b2 is scale times 0)"
+        parts.append(f"your bias differs by {where(bd)}" + (" (the Conv has no bias: b2 is scale times 0)"
                                                              if b is None else ""))
     return "; ".join(parts)
 

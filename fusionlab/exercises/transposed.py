@@ -21,7 +21,8 @@ from onnx import helper
 from ..analysis import derive
 from ..build import make_model, tensor, value_info
 from ..verification.runtime import run
-from .core import AnswerRaised, Case, NotAnswered, Verdict, attempt, first_difference, grade, is_stub
+from .core import (AnswerRaised, Case, Verdict, attempt, first_difference, grade, output_difference, weight_pair,
+                   where)
 
 __all__ = ["EXERCISE", "TASK", "CASES", "check"]
 
@@ -113,11 +114,6 @@ def _weight_mistake(c: TCase, w2, w, scale) -> str:
     return ""
 
 
-def _where(err_at) -> str:
-    err, idx = err_at
-    return f"{err:.3g} at [{','.join(map(str, idx))}]"
-
-
 def _judge(fold_bn, case: Case) -> str | None:
     c: TCase = case.data
     w, b, bn, x = c.arrays()
@@ -129,39 +125,27 @@ def _judge(fold_bn, case: Case) -> str | None:
                                f"which has C_in = {c.c_in} entries: on a ConvTranspose the output channels are "
                                f"axis 1)") from None
         raise
-    if got is None:
-        raise NotAnswered
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        return f"fold_bn must return a pair (W2, b2); it returned {type(got).__name__}"
+    got = weight_pair(got, "fold_bn", "ConvTranspose", w.shape, c.c_out)
+    if isinstance(got, str):
+        return got
     w2, b2 = got
-    if is_stub(w2):
-        raise NotAnswered
-    w2 = np.asarray(w2)
-    b2 = np.zeros(c.c_out) if b2 is None else np.asarray(b2)
-    if w2.shape != w.shape:
-        return f"W2 has shape {list(w2.shape)}; the ConvTranspose needs W's shape {list(w.shape)}"
-    if b2.shape != (c.c_out,):
-        return f"b2 has shape {list(b2.shape)}; a ConvTranspose bias has one value per output channel: [{c.c_out}]"
-    if not (np.all(np.isfinite(w2)) and np.all(np.isfinite(b2))):
-        return "W2 or b2 holds NaN or infinity"
     want = run(unfused_model(c), {"x": x})["y"]
     have = run(folded_model(c, w2.astype(np.float32), b2.astype(np.float32)), {"x": x})["y"]
-    atol = ATOL * max(1.0, float(np.max(np.abs(want))))
-    out = first_difference(have, want, RTOL, atol)
+    out = output_difference(have, want, RTOL, ATOL)
     if out is None:
         return None
     exact = derive.fold_conv_bn(w.astype(np.float64), b, *bn, c.eps, group=c.group, transpose=True)
     scale, shift = derive.bn_scale_shift(*bn, c.eps)
-    parts = [f"your ConvTranspose's output differs from onnxruntime's ConvTranspose -> BN by {_where(out)}"]
+    parts = [f"your ConvTranspose's output differs from onnxruntime's ConvTranspose -> BN by {where(out)}"]
     wd = first_difference(w2, exact.weight, RTOL, ATOL)
     if wd is not None:
-        parts.append(f"your weights differ from the exact fold by {_where(wd)}" + _weight_mistake(c, w2, w, scale))
+        parts.append(f"your weights differ from the exact fold by {where(wd)}" + _weight_mistake(c, w2, w, scale))
     bd = first_difference(b2, exact.bias, RTOL, ATOL)
     if bd is not None:
         why = ""
         if b is not None and _close(b2, shift):
             why = " (it looks like the write-up's beta - s * mean, which forgets the ConvTranspose's own bias)"
-        parts.append(f"your bias differs by {_where(bd)}{why}")
+        parts.append(f"your bias differs by {where(bd)}{why}")
     return "; ".join(parts)
 
 

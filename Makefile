@@ -57,7 +57,7 @@ test-notebooks: $(STAMP)
 	$(PY) -m pytest -q notebooks $(NBVAL)
 
 ## make test-browser: JupyterLab in headless Chromium: every notebook opened and saved unchanged, the widget and
-## netron notebooks (05, 02) Run All (nbval runs every notebook), the explorer driven by input, the report page.
+## netron notebooks (07, 03) Run All, an exercise answered in 09 (nbval runs every notebook), the explorer driven by input, the report page.
 test-browser: $(STAMP) browser-deps
 	$(PY) -m pytest -q tests/browser
 

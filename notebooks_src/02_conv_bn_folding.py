@@ -522,7 +522,7 @@ print(ort_fold.table())
 # %% [markdown]
 # ## Exercises
 #
-# The exercises check themselves: write your answer in the cell under the task, run it, then run the `check` cell.
+# The exercises check themselves: write your answer in the cell under each task, run it, then run the `check` cell.
 # `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
 # first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
 # answers are in the repository's `solutions/` folder, outside the notebooks (try first).

@@ -406,7 +406,7 @@ print(seed_claims.claim("s1-yolov5-23pct").summary())
 # %% [markdown]
 # ## Exercises
 #
-# The exercises check themselves: write your answer in the cell under the task, run it, then run the `check` cell.
+# The exercises check themselves: write your answer in the cell under each task, run it, then run the `check` cell.
 # `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
 # first case your answer gets wrong. The notebook is stored unanswered; reference answers are in the repository's
 # `solutions/` folder, outside the notebooks (try first).

@@ -412,7 +412,16 @@ def _reopen(page, name: str) -> None:
         })().then(() => done(null), e => done(String(e)));""", name)
     page.live.clear()
     page.wait(lambda: page.js(_JS_PATH) == name, 60, f"{name} not reopened")
+    # a long notebook with saved widget state takes a while to load under load: wait until all its cells exist
+    cells = len(json.loads((page.lab.root / name).read_text())["cells"])
+    page.wait(lambda: page.js(_JS_LOADED) == cells, 180, f"{name}: its {cells} cells never all loaded")
 
+
+_JS_LOADED = """const app = window.jupyterapp;
+for (const w of app.shell.widgets('main')) {
+  if (w.isVisible && w.context && w.content) return w.context.isReady ? w.content.widgets.length : -1;
+}
+return null;"""
 
 _JS_PATH = """const app = window.jupyterapp;
 for (const w of app.shell.widgets('main')) { if (w.isVisible && w.context) return w.context.path; } return null;"""
@@ -440,7 +449,7 @@ def test_run_all_save_and_reopen_renders_the_widgets_and_changes_nothing_stored(
     print(f"{name}: Run All + save changed only the measuring cells {measured}")
     _reopen(page, name)
     for i in (i for i, c in enumerate(saved["cells"]) if _widget_views({"cells": [c]})):
-        cell = page.cell(i)
+        cell = page.cell(i, timeout=120)
         page.wait(lambda: cell.find_elements(By.CSS_SELECTOR, ".widget-slider, .widget-box"), 60,
                   f"cell {i}: no widget rendered after reopening")
         assert "Error displaying widget" not in cell.text, cell.text[:200]

@@ -57,7 +57,7 @@ test-notebooks: $(STAMP)
 	$(PY) -m pytest -q notebooks $(NBVAL)
 
 ## make test-browser: JupyterLab in headless Chromium: every notebook opened and saved unchanged, the widget and
-## netron notebooks (07, 03) Run All, an exercise answered in 09 (nbval runs every notebook), the explorer driven by input, the report page.
+## netron notebooks (08, 03) Run All, an exercise answered in 11 (nbval runs every notebook), the explorer driven by input, the report page.
 test-browser: $(STAMP) browser-deps
 	$(PY) -m pytest -q tests/browser
 
@@ -69,7 +69,7 @@ browser-deps:
 notebooks: $(STAMP)
 	$(PY) tools/nbbuild.py notebooks_src/*.py
 
-## make notebook NB=07_fusion_thresholds: rebuild and execute one notebook.
+## make notebook NB=08_fusion_thresholds: rebuild and execute one notebook.
 notebook: $(STAMP)
 	$(PY) tools/nbbuild.py $(addprefix notebooks_src/,$(addsuffix .py,$(NB)))
 

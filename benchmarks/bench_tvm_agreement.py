@@ -4,7 +4,7 @@
 For each model of `fusionlab.compilers.MODELS` this runs TVM's own pipeline (DecomposeOpsForInference,
 CanonicalizeBindings, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR; see
 `fusionlab.compilers.tvm`), traces every fused function back to ONNX node names, and writes them to
-`data/tvm_groups.json` (committed: notebook 11 reads it, so the default environment needs no TVM).
+`data/tvm_groups.json` (committed: notebook 15 reads it, so the default environment needs no TVM).
 It then compares them with fusionlab's mixed pass (`plan(model, passes=("mixed",))`): edge
 agreement and pair Jaccard (`fusionlab.compilers.grouping`), and every disagreeing edge by pattern,
 into `benchmarks/results/tvm_agreement.md`. Needs the oracle extra: pip install -e '.[oracle]'.
@@ -66,7 +66,7 @@ def main() -> int:
         f"apache-tvm {data.get('tvm_version', '?')}; pipeline {' → '.join(tvm_groups.PIPELINE)}. Edge agreement: the share "
         "of producer→consumer edges between compute nodes that both fuse or both leave unfused; pair Jaccard: node "
         "pairs grouped together by both / by either. TVM kernels = its fused functions plus unfused calls; fusionlab "
-        "kernels = compute nodes minus nodes merged. Notebook 11 explains every disagreement pattern.",
+        "kernels = compute nodes minus nodes merged. Notebook 15 explains every disagreement pattern.",
         markdown_table(header, rows), *sections])
     write_result("tvm_agreement.md", text)
     return 0

@@ -107,7 +107,7 @@ class Claim:
         return [e for e in self.evidence if e.kind == "pending"]
 
     def where_shown(self) -> str:
-        """'notebook 14 §3, notebook 13 §5' style references."""
+        """'notebook 19 §3, notebook 17 §5' style references."""
         return ", ".join(f"notebook {nb[:2]} §{sec}" for nb, sec, _ in self.shown_in) or "-"
 
     def summary(self) -> str:

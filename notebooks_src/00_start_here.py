@@ -51,15 +51,15 @@
 # | [04_vertical_transformer](04_vertical_transformer.ipynb) | the same on a transformer export (BERT as torch writes it): BiasGelu, LayerNorm, fused attention, and measured selection |
 # | [05_horizontal_fusion](05_horizontal_fusion.ipynb) | fuse sibling branches that read the same input (concatenated weights) |
 # | [06_mixed_fusion](06_mixed_fusion.ipynb) | both at once, on real topologies (residual blocks, attention) |
-# | [07_fusion_thresholds](07_fusion_thresholds.ipynb) | when fusion stops paying: a cost model, buffer capacity, peak memory, the "more than 5 ops" rule |
-# | [08_reductions_attention](08_reductions_attention.ipynb) | fusing through reductions: softmax, LayerNorm and attention (FlashAttention), measured against the bandwidth |
-# | [09_decoding](09_decoding.ipynb) | LLM decoding: why one token at a time is bandwidth-bound, the KV cache, GQA, rotary, FlashDecoding, a decoder fused |
-# | [10_quantization](10_quantization.ipynb) | int8 models: QDQ pairs, what onnxruntime fuses them into, why BN is folded first, AMCT and ATC |
-# | [11_real_compilers](11_real_compilers.ipynb) | IREE runs the graphs fused, TVM's FuseOps checks the mixed pass, CANN ATC's fusion report |
-# | [12_custom_op](12_custom_op.ipynb) | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
-# | [13_profiling_case](13_profiling_case.ipynb) | profile a model, find the gaps, fix them, and measure again |
-# | [14_double_buffering](14_double_buffering.ipynb) | overlap data movement with compute: the pipeline behind "+18%" |
-# | [15_dynamic_shapes](15_dynamic_shapes.ipynb) | caching compiled kernels by shape: gears, a bounded LRU cache, and the seed's "×2.1" |
+# | [08_fusion_thresholds](08_fusion_thresholds.ipynb) | when fusion stops paying: a cost model, buffer capacity, peak memory, the "more than 5 ops" rule |
+# | [09_reductions](09_reductions.ipynb) | fusing through reductions: softmax, LayerNorm and attention (FlashAttention), measured against the bandwidth |
+# | [11_decoding](11_decoding.ipynb) | LLM decoding: why one token at a time is bandwidth-bound, the KV cache, GQA, rotary, FlashDecoding, a decoder fused |
+# | [13_quantization](13_quantization.ipynb) | int8 models: QDQ pairs, what onnxruntime fuses them into, why BN is folded first, AMCT and ATC |
+# | [15_real_compilers](15_real_compilers.ipynb) | IREE runs the graphs fused, TVM's FuseOps checks the mixed pass, CANN ATC's fusion report |
+# | [16_custom_op](16_custom_op.ipynb) | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
+# | [17_profiling](17_profiling.ipynb) | profile a model, find the gaps, fix them, and measure again |
+# | [19_double_buffering](19_double_buffering.ipynb) | overlap data movement with compute: the pipeline behind "+18%" |
+# | [20_dynamic_shapes](20_dynamic_shapes.ipynb) | caching compiled kernels by shape: gears, a bounded LRU cache, and the seed's "×2.1" |
 
 # %% [markdown]
 # ## One pipeline, every time

@@ -150,7 +150,7 @@ for title, level_a, level_b in (("ours (off) vs ORT EXTENDED", "extended", "disa
 print(timing.comparisons_table(bert_runs, header=("comparison: B vs A", "A", "B", "A/B", "95% CI", "verdict")))
 
 # where the time went: the launches the plan saved, priced at this machine's launch overhead (what one more tiny
-# node costs onnxruntime, profiler off: the calibration notebook 13 §3 prints too), against the gain
+# node costs onnxruntime, profiler off: the calibration notebook 17 §3 prints too), against the gain
 vs_ext = bert_runs["ours (off) vs ORT EXTENDED"]
 launch_us = calibrate.launch_overhead_us()
 print(f"launch overhead on this machine: {launch_us:.2f} µs per kernel")

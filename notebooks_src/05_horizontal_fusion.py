@@ -315,7 +315,7 @@ print("Attention nodes after onnxruntime's extended level:", ops.get("Attention"
 # TVM's older Relay pipeline had horizontal passes, `CombineParallelConv2D` and `CombineParallelDense`, moved to
 # opt-level 4, off by default, because the wide op they create is a new workload whose speed nobody had tuned and
 # they regressed performance (TVM PR #3248; the research notes `../shared/reference/reliability_anchors.md`, item 29).
-# Relay was phased out of TVM after v0.19 (apache/tvm PR #17656), so the TVM 0.27 the benchmarks install (notebook 11
+# Relay was phased out of TVM after v0.19 (apache/tvm PR #17656), so the TVM 0.27 the benchmarks install (notebook 15
 # reads their committed output) has neither pass. Its Relax pipeline has a horizontal pass for matmuls, `relax.transform.CombineParallelMatmul`:
 # matmuls that share their left operand become one matmul and slices, with a bias add or activation they all share;
 # we have not run it here. Horizontal fusion is a candidate to *measure*, never to assume; the seed's "15–25%" is a

@@ -55,7 +55,7 @@ print("anything else (Softmax, control flow, custom domains): OPAQUE")
 #   result, so fusing them means a kernel that reduces first and then reuses the result on chip. TVM itself does
 #   that in its newer Relax pipeline: in TVM 0.27, a `ReduceMean` takes its elementwise *consumers* into its
 #   group (`mean + exp`, `mean + sub + square`), but not the elementwise op that *produces* its input, which stays
-#   alone (`tests/test_compilers_tvm.py` checks both on TVM; notebook 11 §5 meets the difference on BERT). The
+#   alone (`tests/test_compilers_tvm.py` checks both on TVM; notebook 15 §5 meets the difference on BERT). The
 #   legalised `mean` is a sum followed by a division, and Relax treats it like a Conv: an anchor that absorbs
 #   elementwise ops after it. Other compilers fuse on both sides: XLA's GPU backend fuses the elementwise ops
 #   after a reduction into it (reduction epilogue fusion, on by default:
@@ -64,7 +64,7 @@ print("anything else (Softmax, control flow, custom domains): OPAQUE")
 #   kernel, and CANN's graph fusion replaces ONNX's decomposed LayerNorm (ReduceMean, Sub, Pow, ReduceMean, Add,
 #   Sqrt, Div, Mul, Add) by one `LayerNorm` kernel (`LayerNormONNXFusionPass`, a built-in graph fusion pass of
 #   CANN's ops source, `ops/built-in/fusion_pass/graph_fusion/ai_core/layer_norm_onnx_fusion_pass.h`; our reference notes,
-#   `cann_facts.md`, do not list it). Notebook 08 fuses reductions with
+#   `cann_facts.md`, do not list it). Notebook 09 fuses reductions with
 #   their consumers;
 # - Conv/MatMul (out-elementwise-fusable) can absorb elementwise ops into their output, never another
 #   Conv/MatMul;
@@ -182,12 +182,12 @@ for max_ops in (None, 5, 3, 2):
     print(f"max_group_ops={str(max_ops):<5} groups={len(p)} sizes={sizes} kernels={len(g) - p.saved_launches}")
 
 # %% [markdown]
-# The seed's rule, as the ledger records it. Its verdict waits for notebook 07 §5, which asks you to predict it
+# The seed's rule, as the ledger records it. Its verdict waits for notebook 08 §1, which asks you to predict it
 # first and then prices the rule on real networks:
 
 # %%
 s42 = seed_claims.claim("s42-split-above-5-ops")
-print(wrap(f"The seed (§{s42.section}): {s42.says}\n(the ledger's verdict [{s42.id}]: notebook 07 §5)", indent="    "))
+print(wrap(f"The seed (§{s42.section}): {s42.says}\n(the ledger's verdict [{s42.id}]: notebook 08 §1)", indent="    "))
 
 # %%
 p3 = mixed.plan(g, max_group_ops=3)
@@ -323,7 +323,7 @@ display(Markdown(
 # %% [markdown]
 # No Ascend core has a 64 KB UB, though: at the real 192 KB (910B) or 256 KB (310P3, `cann_facts.md` §3.3) every group of this network
 # fits at 16 KB tiles, and the pass forms as many kernels as without a budget (the `buffer_kb=192` rows above). Is the seed's "split above 5
-# ops" a step like this one, set by one device's buffer? Notebook 07 §5 asks you to predict that for YOLOv5 and
+# ops" a step like this one, set by one device's buffer? Notebook 08 §1 asks you to predict that for YOLOv5 and
 # BERT on the Atlas 800I A2 preset, the card of the rule, and then answers it.
 
 # %%

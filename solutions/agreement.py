@@ -1,4 +1,4 @@
-"""The first exercise of notebook 11: how many fusion decisions two groupings of one graph make alike."""
+"""The first exercise of notebook 15: how many fusion decisions two groupings of one graph make alike."""
 
 
 def _edges(graph, *, once=True):

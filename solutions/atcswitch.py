@@ -1,4 +1,4 @@
-"""The second exercise of notebook 11: the ATC switch file that turns off the passes a plan's groups are filed under."""
+"""The second exercise of notebook 15: the ATC switch file that turns off the passes a plan's groups are filed under."""
 
 from fusionlab.export import cann
 

@@ -1,4 +1,4 @@
-"""The exercise of notebook 14: the largest double-buffered tile that fits the Unified Buffer."""
+"""The exercise of notebook 19: the largest double-buffered tile that fits the Unified Buffer."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""The first exercise of notebook 15: the compute that padding to shape gears wastes."""
+"""The first exercise of notebook 20: the compute that padding to shape gears wastes."""
 
 
 def padded_waste(lengths, gears):

@@ -1,4 +1,4 @@
-"""The first exercise of notebook 13: the time of a profiled run with no kernel running."""
+"""The first exercise of notebook 17: the time of a profiled run with no kernel running."""
 
 
 def idle_us(run_us, ops):

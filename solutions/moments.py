@@ -1,4 +1,4 @@
-"""The exercise of notebook 08: merge two blocks' (count, mean, M2), Chan's step of Welford's one-pass variance."""
+"""The exercise of notebook 09: merge two blocks' (count, mean, M2), Chan's step of Welford's one-pass variance."""
 
 
 def merge(a, b):

@@ -1,8 +1,8 @@
-"""The second exercise of notebook 14: the time of n tiles with one and with two buffers on one memory path."""
+"""The second exercise of notebook 19: the time of n tiles with one and with two buffers on one memory path."""
 
 
 def pipeline_time(n_tiles, t_in, t_compute, t_out, buffers):
-    """Reference: an event simulation of the three queues as notebook 14 §1 describes them. Each queue takes the
+    """Reference: an event simulation of the three queues as notebook 19 §1 describes them. Each queue takes the
     tiles in order, one at a time, as soon as it may: CopyIn of tile i waits for Compute of tile i - buffers (its
     input buffer), Compute waits for its CopyIn and for CopyOut of tile i - buffers (its output buffer), CopyOut
     waits for its Compute; while CopyIn and CopyOut both run, each goes at half speed (one memory path)."""

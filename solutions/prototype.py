@@ -1,4 +1,4 @@
-"""The first exercise of notebook 12: MatMul + Add + ReLU declared REG_OP style."""
+"""The first exercise of notebook 16: MatMul + Add + ReLU declared REG_OP style."""
 
 from fusionlab.export import reg_op
 

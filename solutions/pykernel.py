@@ -1,4 +1,4 @@
-"""The second exercise of notebook 12: the numpy kernel of MatMulAddRelu, run by onnxruntime as a custom op."""
+"""The second exercise of notebook 16: the numpy kernel of MatMulAddRelu, run by onnxruntime as a custom op."""
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""The exercise of notebook 10: uint8 scale, zero point and QuantizeLinear, as onnxruntime computes them."""
+"""The exercise of notebook 13: uint8 scale, zero point and QuantizeLinear, as onnxruntime computes them."""
 
 import numpy as np
 

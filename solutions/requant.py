@@ -1,4 +1,4 @@
-"""The second exercise of notebook 10: requantise an int32 accumulator onto the output's uint8 grid."""
+"""The second exercise of notebook 13: requantise an int32 accumulator onto the output's uint8 grid."""
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""The second exercise of notebook 09: rotary embeddings in LLaMA's half-rotated form."""
+"""The second exercise of notebook 11: rotary embeddings in LLaMA's half-rotated form."""
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""The exercise of notebook 08: the online-softmax update over key blocks."""
+"""The exercise of notebook 09: the online-softmax update over key blocks."""
 
 import numpy as np
 

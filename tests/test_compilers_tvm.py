@@ -50,7 +50,7 @@ def _chain(nodes, out_shape):
 
 
 def test_tvm_fuses_a_reduction_with_its_consumers_not_its_producers():
-    """The rule notebook 11 explains the BERT disagreements with, checked on TVM itself."""
+    """The rule notebook 15 explains the BERT disagreements with, checked on TVM itself."""
     h = helper.make_node
     epilogue = tvm_groups.relax_groups(_chain([h("Relu", ["x"], ["a"], name="relu"),
                                                h("ReduceMean", ["a", "axes"], ["b"], name="mean", keepdims=1),

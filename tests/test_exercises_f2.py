@@ -54,8 +54,8 @@ def test_tiles_hint_names_both_mistakes_when_they_give_the_same_bytes():
 
 
 def test_softmax_stub_is_the_notebooks():
-    """solutions/softmax.py's STUB is what notebook 08's cell holds: a body of `...`, which returns None."""
-    src = (Path(__file__).resolve().parents[1] / "notebooks_src" / "08_reductions_attention.py").read_text()
+    """solutions/softmax.py's STUB is what notebook 09's cell holds: a body of `...`, which returns None."""
+    src = (Path(__file__).resolve().parents[1] / "notebooks_src" / "09_reductions.py").read_text()
     assert "def update(m, l, acc, scores, v):" in src
     assert src.split("def update(m, l, acc, scores, v):")[1].split("\n\n")[0].strip().endswith("...  # your code here")
     assert s_softmax.STUB(None, None, None, None, None) is None

@@ -94,7 +94,7 @@ def test_tiles_reference_matches_the_model_on_every_group_of_yolo():
         assert s_tiles.ub_bytes(ms, 16 * 1024) == ws_model.working_set(ms).bytes_at(16 * 1024)
 
 
-# -- moments (08 §5) -------------------------------------------------------------------------------------------
+# -- moments (09 §5) -------------------------------------------------------------------------------------------
 
 def test_moments_truth_agrees_with_the_lesson_welford_and_naive_float32_fails_at_1e4():
     (big,) = [c for c in moments.CASES if "two blocks of 256" in c.name]

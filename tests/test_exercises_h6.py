@@ -1,4 +1,4 @@
-"""The exercises of notebooks 11 (agreement, atcswitch) and 12 (prototype, pykernel): their truth is the lesson's own
+"""The exercises of notebooks 15 (agreement, atcswitch) and 12 (prototype, pykernel): their truth is the lesson's own
 function, and answers that are slightly off fail (the generic reference / wrong / stub tests are in
 tests/test_exercises.py)."""
 
@@ -21,7 +21,7 @@ from solutions import atcswitch as s_atcswitch  # noqa: E402
 from solutions import prototype as s_prototype  # noqa: E402
 from solutions import pykernel as s_pykernel  # noqa: E402
 
-# -- notebook 11: edges alike ------------------------------------------------------------------------------------
+# -- notebook 15: edges alike ------------------------------------------------------------------------------------
 
 
 def test_agreement_truth_is_compare_groupings_and_the_reference_counts_the_same():
@@ -61,7 +61,7 @@ def test_agreement_rejects_an_answer_off_by_one_and_a_non_pair():
     assert v.status == core.FAIL and "two ints" in v.hint
 
 
-# -- notebook 11: the ATC switch file ---------------------------------------------------------------------------
+# -- notebook 15: the ATC switch file ---------------------------------------------------------------------------
 
 
 def test_atcswitch_truth_is_cann_fusion_switch_of_the_documented_passes():
@@ -101,7 +101,7 @@ def test_atcswitch_refuses_a_pass_left_on_a_value_other_than_off_and_text_that_i
     assert v.status == core.FAIL and "JSON" in v.hint
 
 
-# -- notebook 12: the declaration ---------------------------------------------------------------------------------
+# -- notebook 16: the declaration ---------------------------------------------------------------------------------
 
 
 def test_prototype_truth_is_onnxruntime_and_the_reference_infers_it():
@@ -137,7 +137,7 @@ def test_prototype_refuses_a_rule_broken_and_a_transpose_defaulting_to_true():
     assert v.status == core.FAIL and v.passed == 1 and "transpose_x2 defaults to True" in v.hint
 
 
-# -- notebook 12: the kernel --------------------------------------------------------------------------------------
+# -- notebook 16: the kernel --------------------------------------------------------------------------------------
 
 
 def test_pykernel_runs_the_answer_inside_onnxruntime():

@@ -1,4 +1,4 @@
-"""The exercises of notebooks 13 (idle, utilisation) and 15 (gears, lru): each is graded against the lesson's own
+"""The exercises of notebooks 17 and 18 (idle, utilisation) and 20 and 21 (gears, lru): each is graded against the lesson's own
 function, the learner's answer works on the objects the notebook shows, and an answer that is slightly off fails."""
 
 from __future__ import annotations

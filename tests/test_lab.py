@@ -42,7 +42,7 @@ def test_news_and_update_checks_are_off():
 
 
 def test_the_file_browser_gives_the_names_the_modified_column(tmp_path):
-    """The left panel is narrow: with the "Last Modified" column it clipped `07_fusion_thresholds.ipynb`."""
+    """The left panel is narrow: with the "Last Modified" column it clipped `08_fusion_thresholds.ipynb`."""
     overrides = json.loads((ROOT / "jupyter" / "labconfig" / "default_setting_overrides.json").read_text())
     assert overrides["@jupyterlab/filebrowser-extension:browser"]["showLastModifiedColumn"] is False
 

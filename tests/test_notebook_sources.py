@@ -63,9 +63,9 @@ def test_the_learner_is_asked_to_predict_before_a_measurement(src):
 
 # Program text printed verbatim: breaking its lines would change the program a reader copies.
 WIDE_OUTPUT_ALLOWED = {
-    ("12_custom_op", 'print(files["ascendc/op_kernel/conv_relu.cpp"])'): "generated Ascend C kernel",
-    ("12_custom_op", 'print(files["atc.sh"])'): "generated shell script",
-    ("15_dynamic_shapes", 'print("atc --model=bert.onnx'): "an atc command line, pasted into a shell as is",
+    ("16_custom_op", 'print(files["ascendc/op_kernel/conv_relu.cpp"])'): "generated Ascend C kernel",
+    ("16_custom_op", 'print(files["atc.sh"])'): "generated shell script",
+    ("20_dynamic_shapes", 'print("atc --model=bert.onnx'): "an atc command line, pasted into a shell as is",
 }
 MAX_LINE = 110  # JupyterLab's notebook column at its default width shows about this many characters
 

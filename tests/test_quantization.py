@@ -236,7 +236,7 @@ def test_cann_counterparts_cite_the_notes():
 
 
 def test_seven_bit_weights_are_exact_and_eight_bit_ones_saturate_without_vnni():
-    """`levels_off`, which notebook 10 prints: 0 for 7-bit weights on any CPU; on a CPU without VNNI (this suite's
+    """`levels_off`, which notebook 13 prints: 0 for 7-bit weights on any CPU; on a CPU without VNNI (this suite's
     machine when it was written: AMD EPYC, AVX2 only) 8-bit weights move the output, the int16 saturation."""
     assert quant.levels_off(7) == 0
     flags = quant.cpu_flags("avx512_vnni", "avx_vnni")

@@ -275,7 +275,7 @@ def test_a_planted_spoiler_is_caught():
 
 #: (notebook printing the summary, claim, later notebook) whose later prediction the summary does not answer
 CROSS_SPOILER_ALLOWED: dict[tuple[str, str, str], str] = {
-    ("02_conv_bn_folding", "s22-matmul-act-batch-1.5x", "07_fusion_thresholds"):
+    ("02_conv_bn_folding", "s22-matmul-act-batch-1.5x", "08_fusion_thresholds"):
         "05 §5 asks where the latency curve's minimum is; the summary is about ResNet-50's batch, not the curve",
 }
 
@@ -333,8 +333,8 @@ def test_a_planted_cross_notebook_spoiler_is_caught():
     cid = "s42-split-above-5-ops"  # shown in notebook 07 §5, which asks a prediction
     early = [("code", f'print(seed_claims.claim("{cid}").summary())')]
     later = [("markdown", "## 5. The curve\n\n**Predict:** where is the minimum?"), ("code", "print(sweep)")]
-    assert cross_spoilers({"06_mixed_fusion": early, "07_fusion_thresholds": later})
-    assert not cross_spoilers({"06_mixed_fusion": [("code", "print(1)")], "07_fusion_thresholds": later})
+    assert cross_spoilers({"06_mixed_fusion": early, "08_fusion_thresholds": later})
+    assert not cross_spoilers({"06_mixed_fusion": [("code", "print(1)")], "08_fusion_thresholds": later})
 
 
 _SUMMARY_CELL = re.compile(r'print\(seed_claims\.claim\("([^"]+)"\)\.summary\(\)\)')

@@ -25,7 +25,7 @@ on every rebuild. Not measurements, so not checked:
 - a number written as a literal in the notebook's own code cells, when it is an integer or has a unit (a
   setting the reader can see: "a 16 KiB budget"); decimals, percentages and ratios must be printed.
 
-**Cross-notebook figures.** A sentence that cites another notebook ("notebook 13 §3 measured ...", "(notebook
+**Cross-notebook figures.** A sentence that cites another notebook ("notebook 17 §3 measured ...", "(notebook
 03)") attributes its figures to that notebook, so each checked number in it must be printed by a cited notebook's
 outputs (a literal of the cited notebook's code, under the same rule as above): that this notebook prints the same
 number (its own typed constant, say) does not make it the other notebook's measurement, so this notebook's own
@@ -101,7 +101,7 @@ _VERDICT = re.compile(r"\bwithin the noise\b|\bno clear difference\b|\bno measur
                       r"|\bfaster\b|\bslower\b", re.I)
 _NOISE = re.compile(r"noise|no clear|no measurable|level", re.I)
 _CITES = re.compile(r"\bnotebooks?\s+(?P<list>[`*]{0,2}\d{2}[`*]{0,2}(?:\s*(?:,|and|or|&|/)\s*[`*]{0,2}\d{2}[`*]{0,2}"
-                    r"(?![\d.]))*)(?![\d.])", re.I)  # "notebook 13", "notebook `13`", "notebooks **03** and 04"
+                    r"(?![\d.]))*)(?![\d.])", re.I)  # "notebook 17", "notebook `17`", "notebooks **03** and 04"
 _CITED_NUMBER = re.compile(r"\d{2}")
 _MEASURED_WORD = re.compile(r"\bmeasur(?:ed|es|ing|ement|ements)\b", re.I)
 _TIMING_CALLS = ("compare_models", "compare", "bench", "bench_session", "interleaved")
@@ -247,7 +247,7 @@ def _allowed(stem: str, typed: str, sentence: str) -> bool:
 
 
 def cited_notebooks(sentence: str, stem: str) -> set[str]:
-    """The two-digit numbers of the other notebooks a sentence cites ("notebook 13 §3", "notebooks 03 and 13")."""
+    """The two-digit numbers of the other notebooks a sentence cites ("notebook 17 §3", "notebooks 03 and 17")."""
     out = set()
     for m in _CITES.finditer(sentence):
         out |= set(_CITED_NUMBER.findall(m.group("list")))

@@ -1,7 +1,7 @@
 """Real compilers beside fusionlab's plan: IREE (runs fused), TVM Relax (groups), onnxruntime's own fusions; CANN ATC's
 files are in `fusionlab.export.cann`.
 
-`MODELS` names the zoo models every comparison uses (notebook 11, benchmarks/bench_compilers.py and
+`MODELS` names the zoo models every comparison uses (notebook 15, benchmarks/bench_compilers.py and
 benchmarks/bench_tvm_agreement.py), with static shapes (batch 1) so that every compiler sees the same
 graph.
 """

@@ -1,4 +1,4 @@
-"""Exercise: how many fusion decisions two groupings of one graph make alike (notebook 11).
+"""Exercise: how many fusion decisions two groupings of one graph make alike (notebook 15).
 
 The learner writes ``edges_alike(graph, groups_a, groups_b) -> (alike, total)``: over every data edge between two
 compute nodes of `graph` (a fusionlab Graph; producer -> consumer, Constant nodes left out, an edge counted once

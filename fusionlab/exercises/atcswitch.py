@@ -1,4 +1,4 @@
-"""Exercise: the ATC fusion switch file for a conversion without the fusions a plan makes (notebook 11).
+"""Exercise: the ATC fusion switch file for a conversion without the fusions a plan makes (notebook 15).
 
 The learner writes ``switch_file(plan) -> str``: the ``--fusion_switch_file`` (JSON form) that turns off every CANN
 ATC pass under which `fusionlab.export.cann` files the plan's groups, and nothing else, so that an ATC conversion
@@ -37,7 +37,7 @@ _STAGES = {"GraphFusion": cann.GRAPH, "UBFusion": cann.UB}
 
 @dataclass(frozen=True)
 class SwitchCase:
-    model: str  # a zoo model of notebook 11's list, or a small graph built here
+    model: str  # a zoo model of notebook 15's list, or a small graph built here
 
 
 def _f(name, shape):

@@ -1,4 +1,4 @@
-"""Exercise: size a double buffer for an Ascend vector kernel (notebook 14).
+"""Exercise: size a double buffer for an Ascend vector kernel (notebook 19).
 
 The learner writes ``largest_tile(ub_bytes, in_bytes, out_bytes, inputs=1, outputs=1) -> int``: the largest tile,
 in elements, such that every input queue and every output queue gets TWO buffers of one tile each

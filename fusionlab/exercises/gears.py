@@ -1,4 +1,4 @@
-"""Exercise: the compute that padding to shape gears wastes (notebook 15).
+"""Exercise: the compute that padding to shape gears wastes (notebook 20).
 
 The learner writes ``padded_waste(lengths, gears) -> float``: each request of a stream is padded up to the smallest
 gear that holds it (§1's rule), and the waste is the tokens computed over the tokens asked for, over the whole

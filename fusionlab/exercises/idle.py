@@ -1,4 +1,4 @@
-"""Exercise: the time of a profiled run with no kernel running (notebook 13).
+"""Exercise: the time of a profiled run with no kernel running (notebook 17).
 
 The learner writes ``idle_us(run_us, ops) -> float``: given one run's duration and its kernels as
 `fusionlab.profile.OpEvent`s (what ``Profile.ops()`` returns: ``start_us`` from the start of the run, ``dur_us``,

@@ -1,9 +1,9 @@
-"""Exercise: the bytes of the KV cache one decode step reads (notebook 09).
+"""Exercise: the bytes of the KV cache one decode step reads (notebook 11).
 
 The learner writes ``kv_cache_bytes(layers, heads, kv_heads, head_dim, context, dtype_bytes) -> int``: the bytes a
 decode step reads from the KV cache when `context` tokens are cached, for a LLaMA-style decoder of `layers` layers
 whose `heads` query heads share `kv_heads` K/V heads of `head_dim`. `check(kv_cache_bytes)` grades it on hidden
-shapes against `lessons.decoding.LlamaConfig.kv_bytes_per_token`, the count notebook 09 uses, and names the likely
+shapes against `lessons.decoding.LlamaConfig.kv_bytes_per_token`, the count notebook 11 uses, and names the likely
 mistake: V forgotten, the query heads counted instead of the K/V heads (no GQA), one layer only, or bits for bytes.
 """
 
@@ -41,7 +41,7 @@ def _case(name: str, *args) -> Case:
 
 
 CASES = (
-    _case("notebook 09's decoder: 2 layers, 12 query heads over 4 K/V heads of 64, 4096 cached, fp32",
+    _case("notebook 11's decoder: 2 layers, 12 query heads over 4 K/V heads of 64, 4096 cached, fp32",
           2, 12, 4, 64, 4096, 4),
     _case("an 8B-sized shape: 32 layers, 32 query heads over 8 K/V heads of 128, 8192 cached, fp16",
           32, 32, 8, 128, 8192, 2),

@@ -1,4 +1,4 @@
-"""Exercise: how many compilations a bounded cache of compiled shapes does (notebook 15).
+"""Exercise: how many compilations a bounded cache of compiled shapes does (notebook 20).
 
 The learner writes ``compilations(shapes, capacity) -> int``: a stream of input shapes goes through a cache of
 compiled models that holds at most `capacity` of them (None: unbounded, the seed's cache) and, when full, evicts the

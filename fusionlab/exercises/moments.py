@@ -1,10 +1,10 @@
-"""Exercise: merge two blocks' (count, mean, M2), the step of Welford's one-pass variance (notebook 08).
+"""Exercise: merge two blocks' (count, mean, M2), the step of Welford's one-pass variance (notebook 09).
 
 The learner writes ``merge(a, b) -> (count, mean, m2)``: `a` and `b` are the statistics of two blocks of the same
 rows, each a tuple (count, mean, m2) with `count` an int (values per row in the block), `mean` and `m2` float32
 arrays with one value per row (`m2`: the sum of squared deviations from the block's mean). The result is the
 statistics of the two blocks together: Chan's pairwise update, which `lessons.reductions.welford` applies block by
-block (notebook 08 §5). `check(merge)` computes each block's statistics exactly (in float64, stored as float32),
+block (notebook 09 §5). `check(merge)` computes each block's statistics exactly (in float64, stored as float32),
 merges them with the learner's function, left to right from the empty (0, 0, 0) or as a tree, and compares the
 mean and the variance m2 / count with float64 `np.mean` and `np.var` of the whole rows. The hidden rows include
 blocks of unequal sizes, a block of one value, blocks whose means differ, and rows around 1e4 where E[x²] - E[x]²

@@ -1,8 +1,8 @@
-"""Exercise: the time of a tiled pipeline with one and with two buffers (notebook 14).
+"""Exercise: the time of a tiled pipeline with one and with two buffers (notebook 19).
 
 The learner writes ``pipeline_time(n_tiles, t_in, t_compute, t_out, buffers) -> float``: how long `n_tiles`
 tiles take through CopyIn -> Compute -> CopyOut on one AI Core with ``BUFFER_NUM`` = `buffers` (1 or 2),
-copy-in and copy-out sharing the core's one memory path (notebook 14 §1-§2). `check(pipeline_time)` grades it on
+copy-in and copy-out sharing the core's one memory path (notebook 19 §1-§2). `check(pipeline_time)` grades it on
 hidden stage times against the notebook's simulator, `lessons.double_buffer.simulate` (the same dependencies, the
 shared path), within a relative 1e-6. With two buffers no closed form gives that time when the copies set the
 pace (the two copies at half speed and the last tile leave the path idle now and then): the answer is an event
@@ -28,7 +28,7 @@ __all__ = ["EXERCISE", "TASK", "RTOL", "CASES", "check", "expected"]
 EXERCISE = "pipeline time with one and two buffers"
 TASK = "pipeline_time(n_tiles, t_in, t_compute, t_out, buffers)"
 RTOL = 1e-6  # an event simulation of the three queues is exact; the tolerance is for float rounding
-ELEMS = 4 * 2**20  # elements per core, as notebook 14 §4 models a kernel
+ELEMS = 4 * 2**20  # elements per core, as notebook 19 §4 models a kernel
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class PipeCase:
 
 
 def _modelled(device: str, buffers: int, ops_per_elem: float, in_bytes: int = 2, out_bytes: int = 2) -> PipeCase:
-    """A kernel of ELEMS elements on one core of `device`, tiled as large as the UB allows (notebook 14 §4)."""
+    """A kernel of ELEMS elements on one core of `device`, tiled as large as the UB allows (notebook 19 §4)."""
     core = core_from_device(get_device(device))
     tile = max_tile_elems(core.ub_bytes, buffers, in_bytes=in_bytes, out_bytes=out_bytes)
     t = stage_times(core, tile, in_bytes=in_bytes, out_bytes=out_bytes, ops_per_elem=ops_per_elem)

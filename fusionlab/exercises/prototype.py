@@ -1,4 +1,4 @@
-"""Exercise: declare a fused MatMul + Add + ReLU the way CANN's REG_OP does (notebook 12).
+"""Exercise: declare a fused MatMul + Add + ReLU the way CANN's REG_OP does (notebook 16).
 
 The learner writes ``declare_matmul_add_relu() -> OpDecl`` with `fusionlab.export.reg_op`: inputs `x1`, `x2`,
 `bias` and output `y` (CANN MatMul's names) of types DT_FLOAT16 and DT_FLOAT, the built-in MatMul's attributes

@@ -1,4 +1,4 @@
-"""Exercise: the numpy kernel of a fused MatMul + Add + ReLU, run by onnxruntime as a custom op (notebook 12).
+"""Exercise: the numpy kernel of a fused MatMul + Add + ReLU, run by onnxruntime as a custom op (notebook 16).
 
 The learner writes ``matmul_add_relu(x1, x2, bias) -> y`` in numpy: ``relu(x1 @ x2 + bias)`` with ONNX's MatMul
 semantics (stacked matrices broadcast). `check(matmul_add_relu)` registers it with onnxruntime-extensions' PyOp bridge

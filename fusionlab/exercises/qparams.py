@@ -1,4 +1,4 @@
-"""Exercise: quantize a tensor to uint8 as onnxruntime does (notebook 10).
+"""Exercise: quantize a tensor to uint8 as onnxruntime does (notebook 13).
 
 The learner writes ``quantize(x, lo, hi) -> (q, scale, zero_point)``: the asymmetric uint8 parameters that map the
 calibrated range [lo, hi] (widened to hold 0, so that 0 is exact) onto 0..255, and ``q``, x quantized with them.

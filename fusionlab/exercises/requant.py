@@ -1,7 +1,7 @@
-"""Exercise: requantise an int32 accumulator onto the output's uint8 grid (notebook 10).
+"""Exercise: requantise an int32 accumulator onto the output's uint8 grid (notebook 13).
 
 The learner writes ``requantize(acc, x_scale, w_scale, y_scale, y_zero_point) -> uint8``: what an int8 kernel
-does after its integer products (notebook 10 §1, "Inside an int8 kernel"): multiply the int32 accumulator by
+does after its integer products (notebook 13 §1, "Inside an int8 kernel"): multiply the int32 accumulator by
 M = s_x · s_w / s_y (one s_w per output column when the weights are per channel), round half to even, add the
 output's zero point and saturate to 0..255. `check(requantize)` builds each hidden case from uint8 activations and
 int8 weights, hands the learner the exact accumulator (q_x − z_x) @ q_w, and compares the answer with onnxruntime's
@@ -67,7 +67,7 @@ def run_qlinear_matmul(c: RequantCase) -> np.ndarray:
 
 
 def _notebook_case() -> RequantCase:
-    """Notebook 10 §1's 1x4 activation times 4x2 weight, quantized as the notebook quantizes it."""
+    """Notebook 13 §1's 1x4 activation times 4x2 weight, quantized as the notebook quantizes it."""
     xa = np.array([[0.52, -0.2, 1.3, 0.0]], np.float32)
     wa = np.array([[0.5, -0.25], [1.0, 0.1], [-0.4, 0.8], [0.3, -0.6]], np.float32)
     sx, zx = qparams(-1.0, 2.0, "uint8")
@@ -91,7 +91,7 @@ def _tie_case() -> RequantCase:
 
 
 CASES = (
-    Case("notebook 10's 1x4 activation times its 4x2 weight", _notebook_case()),
+    Case("notebook 13's 1x4 activation times its 4x2 weight", _notebook_case()),
     Case("8x64 times 64x16, one weight scale, outputs inside the range", _random_case(1, 8, 64, 16, 0.6, 128)),
     Case("exact ties: M x acc = k + 1/2, rounded half to even", _tie_case()),
     Case("a narrow output range: saturate at 0 and at 255", _random_case(2, 8, 64, 16, 0.005, 128)),

@@ -1,8 +1,8 @@
-"""Exercise: rotate queries and keys as LLaMA does (notebook 09).
+"""Exercise: rotate queries and keys as LLaMA does (notebook 11).
 
 The learner writes ``apply_rotary(x, positions, base)``: the rotary embedding of ``x`` [..., S, D] at the token
 positions [S], in LLaMA's half-rotated form (channel i paired with channel i + D/2, turned by the angle p·θᵢ,
-θᵢ = base^(−2i/D)), as notebook 09 §4 writes it: ``x · cos + rotate_half(x) · sin``. `check(apply_rotary)` grades
+θᵢ = base^(−2i/D)), as notebook 11 §4 writes it: ``x · cos + rotate_half(x) · sin``. `check(apply_rotary)` grades
 it on hidden shapes against onnxruntime's own ``com.microsoft:RotaryEmbedding`` kernel (``interleaved=0``, the
 op fusionlab's `rotary` rule writes), fed the cos/sin cache of `lessons.decoding.rope_tables`, and names the
 likely mistake: the interleaved form (pairs 2i, 2i + 1), the exponent −i/D for −2i/D, or the turn the wrong way.
@@ -36,13 +36,13 @@ class RotaryCase:
 
     @property
     def x(self) -> np.ndarray:
-        if self.seed < 0:  # notebook 09 §4's vector, at each position
+        if self.seed < 0:  # notebook 11 §4's vector, at each position
             return np.tile(np.array([1.0, 0.0, 0.5, 2.0], np.float32), (1, len(self.positions), 1))
         return np.random.default_rng(self.seed).standard_normal(self.shape).astype(np.float32)
 
 
 CASES = (
-    Case("notebook 09's vector [1, 0, 0.5, 2] at positions 0, 1, 2 (D = 4)", RotaryCase((1, 3, 4), (0, 1, 2), seed=-1)),
+    Case("notebook 11's vector [1, 0, 0.5, 2] at positions 0, 1, 2 (D = 4)", RotaryCase((1, 3, 4), (0, 1, 2), seed=-1)),
     Case("one head of 64 at positions 0..7", RotaryCase((1, 8, 64), tuple(range(8)), seed=1)),
     Case("a decode step: 12 query heads of 64, one token at position 300", RotaryCase((12, 1, 64), (300,), seed=2)),
     Case("4 K/V heads of 16, positions 5..9 (a prompt after 5 cached tokens)",

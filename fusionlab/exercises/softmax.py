@@ -1,4 +1,4 @@
-"""Exercise: write the online-softmax update FlashAttention is built on (notebook 08).
+"""Exercise: write the online-softmax update FlashAttention is built on (notebook 09).
 
 The learner writes ``update(m, l, acc, scores, v) -> (m, l, acc)``: one key block's step for a tile of query rows.
 `m` (rows, 1) is the running max of the scores seen so far, `l` (rows, 1) the running sum of exp(score - m),

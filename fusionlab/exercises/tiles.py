@@ -66,7 +66,7 @@ def _silu(shape=(1, 64, 40, 40)):
 
 
 def _adds(k: int = 8, n: int = 1 << 19):
-    """Notebook 07 §5: k Adds in a chain, each bringing one more input of n float32 values."""
+    """Notebook 08 §1: k Adds in a chain, each bringing one more input of n float32 values."""
     names = [f"x{i}" for i in range(k + 1)]
     nodes = [helper.make_node("Add", [names[0], names[1]], ["s1"], name="a1")]
     for i in range(2, k + 1):

@@ -1,4 +1,4 @@
-"""Exercise: the seed's evaluation model on one chip of an Atlas preset (notebook 13).
+"""Exercise: the seed's evaluation model on one chip of an Atlas preset (notebook 17).
 
 The learner writes ``utilisation(flops, nbytes, seconds, device) -> (compute, bandwidth)``: the compute and the
 bandwidth utilisation, as fractions, of a run that did `flops` FLOPs and moved `nbytes` bytes in `seconds`, on one

@@ -1,5 +1,5 @@
 """Simulators and generators that exist to teach one lesson each, kept apart from the fusion engine.
 
-`codegen` (notebook 01), `reductions` (notebook 08), `decoding` (notebook 09), `quantization` (notebook 10),
-`double_buffer` (notebook 14), `dynamic_shapes` (notebook 15).
+`codegen` (notebook 01), `reductions` (notebook 09), `decoding` (notebook 11), `quantization` (notebook 13),
+`double_buffer` (notebook 19), `dynamic_shapes` (notebook 20).
 """

@@ -1,4 +1,4 @@
-"""LLM decoding, for notebook 09: a small LLaMA-style decoder with a KV cache, the bytes of a token, decode attention.
+"""LLM decoding, for notebook 11: a small LLaMA-style decoder with a KV cache, the bytes of a token, decode attention.
 
 - `LlamaConfig` and `llama_decoder`: a decoder written as exporters write LLaMA (RMSNorm decomposed, rotary as
   ``x * cos + rotate_half(x) * sin`` with cos/sin computed from the positions, grouped-query attention with the

@@ -1,4 +1,4 @@
-"""Reductions and attention, fused: the code notebook 08 teaches with.
+"""Reductions and attention, fused: the code notebook 09 teaches with.
 
 Four parts, in the order the notebook uses them:
 

@@ -19,7 +19,7 @@ from selenium.webdriver.support.ui import Select
 from harness import ROOT
 
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
-EXPLORER = "07_fusion_thresholds.ipynb"
+EXPLORER = "08_fusion_thresholds.ipynb"
 NETRON = "03_vertical_cnn.ipynb"
 CELL_TIMEOUT = 300  # seconds one cell may run in the browser (the slowest cell takes ~60 s alone)
 
@@ -501,7 +501,7 @@ def test_netron_frame_loads_after_run_all_and_stops_with_the_kernel(page):
 
 # -- an exercise, answered as a learner answers it ----------------------------------------------------------
 
-EXERCISE_NB = "09_decoding.ipynb"
+EXERCISE_NB = "11_decoding.ipynb"
 #: one line each, as typed into the stub cell (no newline: the editor would indent what follows a colon)
 WRONG_ANSWER = ("kv_cache_bytes = lambda layers, heads, kv_heads, head_dim, context, dtype_bytes: "
                 "context * layers * kv_heads * head_dim * dtype_bytes")

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 14 · Double buffering: overlap data movement with compute
+# # 19 · Double buffering: overlap data movement with compute
 #
 # **What you will be able to do**
 #

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 12 · A custom fused operator, from declaration to package
+# # 16 · A custom fused operator, from declaration to package
 #
 # **What you will be able to do**
 #

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 11 · Real compilers side by side: IREE runs fused, TVM groups, CANN ATC reports
+# # 15 · Real compilers side by side: IREE runs fused, TVM groups, CANN ATC reports
 #
 # **What you will be able to do**
 #
@@ -293,7 +293,7 @@ for name, names_ in iree_names.items():
 #   with the elementwise tail). fusionlab's vertical `layernorm` rule rewrites the nine ops into one
 #   `LayerNormalization` node, one kernel. fusionlab is better by one launch and one round trip of a
 #   full-size tensor (IREE's first dispatch writes `x - mean` for the second to read);
-#   notebook 08's fused kernel shows that one pass over a cached row is enough.
+#   notebook 09's fused kernel shows that one pass over a cached row is enough.
 # * **BERT, bias + GELU after the FFN MatMul**: IREE puts the bias and the whole GELU in the MatMul's
 #   dispatch (an epilogue). fusionlab's `bias_gelu` rule makes a `BiasGelu` node after the MatMul: two
 #   kernels and one intermediate of 32 × 512 floats. IREE is better; a GEMM epilogue is the right place.
@@ -373,7 +373,7 @@ for (name, label), a in agreements.items():
 #   the erf-GELU (Div, Erf, Add, Mul, Mul). TVM puts MatMul, bias and GELU in one group (7 ops);
 #   fusionlab stops at 5. A threshold, not a rule: without it the two agree. For a CPU or GPU, TVM's
 #   group is right (a GEMM epilogue costs no traffic). The seed states its 5-op limit for an Ascend custom op
-#   and gives no reason (notebook 07 §5 finds none in the UB model); whether it holds there needs a
+#   and gives no reason (notebook 08 §1 finds none in the UB model); whether it holds there needs a
 #   measurement we cannot make here.
 # * **`ReduceMean -> Sub`, `ReduceMean -> Add` (BERT LayerNorm, only TVM)**: TVM fuses the `mean` with
 #   its elementwise *consumers* (not by a rule for reductions: the legalised `mean`, a sum and a division,
@@ -386,7 +386,7 @@ for (name, label), a in agreements.items():
 #   things: fusionlab's saves writing and reading the full-size squared tensor (2 × M × N × 4 bytes),
 #   TVM's save a launch and only a row-sized vector. By bytes fusionlab's choice is the better one; by
 #   launches TVM's. The best choice is both: one kernel per LayerNorm, as fusionlab's vertical
-#   `layernorm` rule, XLA, Inductor and CANN do, and as notebook 08's fused kernel runs.
+#   `layernorm` rule, XLA, Inductor and CANN do, and as notebook 09's fused kernel runs.
 # * **`Gather -> Add` (BERT embeddings, only fusionlab)**: TVM lowers the embedding Gather to an index
 #   fix-up plus a `take` and keeps the `take` alone; fusionlab lets the (injective) gather feed the Adds
 #   that sum the three embeddings. Legal, and it saves writing the gathered rows once: fusionlab is right,
@@ -484,7 +484,7 @@ exercises.agreement.check(edges_alike)
 # **Exercise 2: an ATC switch file for the plan's passes.** Write `switch_file(plan)` returning the text of the
 # `--fusion_switch_file` (JSON, as `cann.fusion_switch` writes it) that turns off every ATC pass §6 files the plan's
 # groups under, and nothing more: a conversion without this plan's passes, to compare on a device with ATC's
-# default (`ALL` switches off other passes too, as notebook 12's baseline does for UB fusion). The hidden plans
+# default (`ALL` switches off other passes too, as notebook 16's baseline does for UB fusion). The hidden plans
 # include ResNet's, BERT-tiny's (filed under `Fusionlab…` names only), a MatMul with its bias, and a plan with no
 # group.
 

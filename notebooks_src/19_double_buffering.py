@@ -385,8 +385,11 @@ load_1min = os.getloadavg()[0]
 def diagnosis(r, c, slow, left):
     """Where this run's time went, from its own figures: the stages slowed side by side, time between the stages
     in the overlapped mode only, or as much unexplained in both modes (the machine)."""
+    if c.ci_low > r["predicted"]:
+        return "The measured gain exceeds the prediction: nothing falls short to explain."
     if c.ci_high >= r["predicted"]:
-        return "The measured gain reaches the prediction: nothing to explain."
+        return (f"The prediction lies inside the interval ({c.ci_low:.2f}–{c.ci_high:.2f}×): this run cannot tell "
+                f"the measured gain from the predicted one.")
     side = slow > 1.05 or r["inside"][True][0] > 1.05 * r["alone"][0]
     extra = left[True] - left[False]
     if extra > 0.5 * abs(left[False]) and extra > 0:

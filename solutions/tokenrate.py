@@ -42,6 +42,7 @@ def tokens_per_second_stub(cfg, context, batch, device):
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "tokenrate"
 REFERENCE = tokens_per_second
-WRONG = [(tokens_per_second_whole_card, 1, "whole card"), (tokens_per_second_weights_per_request, 3, "once per request"),
+WRONG = [(tokens_per_second_whole_card, 1, "whole card"),
+         (tokens_per_second_weights_per_request, 3, "once per request"),
          (tokens_per_second_memory_only, 4, "memory time alone")]
 STUB = tokens_per_second_stub

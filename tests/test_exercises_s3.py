@@ -78,7 +78,8 @@ def test_tokenrate_names_fp32_and_one_token_per_step():
     def fp32(cfg, context, batch, device):
         chip, b = device.one_chip(), dec.token_bytes(cfg, context, 1, dtype_bytes=4)
         nbytes = b["weights"] + batch * (b["total"] - b["weights"])
-        return batch / max(nbytes / chip.bandwidth, batch * dec.step_flops(cfg, context, 1) / chip.peak_flops("float16"))
+        flops = batch * dec.step_flops(cfg, context, 1)
+        return batch / max(nbytes / chip.bandwidth, flops / chip.peak_flops("float16"))
 
     def per_step(cfg, context, batch, device):
         return s_tokenrate.tokens_per_second(cfg, context, batch, device) / batch

@@ -5,8 +5,8 @@ NOT ANSWERED YET for the stub) and the grading loop, once; each topic is a modul
 `check`: `bnaffine` and `levels` (notebook 00), `traffic` and `hardswish` (01), `folding` and `transposed` (02),
 `rules` and `plans` (03), `gelu` and `skipln` (04), `qkv` and `siblings` (05), `thresholds` and `postdom` (06),
 `roofline` and `tiles` (07), `softmax` and `moments` (08), `kvcache` and `rotary` (11), `decoderops` and
-`tokenrate` (12), `qparams` and `requant` (10), `agreement` and `atcswitch` (11), `prototype` and `pykernel` (12), `idle` and `utilisation` (13), `buffers`
-and `pipeline` (14), `gears` and `lru` (15).
+`tokenrate` (12), `qparams` and `requant` (10), `agreement` and `atcswitch` (11), `prototype` and `pykernel` (12),
+`idle` and `utilisation` (13), `buffers` and `pipeline` (14), `gears` and `lru` (15).
 Reference answers and planted wrong ones live outside the package, in the repository's `solutions/`.
 """
 

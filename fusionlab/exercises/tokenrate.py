@@ -6,7 +6,7 @@ second one chip of `device` (a `fusionlab.cost.devices` preset; the Atlas 300I D
 (`lessons.decoding.LlamaConfig`) in fp16: a step's time is at least the larger of its bytes over the chip's
 bandwidth and its FLOPs over the chip's fp16 peak, where the batch shares one read of the weights and each request
 reads its own cache; the step makes `batch` tokens. `check(tokens_per_second)` grades it against
-``lessons.decoding.modelled_decode(cfg, context, device, batch=batch)``, the model notebook 12 §3 prints, and
+``lessons.decoding.modelled_decode(cfg, context, device, batch=batch)``, the model notebook 12 §5 prints, and
 names the likely mistake: the whole card's bandwidth, the weights read once per request, the cache left out, the
 compute time ignored where the batch makes the step compute-bound, fp32 bytes, or one token per step.
 """

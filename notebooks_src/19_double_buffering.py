@@ -204,7 +204,7 @@ fig
 #   kernels, all of them busy), shared by copy-in and copy-out. On the 310P3 and the 910 those are the AI
 #   cores; the 910B4 splits them into 20 cube cores (AIC) and 40 vector cores (AIV, `cann_facts.md` §3.3),
 #   and a vector kernel runs on the 40, so each gets a fortieth of the bandwidth. The 310P3 also has 7
-#   standalone vector cores beside its 8 AI cores (§3.3 too); whether a vector kernel spreads over them is not in
+#   standalone vector cores beside its 8 AI cores (`cann_facts.md` §3.3 too); whether a vector kernel spreads over them is not in
 #   our sources, so the model uses the 8 AI cores only;
 # - compute time = element operations / vector throughput, taken as 128 fp16 lanes (256 bytes) per cycle at
 #   1.8 GHz for every preset. Both numbers are read from the 910B platform file as `cann_facts.md` §3.3 quotes it

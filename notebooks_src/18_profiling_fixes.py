@@ -180,13 +180,15 @@ print(f"one run of the original: {len(written)} tensors written, {sum(written) /
 # virtual CPU we cannot see.) This CPU's power draw is unknown, so no TOPS/W is given for it.
 
 # %%
-print(seed_claims.claim("s41-fix-blockdim").summary(), "\n")
 costs = cost.node_costs(model)
 calibrated = devices.get("this machine")
 cpu_1 = metrics.with_peak(calibrated, metrics.ort_matmul_gflops(512, threads=1), "this CPU, 1 thread")
 cpu_2 = metrics.with_peak(calibrated, metrics.ort_matmul_gflops(512, threads=2), "this CPU, 2 threads")
 print(f"model: {sum(c.flops for c in costs) / 1e9:.3f} GFLOP, {sum(c.bytes for c in costs) / 1e6:.2f} MB moved per run "
       "(cost model, unfused)")
+
+# %% [markdown]
+# **Predict first:** will a second thread make this small model twice as fast? The verdict line below answers.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -207,6 +209,8 @@ display(Markdown(f"This run: numpy matmul {cal.matmul_gflops:.1f} GFLOP/s (the c
                  f"thread against two on the model: {threads.speedup:.2f}× ({threads.ci_low:.2f}–{threads.ci_high:.2f}), "
                  f"{threads.verdict()}."))
 
+# %%
+print(seed_claims.claim("s41-fix-blockdim").summary())
 
 # %% [markdown]
 # Two peaks of this CPU appear in this notebook, and they are different measurements: the calibration at the top
@@ -215,8 +219,8 @@ display(Markdown(f"This run: numpy matmul {cal.matmul_gflops:.1f} GFLOP/s (the c
 # second.
 #
 # When the cores are shared with other work, a second thread can only help as much as another core is idle,
-# and that holds for the roof too: the line above says how the two-thread MatMul roof compares with the
-# one-thread one in this run. Each roof is measured under the same conditions as its model run, so the
+# and that holds for the roof too: the sentence under the measurement says how the two-thread MatMul roof
+# compares with the one-thread one in this run. Each roof is measured under the same conditions as its model run, so the
 # utilisation column says how much of the roof at hand the model really used. A small model gives each kernel little work to split, so do not expect the
 # second thread to double the speed: read the verdict line.
 #
@@ -343,7 +347,7 @@ for cid in ("s42-accuracy-anomaly", "s42-memory-leak", "s42-build-failure", "s42
 # bytes of the smallest block that holds every tensor while it is live (§2), given the graph inputs' sizes
 # `{name: bytes}`, the kernels in run order (each a `Step` with `reads`, the names it reads, and `writes`,
 # `{name: bytes}`) and the graph outputs' names. Try it on §2's `run`: `workspace_bytes(run.inputs, run.steps,
-# run.outputs)` should give §2's peak. The hidden models include a skip connection, branches joined by a Concat, a
+# run.outputs)` should equal §2's `peak`. The hidden models include a skip connection, branches joined by a Concat, a
 # graph output written first, a second input read last, and fused plans.
 
 # %%

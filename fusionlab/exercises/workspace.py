@@ -22,10 +22,12 @@ from functools import lru_cache
 import numpy as np
 from onnx import helper
 
+from .. import zoo
 from ..build import make_model, tensor, value_info
 from ..cost import schedule
 from ..cost.model import Analysis, _is_const
 from ..graph import as_graph
+from ..passes import plan as make_plan
 from ..plan import FusionPlan
 from .core import AnswerRaised, Case, NotAnswered, Verdict, attempt, grade, is_stub
 
@@ -136,9 +138,6 @@ def _late_input():
 @lru_cache(maxsize=None)
 def _hidden(which: str) -> tuple[Run, int]:
     """(the run the learner is given, the truth) of one hidden model, built once."""
-    from .. import zoo
-    from ..passes import plan as make_plan
-
     if which == "conv_bn_relu fused":
         model = zoo.conv_bn_relu(image_size=16)
         p = make_plan(model, ("vertical",))

@@ -61,8 +61,8 @@
 # | [14_quantized_transformer](14_quantized_transformer.ipynb) | int8 in a transformer, where fusion breaks quantization, AMCT and ATC |
 # | [15_real_compilers](15_real_compilers.ipynb) | IREE runs the graphs fused, TVM's FuseOps checks the mixed pass, CANN ATC's fusion report |
 # | [16_custom_op](16_custom_op.ipynb) | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
-# | [17_profiling](17_profiling.ipynb) | profile a model: op tables, timelines, the profiler's own cost, before and after fusion |
-# | [18_profiling_fixes](18_profiling_fixes.ipynb) | the seed's three fixes measured, its evaluation model, and `blame` for a fusion that changed an answer |
+# | [17_profiling](17_profiling.ipynb) | profile a model: op tables, timelines, the profiler's own cost, before and after fusion, and `blame` for a fusion that changed an answer |
+# | [18_profiling_fixes](18_profiling_fixes.ipynb) | the seed's three fixes measured (launch gaps, allocation, utilisation) and its evaluation model on the Atlas presets |
 # | [19_double_buffering](19_double_buffering.ipynb) | overlap data movement with compute: the pipeline behind "+18%" |
 # | [20_dynamic_shapes](20_dynamic_shapes.ipynb) | dynamic shapes for a static-shape compiler: the seed's cache, its flaws, shape gears |
 # | [21_shape_cache](21_shape_cache.ipynb) | a bounded cache of compiled shapes: compile cost measured, four policies, the seed's "×2.1" |

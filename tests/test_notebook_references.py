@@ -32,7 +32,8 @@ GENERATED = {"docs/seed_claims.md"}
 
 _STEM = re.compile(r"(?<![\w/.-])(?:notebooks(?:_src)?/)?(?P<stem>\d\d_[a-z][a-z0-9_]*?)(?P<ext>\.ipynb|\.py)?(?![\w])")
 _CITE = re.compile(r"\bnotebooks?\s+(?P<list>[`*]{0,2}\d{2}[`*]{0,2}(?:\s*(?:,|and|or|&|/)\s*[`*]{0,2}\d{2}[`*]{0,2}"
-                   r"(?![\d.]))*)(?![\d.])(?P<sec>\s*(?:'s\s+)?§\s*(?P<s>\d+(?:\.\d+)?))?", re.I)
+                   r"(?![\d.]))*)(?![\d.])(?P<sec>\s*(?:'s\s+)?§\s*(?P<s>\d+(?:\.\d+)?)"
+                   r"(?P<more>(?:\s*(?:,|and|or|&)\s*§\s*\d+(?:\.\d+)?)*))?", re.I)
 _NUM_SEC = re.compile(r"(?<![\w.,:/\-#§`*])[`*]{0,2}(?P<n>\d{2})[`*]{0,2}(?:'s)?\s+§\s*(?P<s>\d+(?:\.\d+)?)")
 _STEM_SEC = re.compile(r"`(?P<stem>\d\d_[a-z][a-z0-9_]*)`\s+§\s*(?P<s>\d+(?:\.\d+)?)")
 _BARE = re.compile(r"(?<![§\w])§\s*(?P<s>\d+(?:\.\d+)?)(?P<range>\s*[–-]\s*§?\s*(?P<e>\d+))?")
@@ -103,6 +104,8 @@ def problems(files, known: dict[str, str], sections_of) -> list[str]:
             nums = re.findall(r"\d{2}", m.group("list"))
             for i, n in enumerate(nums):
                 sec_ok(n, m.group("s") if i == len(nums) - 1 else None, m.start())
+            for more in re.findall(r"§\s*(\d+(?:\.\d+)?)", m.group("more") or ""):  # "notebook 17 §3 and §8"
+                sec_ok(nums[-1], more, m.start())
         for m in _NUM_SEC.finditer(text):
             before = text[max(0, m.start() - 12):m.start()]
             if re.search(r"(seed|issue|issues|opset|python|version|cann_facts\.md`?)\s*$", before, re.I):
@@ -134,6 +137,7 @@ def test_the_check_sees_each_kind_of_dangling_reference():
         ("docs/x.md", "See notebook 02 §3.1 and notebooks 01 and 02; `02_b` §3; notebooks/01_a.ipynb."),  # all fine
         ("docs/y.md", "As notebook 03 shows."),                   # no notebook 03
         ("docs/z.md", "Notebook 01 §4 measures it; 02 §9 too."),  # no §4 in 01, no §9 in 02
+        ("docs/w.md", "notebook 02 §3 and §6 read the same function"),  # no §6 in 02
         ("README.md", "Open [`01_old`](notebooks/01_old.ipynb)."),  # a stem that was renamed
         ("notebooks_src/02_b.py", "# As §2 and §5 showed (the seed's §7 is another matter).\nx = '§8'\n"),
     ]
@@ -142,6 +146,7 @@ def test_the_check_sees_each_kind_of_dangling_reference():
     assert any("docs/y.md" in f and "notebook 03 does not exist" in f for f in found)
     assert any("docs/z.md" in f and "has no §4" in f for f in found)
     assert any("docs/z.md" in f and "has no §9" in f for f in found)
+    assert any("docs/w.md" in f and "has no §6" in f for f in found) and not any("w.md" in f and "§3" in f for f in found)
     assert any("README.md" in f and "01_old is not a notebook" in f for f in found)
     assert any("§5 is not a section of 02_b" in f for f in found)
     assert not any("§7" in f or "§8" in f for f in found), found  # the seed's section; code is not prose

@@ -59,7 +59,8 @@
 # | [16_custom_op](16_custom_op.ipynb) | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
 # | [17_profiling](17_profiling.ipynb) | profile a model, find the gaps, fix them, and measure again |
 # | [19_double_buffering](19_double_buffering.ipynb) | overlap data movement with compute: the pipeline behind "+18%" |
-# | [20_dynamic_shapes](20_dynamic_shapes.ipynb) | caching compiled kernels by shape: gears, a bounded LRU cache, and the seed's "×2.1" |
+# | [20_dynamic_shapes](20_dynamic_shapes.ipynb) | dynamic shapes on a static-shape compiler: gears, a cache keyed by shape, padding made exact |
+# | [21_shape_cache](21_shape_cache.ipynb) | compiling per shape measured: build against run, four caching policies, the seed's "×2.1" |
 
 # %% [markdown]
 # ## One pipeline, every time

@@ -127,7 +127,7 @@ def ratio_verdict(ci_low: float, ci_high: float) -> str:
 
     The interval is judged as it is printed (to `VERDICT_DECIMALS` decimals): a CI of 0.9961-0.9998 prints as
     "0.96-1.00" and must not read "slower" beside another printed "0.96-1.00" that reads "no clear difference"
-    (an expert reader found exactly that pair in notebook 20)."""
+    (an expert reader found exactly that pair in notebook 21)."""
     lo, hi = round(ci_low, VERDICT_DECIMALS), round(ci_high, VERDICT_DECIMALS)
     if lo > 1:
         return "faster"

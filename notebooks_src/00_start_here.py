@@ -64,8 +64,8 @@
 # | [17_profiling](17_profiling.ipynb) | profile a model: op tables, timelines, the profiler's own cost, before and after fusion, and `blame` for a fusion that changed an answer |
 # | [18_profiling_fixes](18_profiling_fixes.ipynb) | the seed's three fixes measured (launch gaps, allocation, utilisation) and its evaluation model on the Atlas presets |
 # | [19_double_buffering](19_double_buffering.ipynb) | overlap data movement with compute: the pipeline behind "+18%" |
-# | [20_dynamic_shapes](20_dynamic_shapes.ipynb) | dynamic shapes for a static-shape compiler: the seed's cache, its flaws, shape gears |
-# | [21_shape_cache](21_shape_cache.ipynb) | a bounded cache of compiled shapes: compile cost measured, four policies, the seed's "×2.1" |
+# | [20_dynamic_shapes](20_dynamic_shapes.ipynb) | dynamic shapes on a static-shape compiler: gears, a cache keyed by shape, padding made exact |
+# | [21_shape_cache](21_shape_cache.ipynb) | compiling per shape measured: build against run, four caching policies, the seed's "×2.1" |
 
 # %% [markdown]
 # ## One pipeline, every time

@@ -1,41 +1,32 @@
 # %% [markdown]
-# # 20 · Dynamic shapes: caching fused kernels by shape
+# # 20 · Dynamic shapes: gears, a cache keyed by shape, and exact padding
 #
 # **What you will be able to do**
 #
 # - say why a static-shape compiler such as Ascend's ATC compiles a model *per input shape*, and handle variable
 #   sequence lengths with shape **gears** (档位) or a shape *range*;
-# - fix the seed's `DynamicFusionOp` cache (a key that is a hash of a string, no bound on its size), and show that
-#   padding a request up to a gear does not change the answer, on a real BERT-style encoder;
-# - measure what compiling per shape costs and gains with onnxruntime: build time against run time, the time
-#   padding wastes, static against dynamic sessions;
-# - replay a stream of requests through four caching policies, and read the seed's "×2.1" against it.
+# - fix the seed's `DynamicFusionOp` cache (a key that is a hash of a string, no bound on its size) with a cache
+#   keyed by the shape itself;
+# - weigh a set of gears by the compute its padding wastes on a stream of requests;
+# - show that padding a request up to a gear does not change the answer, on a real BERT-style encoder.
 #
-# **Where this comes from.** The seed's §5.1 proposes "dynamic fusion for Transformers": a class that compiles
-# a fused operator for each combination of input shapes it sees and keeps it in a dict, and says that in BERT
-# this raised long-sequence throughput 2.1 times. We have no Ascend hardware. The compiler here is
-# onnxruntime: a session built for one fixed input shape is our "compiled model for one shape". Everything
-# marked *measured* is measured on this machine; the Ascend side is described from the CANN documentation.
+# **Where this comes from.** The seed's §5.1 proposes "dynamic fusion for Transformers": a class that compiles a
+# fused operator for each combination of input shapes it sees and keeps it in a dict, and says that in BERT this
+# raised long-sequence throughput 2.1 times (notebook 21 §3 weighs that). We have no Ascend hardware. The compiler
+# here is onnxruntime: a session built for one fixed input shape is our "compiled model for one shape". The Ascend
+# side is described from the CANN documentation. Notebook 21 measures what compiling per shape costs, and replays a
+# stream of requests through caching policies.
 
 # %%
-import os
-import tempfile
-import time
-from collections import Counter
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 from onnx import numpy_helper
 
-import fusionlab
 from fusionlab import exercises, seed_claims, zoo
 from fusionlab.lessons import dynamic_shapes
 from fusionlab.passes import fuse
 from fusionlab.text import text_table, wrap
-from fusionlab.timing import Comparison, compare, interleaved
 from fusionlab.verification.runtime import make_feeds, session
-from IPython.display import Markdown, display
 
 plt.rcParams["figure.dpi"] = 80
 
@@ -89,7 +80,7 @@ except ValueError as exc:
 # `TilingData` that `op_host/<op>_tiling.h` declares) runs for every
 # call with the actual shapes and hands the kernel its block and tile sizes. The price is that tiling work per
 # call, and kernels that cannot be specialised for one shape; the gain is one model, no padding and no
-# compile-per-shape. Which is faster is a measurement on the device; section 4 makes it on this CPU.
+# compile-per-shape. Which is faster is a measurement on the device; notebook 21 §1 makes it on this CPU.
 
 # %% [markdown]
 # ## 2. The seed's cache, and its two flaws
@@ -117,16 +108,11 @@ class DynamicFusionOp:
 
 # %% [markdown]
 # A realistic stream: 2000 requests whose token counts follow a log-normal distribution (median parameter 96 tokens, a
-# long tail), cut at BERT's maximum of 512 tokens as tokenizers do, and never shorter than 8. The generator is
-# seeded, so every run of this notebook sees the same stream.
+# long tail), cut at BERT's maximum of 512 tokens as tokenizers do, and never shorter than 8.
+# `dynamic_shapes.request_lengths` draws them from a seeded generator, so every run sees the same stream.
 
 # %%
-def request_lengths(n, seed=0, median=96, sigma=0.8, min_len=8, max_len=512):
-    rng = np.random.default_rng(seed)
-    return np.clip(np.round(rng.lognormal(np.log(median), sigma, n)), min_len, max_len).astype(int)
-
-
-stream = request_lengths(2000)
+stream = dynamic_shapes.request_lengths(2000, seed=0, median=96, sigma=0.8, min_len=8, max_len=512)
 print(f"{len(stream)} requests, lengths {stream.min()}..{stream.max()}, median {int(np.median(stream))}, "
       f"mean {stream.mean():.1f}; {len(set(stream.tolist()))} distinct lengths")
 
@@ -145,7 +131,7 @@ print(seed_claims.claim("s51-shape-cache").summary())
 # **Flaw 1: the cache never stops growing.** Every new sequence length costs one compilation and one more
 # compiled model kept forever. The tail of the distribution keeps producing lengths not seen before, so the
 # cache is still growing after 2000 requests. A compiled model is not small: onnxruntime keeps its own copy of
-# the weights in every session (section 4 measures the memory), and the small encoder we use below has:
+# the weights in every session (notebook 21 §1 measures the memory), and the small encoder we use below has:
 
 # %%
 model = zoo.get("bert_tiny")
@@ -253,7 +239,7 @@ fig
 # stream: most requests are short, and that is where halvings put their gears. Four gears already bring the
 # waste from about 4× (everything padded to 512) to about 1.4×. Beyond four, halvings stop helping (their new
 # gears, 32 tokens and below, are where few requests are), while equal steps keep splitting the wide gaps at the top.
-# Neither rule knows the distribution; gears placed at quantiles of real traffic would do better than both.
+# Neither rule knows the distribution; gears chosen for the real traffic can do better than both (Exercise 2).
 #
 # **Is padding exact?** BERT adds `(1 - attention_mask) × -10000` to the attention scores before the softmax.
 # A padded position has mask 0, so its score drops by 10000, and `exp(-10000)` is exactly 0 in fp32 (the
@@ -271,7 +257,7 @@ print("smallest positive fp32 (subnormal):", np.finfo(np.float32).smallest_subno
 # to 511 we run the exact shape, then the same request padded to its gear (`dynamic_shapes.pad_feeds`: input ids with the
 # [PAD] id 0, mask with 0) and sliced back (`dynamic_shapes.unpad`), and compare every value at the real positions with
 # fp32 tolerances (rtol 1e-4, atol 1e-5, unscaled). Twice: on the same dynamic-shape session, and on a static
-# session built for the gear (`dynamic_shapes.static_session`, section 4).
+# session built for the gear (`dynamic_shapes.static_session`, notebook 21 §1).
 
 # %%
 fused = fuse(model, passes=("vertical",))
@@ -316,16 +302,16 @@ print(f"padded on the static gear session vs exact on the dynamic one: {max(c[3]
 # On the same session the padded run agrees to the last bit on this machine: the zero attention weights add
 # exact zeros. The static session differs in the last digits (the cell above prints by how much), not because of
 # padding but because it runs different
-# kernels, as section 4 shows. Both are far inside fp32 tolerance.
+# kernels, as notebook 21 §1 shows. Both are far inside fp32 tolerance.
 
 # %% [markdown]
 # ## Summary
 #
 # - A static-shape compiler compiles per input shape: bound the shapes with gears (ATC's `--dynamic_dims`) or
-#   compile for a range, and key a cache by the shape tuple with a bound on its size.
-# - Padding up to a gear is exact with the attention mask, checked on a real BERT encoder at every gear.
-# - Measured here, a compilation costs many runs and padding costs time; the seed's ×2.1 cannot be reproduced
-#   without its baseline and workload.
+#   compile for a range; key a cache of compiled models by the shape tuple itself, and bound its size.
+# - Gears trade compilations for padding: four halvings of 512 cut the waste on our stream from about 4× (one
+#   static model) to about 1.4×; gears that know the distribution can do better.
+# - Padding up to a gear is exact thanks to the attention mask, checked on a real BERT encoder at every gear.
 #
 # ## Exercises
 #
@@ -349,17 +335,17 @@ def padded_waste(lengths, gears):
 exercises.gears.check(padded_waste)
 
 # %% [markdown]
-# **Exercise 2: compilations of a bounded cache.** Write `compilations(shapes, capacity)`: how many times a cache
-# of compiled models compiles over the stream `shapes` when it holds at most `capacity` of them (None: no bound) and,
-# when full, evicts the least recently used, as `ShapeCache` does (§2, notebook 21 §2); write the eviction yourself. Key it by
-# `dynamic_shapes.shape_key(shape)`: the hidden streams spell one shape as a tuple, a list and with NumPy ints, and
-# include capacity 1, the seed's unbounded cache, and three gears cycling through room for two.
+# **Exercise 2: the gears that pad a stream least.** Write `best_gears(lengths, k)`: at most `k` gears under which the
+# stream computes the fewest tokens (the waste of Exercise 1 and §3). An optimal gear sits at some request's length
+# and the top one at the longest; trying every combination of lengths is fast enough for the hidden streams (at most
+# three gears). They include two clusters, a longest request short of 512 tokens, more gears than distinct lengths,
+# and a stream like §2's; several sets can be optimal, and any of them passes.
 
 # %%
-def compilations(shapes, capacity):
-    """Misses (= compilations) of an LRU cache of `capacity` compiled shapes over the stream."""
+def best_gears(lengths, k):
+    """At most k gears (token counts) that minimise the tokens computed over the stream."""
     ...  # your code here
 
 
 # %%
-exercises.lru.check(compilations)
+exercises.bestgears.check(best_gears)

@@ -3,20 +3,25 @@
 #
 # **What you will be able to do**
 #
-# 1. TODO
+# - measure with onnxruntime what compiling for one shape costs and gains: build time against run time, a static
+#   session against a dynamic one, and the shape knowledge apart from the extra fusion it enables;
+# - replay a stream of requests through four caching policies, in compilations and in seconds, and check the
+#   replay against a real run;
+# - say after how many requests compiling a shape of its own pays, and read the seed's "×2.1" for long sequences
+#   against measurements.
+#
+# Notebook 20 showed why a static-shape compiler compiles per shape, replaced the seed's cache with `ShapeCache`
+# (keyed by the shape, bounded), and padded requests to gears exactly. Here we measure what that costs. The
+# compiler is again onnxruntime: a session built for one fixed input shape is our "compiled model for one shape".
+# The setup re-creates notebook 20's fused BERT-tiny encoder, its dynamic-shape session, its stream of 2000
+# requests and its four gears.
 
 # %%
-import os
-import tempfile
 import time
-from collections import Counter
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
-from onnx import numpy_helper
 
-import fusionlab
 from fusionlab import exercises, seed_claims, zoo
 from fusionlab.lessons import dynamic_shapes
 from fusionlab.passes import fuse
@@ -27,6 +32,14 @@ from IPython.display import Markdown, display
 
 plt.rcParams["figure.dpi"] = 80
 
+# %%
+model = zoo.get("bert_tiny")
+fused_model = fuse(model, passes=("vertical",)).graph
+dynamic_sess = session(fused_model, "all")
+names = [o.name for o in dynamic_sess.get_outputs()]
+stream, GEARS = dynamic_shapes.request_lengths(2000), dynamic_shapes.gears(512, 4)
+print(f"{len(stream)} requests, median {int(np.median(stream))} tokens; gears {GEARS}")
+
 # %% [markdown]
 # ## 1. Measured: compiling for one shape with onnxruntime
 #
@@ -35,20 +48,14 @@ plt.rcParams["figure.dpi"] = 80
 # knowing every shape, and refuses inputs of any other shape, like an `.om` compiled for one gear. Building the
 # session (graph optimisation, kernel selection, weight pre-packing) is our "compile".
 #
-# What changes when the shapes are known? onnxruntime saves the graph it will actually run; count its ops:
+# What changes when the shapes are known? `dynamic_shapes.ort_ops` counts the ops of the graph onnxruntime saves
+# as the one it will actually run:
 
 # %%
-def ort_ops(make):
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "optimised.onnx"
-        make(path)
-        return Counter(n.op_type for n in fusionlab.load(path, check=False).topological_order())
-
-
-ops_dynamic = ort_ops(lambda p: session(fused_model, "all", optimized_path=p))
-ops_static = ort_ops(lambda p: dynamic_shapes.static_session(fused_model, {"batch": 1, "sequence": 128}, optimized_path=p))
-rows = [[op, str(ops_dynamic.get(op, 0)), str(ops_static.get(op, 0))]
-        for op in sorted(set(ops_dynamic) | set(ops_static)) if ops_dynamic.get(op, 0) != ops_static.get(op, 0)]
+ops_dynamic = dynamic_shapes.ort_ops(fused_model)
+ops_static = dynamic_shapes.ort_ops(fused_model, {"batch": 1, "sequence": 128})
+rows = [[op, str(ops_dynamic[op]), str(ops_static[op])]
+        for op in sorted(set(ops_dynamic) | set(ops_static)) if ops_dynamic[op] != ops_static[op]]
 print("ops that differ in the graph onnxruntime runs:")
 print("\n".join(text_table(["op", "dynamic", "static (128)"], rows)))
 
@@ -63,21 +70,13 @@ print("\n".join(text_table(["op", "dynamic", "static (128)"], rows)))
 # against the one dynamic session on the same input, interleaved (`timing.compare`: the ratio is the median of
 # per-round ratios, with a 95% confidence interval; > 1 means the static session is faster). One thread, so the
 # two cores do not blur the comparison. We also note how much memory each session adds to the process.
+#
+# **Predict first:** one build of a static session costs the time of how many of its runs, at 8 tokens and at 512?
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 GRID = (8, 16, 32, 64, 128, 256, 384, 512)
-
-
-def rss_mib():
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError):
-        return float("nan")  # not Linux: memory not measured
-
-
-rss_before = rss_mib()
+rss_before = dynamic_shapes.rss_mib()
 statics, build_s, cmp = {}, {}, {}
 for n in GRID:
     t0 = time.perf_counter()
@@ -86,7 +85,7 @@ for n in GRID:
     feeds = make_feeds(model, dims={"batch": 1, "sequence": n}, seed=n)
     cmp[n] = compare(lambda: dynamic_sess.run(names, feeds), lambda: statics[n].run(names, feeds),
                      min_time=0.3, label_a="dynamic", label_b="static")
-mib_per_session = (rss_mib() - rss_before) / len(GRID)
+mib_per_session = (dynamic_shapes.rss_mib() - rss_before) / len(GRID)
 t0 = time.perf_counter()
 session(fused_model, "all")
 dynamic_build_s = time.perf_counter() - t0
@@ -95,63 +94,31 @@ run_static = {n: c.b.median for n, c in cmp.items()}
 build_median = float(np.median(list(build_s.values())))
 
 print("\n".join(text_table(
-    ["length", "build (compile)", "run, dynamic", "run, static", "static speed-up (95% CI)", "1 build = N runs"],
-    [[str(n), f"{build_s[n] * 1e3:.1f} ms", f"{run_dynamic[n] * 1e3:.2f} ms", f"{run_static[n] * 1e3:.2f} ms",
-      f"{c.speedup:.2f}x ({c.ci_low:.2f}-{c.ci_high:.2f})", f"{build_s[n] / run_static[n]:.0f}"]
-     for n, c in cmp.items()])))
+    ["length", "build", "run, dynamic", "per token", "run, static", "static speed-up (95% CI)", "verdict",
+     "1 build = N runs"],
+    [[str(n), f"{build_s[n] * 1e3:.1f} ms", f"{run_dynamic[n] * 1e3:.2f} ms", f"{run_dynamic[n] / n * 1e6:.0f} µs",
+      f"{run_static[n] * 1e3:.2f} ms", f"{c.speedup:.2f}x ({c.ci_low:.2f}-{c.ci_high:.2f})", c.verdict(brief=True),
+      f"{build_s[n] / run_static[n]:.0f}"] for n, c in cmp.items()])))
 print(f"dynamic session build: {dynamic_build_s * 1e3:.1f} ms; memory per static session: {mib_per_session:.1f} MiB")
-runs_per_build = {n: build_s[n] / run_static[n] for n in GRID}
-verdicts = {}
-for n, c in cmp.items():
-    verdicts.setdefault(c.verdict(brief=True), []).append(str(n))
-per_token = {n: run_dynamic[n] / n for n in GRID}
 run_at = dynamic_shapes.interpolate(run_dynamic)
-half = GRID[-1] // 2  # on the grid too
+padded = run_at(128) / run_at(65)
 display(Markdown(
-    f"Run time per token, dynamic session: {per_token[GRID[0]] * 1e6:.0f} µs at {GRID[0]} tokens, "
-    f"{min(per_token.values()) * 1e6:.0f} µs at its lowest ({min(per_token, key=per_token.get)} tokens), "
-    f"{per_token[GRID[-1]] * 1e6:.0f} µs at {GRID[-1]}; doubling the length from {half} to {GRID[-1]} "
-    f"tokens multiplied the run time by {run_dynamic[GRID[-1]] / run_dynamic[half]:.2f}. "
-    f"A 65-token request padded to gear 128 runs {run_at(128) / run_at(65):.2f}× as long as at its own length "
-    f"(interpolated), for {128 / 65:.2f}× the tokens: "
-    + ("about in proportion" if abs(run_at(128) / run_at(65) / (128 / 65) - 1) < 0.05 else
-       "more than in proportion" if run_at(128) / run_at(65) > 128 / 65 else "less than in proportion")
-    + ".\n\n"
-    f"A build took {min(build_s.values()) * 1e3:.0f}–{max(build_s.values()) * 1e3:.0f} ms, the time of "
-    f"{min(runs_per_build.values()):.0f}–{max(runs_per_build.values()):.0f} runs of the static session (the most at "
-    f"{max(runs_per_build, key=runs_per_build.get)} tokens, the fewest at {min(runs_per_build, key=runs_per_build.get)}). "
-    f"Static against dynamic, per length: "
-    + "; ".join(f"{v} at {', '.join(ns)} tokens" for v, ns in verdicts.items()) + "."))
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-ax1.loglog(GRID, [run_dynamic[n] * 1e3 for n in GRID], "o-", label="run, dynamic session")
-ax1.loglog(GRID, [run_static[n] * 1e3 for n in GRID], "s-", label="run, static session")
-ax1.loglog(GRID, [build_s[n] * 1e3 for n in GRID], "^--", label="build a static session")
-ax1.set(xlabel="sequence length (tokens)", ylabel="ms", title="compile once vs run: BERT-tiny, 1 thread")
-ax1.legend(fontsize="small")
-ratios = [cmp[n].speedup for n in GRID]
-err = [[cmp[n].speedup - cmp[n].ci_low for n in GRID], [cmp[n].ci_high - cmp[n].speedup for n in GRID]]
-ax2.errorbar(GRID, ratios, yerr=err, fmt="o-", capsize=3)
-ax2.axhline(1, color="black", lw=1, ls="--")
-ax2.set(xscale="log", xlabel="sequence length (tokens)", ylabel="time dynamic / time static",
-        title="static-shape session speed-up (95% CI)")
-fig.tight_layout()
-plt.close(fig)
-fig
+    f"A 65-token request padded to gear 128 runs {padded:.2f}× as long as at its own length (interpolated), for "
+    f"{128 / 65:.2f}× the tokens: " + ("about in proportion." if abs(padded / (128 / 65) - 1) < 0.05 else
+                                       "more than in proportion." if padded > 128 / 65 else "less than in proportion.")))
 
 # %% [markdown]
 # Three things to read off (the numbers are this machine's, printed above):
 #
-# 1. **A compilation costs many runs** (the range is under the table). We have not measured ATC; generating kernels
+# 1. **A compilation costs many runs** (the table's last column). We have not measured ATC; generating kernels
 #    for every operator is far more work than an onnxruntime session build, so expect a larger ratio there.
 #    Compiling while requests wait, as the seed's cache does on every new length, is expensive.
-# 2. **Padding costs real time.** Run time grows with the length, but not linearly: at short lengths a fixed cost
-#    per run weighs more, at long ones attention's work grows with the square of the length. The paragraph under
-#    the table sets the time of a 65-token request padded to gear 128 against its tokens. So section 3's waste
-#    (computed / useful *tokens*) is only a proxy for the time padding wastes; section 6 measures that time.
-# 3. **Does knowing the shape make the static session faster?** The verdicts under the table do not isolate the
+# 2. **Padding costs real time.** Run time grows with the length, but not linearly (the time per token): at short
+#    lengths a fixed cost per run weighs more, at long ones attention's work grows with the square of the length.
+#    The line under the table sets the time of a 65-token request padded to gear 128 against its tokens. So
+#    notebook 20 §3's waste (computed / useful *tokens*) is only a proxy for the time padding wastes; §3 measures
+#    that time.
+# 3. **Does knowing the shape make the static session faster?** The table's verdicts do not isolate the
 #    shape: the static graph also fuses one more `Add` + LayerNorm into a `SkipLayerNormalization`, whose CPU kernel
 #    is not necessarily faster than the ops it replaces. To separate them, time four sessions interleaved: dynamic
 #    and static, each with and without `SkipLayerNormFusion`. Disabling it removes every `SkipLayerNormalization`,
@@ -162,11 +129,8 @@ fig
 
 # %%
 NO_SKIP = ("SkipLayerNormFusion",)
-for kind, make in (("dynamic", lambda p, off=(): session(fused_model, "all", disabled_optimizers=off,
-                                                           optimized_path=p)),
-                   ("static", lambda p, off=(): dynamic_shapes.static_session(
-                       fused_model, {"batch": 1, "sequence": 64}, disable=off, optimized_path=p))):
-    on, off = ort_ops(make), ort_ops(lambda p: make(p, NO_SKIP))
+for kind, dims in (("dynamic", None), ("static", {"batch": 1, "sequence": 64})):
+    on, off = dynamic_shapes.ort_ops(fused_model, dims), dynamic_shapes.ort_ops(fused_model, dims, disable=NO_SKIP)
     k = on["SkipLayerNormalization"]
     diff = ", ".join(f"{op} {off[op] - on[op]:+d}" for op in sorted(set(on) | set(off)) if off[op] != on[op])
     print(wrap(f"{kind}: {k} SkipLayerNormalization kernels, {off['SkipLayerNormalization']} with "
@@ -186,16 +150,10 @@ for n in (64, 512):
     split[n] = {"shape knowledge alone": pair("dynamic, no skip", "static, no skip"),
                 "the fusion, dynamic": pair("dynamic, no skip", "dynamic"),
                 "the fusion, static": pair("static, no skip", "static"),
-                "as in section 4 (static fuses one more)": pair("dynamic", "static")}
+                "as in the table (static fuses one more)": pair("dynamic", "static")}
     for what, c in split[n].items():
         print(wrap(f"length {n}, {what}: {c.label_a} / {c.label_b} {c.speedup:.2f}x ({c.ci_low:.2f}-{c.ci_high:.2f})"
                    f" -> {c.verdict(brief=True)}"))
-display(Markdown("What the split shows on this run: " + "; ".join(
-    f"at {n} tokens the shape knowledge alone gives {c['shape knowledge alone'].speedup:.2f}× "
-    f"({c['shape knowledge alone'].ci_low:.2f}–{c['shape knowledge alone'].ci_high:.2f}, "
-    f"{c['shape knowledge alone'].verdict(brief=True)}), the fusion in the static session "
-    f"{c['the fusion, static'].speedup:.2f}× ({c['the fusion, static'].verdict(brief=True)})" for n, c in split.items())
-    + " (ratios are the first session's time over the second's)."))
 
 # %% [markdown]
 # The fusion lines are no verdict on fusion in general: they measure one onnxruntime CPU kernel against the ops it
@@ -214,7 +172,7 @@ display(Markdown("What the split shows on this run: " + "; ".join(
 # - **gears**: pad up to one of the four gears, a cache of capacity 4 (all gears) or 2 (too small);
 # - **one static model**: everything padded to 512, the simplest static deployment (one gear);
 # - **one dynamic session**: compiled once, every request runs at its own length (as ATC's shape-range mode of
-#   section 1 does).
+#   notebook 20 §1 does).
 
 # %%
 def policies(run_static=None, run_dynamic=None, build=None, dynamic_build=None):
@@ -236,7 +194,7 @@ print(dynamic_shapes.replay_table(policies()))
 # again a few requests later and recompiles hundreds of times. Bound the number of shapes first (gears), then
 # size the cache to hold them all.
 #
-# Now the same replay in seconds, using the costs measured in section 4: the static run time at each computed
+# Now the same replay in seconds, using the costs measured in §1: the static run time at each computed
 # length (interpolated between the grid points), the median build time per compilation, and for the dynamic
 # policy its own run times and one build.
 
@@ -290,12 +248,12 @@ display(Markdown(
     f"The compilation count is exact by construction. The seconds are not: measured over predicted is "
     f"{ratio:.2f}×. The two lines under the total split it: this loop's builds took {build_ratio:.2f}× "
     f"what the replay charged for them, its runs {runs_ratio:.2f}×. The replay charges every compilation the median "
-    f"build time of section 4, and single builds there ranged from {spread[0]:.2f}× to {spread[1]:.2f}× that median: "
+    f"build time of §1, and single builds there ranged from {spread[0]:.2f}× to {spread[1]:.2f}× that median: "
     + ("the builds' miss lies within that range, so the build times fed in can account for it. "
        if spread[0] <= build_ratio <= spread[1] else
-       "the builds' miss lies outside even that range, so section 4's build times do not represent these "
+       "the builds' miss lies outside even that range, so §1's build times do not represent these "
        "builds: a systematic difference, not their spread. ")
-    + ("The runs' miss the build times do not explain: the replay charges each run the median of section 4's warm "
+    + ("The runs' miss the build times do not explain: the replay charges each run the median of §1's warm "
        "runs, while this loop also pads its feeds and runs every freshly built session cold once (neither is "
        "measured apart here). " if abs(runs_ratio - 1) > 0.1 else "")
     + "The replay's seconds are as good as the measured costs fed into it, and no better."))
@@ -315,13 +273,13 @@ print(seed_claims.claim("s51-bert-2.1x").summary())
 #   little padding to avoid:
 
 # %%
-long_stream = request_lengths(2000, seed=1, median=384, sigma=0.25, min_len=257)
+long_stream = dynamic_shapes.request_lengths(2000, seed=1, median=384, sigma=0.25, min_len=257)
 for name, s in ((f"our stream (median {int(np.median(stream))})", stream), ("long sequences (257-512)", long_stream)):
     w = 512 * len(s) / s.sum()
     print(f"{name:<26} padding to 512 computes {w:.2f}x the useful tokens")
 
 # %% [markdown]
-# Measured throughput, from the run times of section 4 (no compilation counted, as if every model were
+# Measured throughput, from the run times of §1 (no compilation counted, as if every model were
 # already compiled), relative to one static model padded to 512:
 
 # %%
@@ -344,7 +302,7 @@ display(Markdown(
     f"For the long stream, padding to 512 computes {long_w:.2f}× the useful tokens, and exact shapes run it "
     f"{speedups['long sequences (257-512)']:.2f}× as fast as padding everything to 512, "
     + ("short of" if speedups["long sequences (257-512)"] < 2.1 else "not short of")
-    + f" the seed's 2.1×. Section 4's largest static-over-dynamic "
+    + f" the seed's 2.1×. §1's largest static-over-dynamic "
     f"ratio on the grid: {cmp[best].speedup:.2f}× ({cmp[best].ci_low:.2f}–{cmp[best].ci_high:.2f}) at {best} "
     f"tokens; the shape knowledge alone, with the extra fusion off in both sessions: "
     + ", ".join(f"{c.speedup:.2f}× ({c.ci_low:.2f}–{c.ci_high:.2f}) at {n} tokens" for n, c in alone.items()) + "."))
@@ -356,19 +314,65 @@ display(Markdown(
 # - On long sequences, padding to 512 computes only about a third more tokens than needed; the time exact shapes
 #   save (under the table) differs from that ratio by fixed costs, attention's square term and this machine's
 #   noise. Our four gears do nothing for this stream (every request falls into the 512 gear); gears for long
-#   traffic would sit at, say, `320/384/448/512`. The dynamic session's figure also holds section 4's kernel
+#   traffic would sit at, say, `320/384/448/512`. The dynamic session's figure also holds §1's kernel
 #   difference.
 # - So a ×2.1 *for long sequences* is hard to get from avoiding padding alone, with BERT's maximum of 512 tokens:
-#   it would have to come from kernels compiled per shape being faster, which on this CPU is section 4's ratio
+#   it would have to come from kernels compiled per shape being faster, which on this CPU is §1's ratio
 #   (under the table). On an Ascend NPU it may well differ, but that is the measurement the seed does not give,
 #   and we cannot make it without the hardware.
 #
 # %% [markdown]
 # ## Summary
 #
-# * TODO
-
-# %% [markdown]
+# - Measured with onnxruntime, compiling for one shape costs the time of many runs, and padding costs run time
+#   that the padded tokens only approximate; four sessions timed interleaved separate what the known shape gives
+#   from the extra fusion it enables.
+# - Replayed over the stream, the seed's per-length cache compiles once per distinct length and four gears four
+#   times, while an LRU cache with room for fewer than its gears recompiles hundreds of times; the replay's seconds
+#   are only as good as the measured costs fed into it.
+# - The seed's ×2.1 for long sequences is hard to get from avoiding padding alone at BERT's 512 tokens: it needs
+#   kernels compiled per shape to be faster, a measurement on the device that the seed does not give.
+#
 # ## Exercises
 #
-# TODO
+# The exercises check themselves: write your answer in the cell under each task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
+#
+# **Exercise 1: compilations of a bounded cache.** Write `compilations(shapes, capacity)`: how many times a cache
+# of compiled models compiles over the stream `shapes` when it holds at most `capacity` of them (None: no bound) and,
+# when full, evicts the least recently used, as `ShapeCache` does (notebook 20 §2; §2's replay uses it); write the
+# eviction yourself. Key it by `dynamic_shapes.shape_key(shape)`: the hidden streams spell one shape as a tuple, a
+# list and with NumPy ints, and include capacity 1, the seed's unbounded cache, and three gears cycling through room
+# for two.
+
+# %%
+def compilations(shapes, capacity):
+    """Misses (= compilations) of an LRU cache of `capacity` compiled shapes over the stream."""
+    ...  # your code here
+
+
+# %%
+exercises.lru.check(compilations)
+
+# %% [markdown]
+# **Exercise 2: when compiling a shape pays.** Requests of one `length` keep arriving, and their gear's model is
+# compiled already. Write `break_even(length, gears, run_seconds, build_seconds)`: the fewest requests for which
+# compiling the length's own shape (one build, then runs at the length) costs no more in total than running them
+# padded to the gear, or `math.inf` if it never does. `run_seconds` is {length: seconds} like §1's `run_static`
+# (read it between the points as `dynamic_shapes.interpolate` does), `build_seconds` one compile. The hidden cases
+# include a tie, a length equal to its gear, a gear measured faster than the length, and gears out of order. Then
+# try `break_even(65, GEARS, run_static, build_median)`.
+
+# %%
+import math
+
+
+def break_even(length, gears, run_seconds, build_seconds):
+    """The fewest requests of `length` after which compiling its own shape pays, or math.inf."""
+    ...  # your code here
+
+
+# %%
+exercises.breakeven.check(break_even)

@@ -1,4 +1,4 @@
-"""The second exercise of notebook 20: how many compilations a bounded cache of compiled shapes does."""
+"""The first exercise of notebook 21: how many compilations a bounded cache of compiled shapes does."""
 
 from collections import OrderedDict
 

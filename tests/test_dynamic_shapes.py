@@ -267,3 +267,51 @@ def test_static_session_can_skip_an_onnxruntime_fusion(tiny_bert, tmp_path):
         ops[disable] = {n.op_type for n in onnx.load(path).graph.node}
     assert "SkipLayerNormalization" in ops[()]  # onnxruntime fuses Add + LayerNorm once shapes are known
     assert "SkipLayerNormalization" not in ops[("SkipLayerNormFusion",)]
+
+
+# --------------------------------------------------------------------------------------------------
+# the best gears, the request stream, what onnxruntime runs
+# --------------------------------------------------------------------------------------------------
+
+def test_best_gears_is_the_brute_force_optimum():
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        lengths = [int(n) for n in rng.integers(1, 60, int(rng.integers(1, 14)))]
+        k = int(rng.integers(1, 5))
+        got = D.best_gears(lengths, k)
+        distinct = sorted(set(lengths))
+        kk = min(k, len(distinct))
+        best = min(sum(D.gear_for(n, s + (distinct[-1],)) for n in lengths)
+                   for s in itertools.combinations(distinct[:-1], kk - 1))
+        assert len(got) == kk and got[-1] == max(lengths) and set(got) <= set(lengths)
+        assert sum(D.gear_for(n, got) for n in lengths) == best
+
+
+def test_best_gears_beats_halvings_on_the_stream_and_checks_its_arguments():
+    stream = D.request_lengths(2000)
+    assert D.replay(stream, "gears", gears=D.best_gears(stream, 4)).waste <= D.replay(stream, "gears",
+                                                                                       gears=D.gears(512, 4)).waste
+    for bad in (([], 2), ([5, 0], 2), ([5], 0)):
+        with pytest.raises(ValueError):
+            D.best_gears(*bad)
+
+
+def test_request_lengths_are_seeded_and_clipped():
+    a, b = D.request_lengths(500), D.request_lengths(500)
+    assert (a == b).all() and a.min() >= 8 and a.max() <= 512 and a.dtype.kind == "i"
+    long = D.request_lengths(500, seed=1, median=384, sigma=0.25, min_len=257)
+    assert long.min() >= 257 and not (long == D.request_lengths(500, seed=2, median=384, sigma=0.25,
+                                                                min_len=257)).all()
+
+
+def test_ort_ops_counts_what_onnxruntime_runs(tiny_bert):
+    dynamic, static = D.ort_ops(tiny_bert), D.ort_ops(tiny_bert, {"batch": 1, "sequence": 16})
+    assert dynamic != static and sum(dynamic.values()) > 0
+    off = D.ort_ops(tiny_bert, disable=("SkipLayerNormFusion",))
+    assert off["SkipLayerNormalization"] == 0 < dynamic["SkipLayerNormalization"]
+
+
+def test_rss_is_a_positive_number_of_mib_on_linux():
+    import sys
+    if sys.platform.startswith("linux"):
+        assert 1 < D.rss_mib() < 1e6

@@ -74,7 +74,7 @@ def test_utilisation_wants_two_numbers():
     assert v.status == core.FAIL and "(compute, bandwidth)" in v.hint
 
 
-# -- gears (15) -----------------------------------------------------------------------------------------------------
+# -- gears (20) -----------------------------------------------------------------------------------------------------
 
 def test_gears_truth_is_the_lessons_gear_for_and_replay():
     for case in gears.CASES:
@@ -91,7 +91,7 @@ def test_gears_slightly_off_fails():
     assert v.status == core.FAIL and v.passed == 0
 
 
-# -- lru (15) -------------------------------------------------------------------------------------------------------
+# -- lru (20) -------------------------------------------------------------------------------------------------------
 
 def test_lru_truth_is_the_lessons_cache_and_replay():
     stream = lru.CASES[-1].data

@@ -7,18 +7,18 @@ NOT ANSWERED YET for the stub) and the grading loop, once; each topic is a modul
 `roofline` and `tiles` (07), `softmax` and `moments` (09), `attnbytes` and `flashtile` (10), `kvcache` and `rotary`
 (11), `decoderops` and `tokenrate` (12), `qparams` and `requant` (13), `qkernels` and `qadd` (14), `agreement` and
 `atcswitch` (15), `prototype` and `pykernel` (16), `idle` and `hotspot` (17), `workspace` and `utilisation` (18),
-`buffers` and `pipeline` (19), `gears` and `lru` (20).
+`buffers` and `pipeline` (19), `gears` and `bestgears` (20), `lru` and `breakeven` (21).
 Reference answers and planted wrong ones live outside the package, in the repository's `solutions/`.
 """
 
-from . import (agreement, atcswitch, attnbytes, bnaffine, buffers, decoderops, flashtile, folding, gears, gelu,
-    hardswish, hotspot, idle, kvcache, levels, lru, moments, pipeline, plans, postdom, prototype, pykernel, qadd,
-    qkernels, qkv, qparams, requant, roofline, rotary, rules, siblings, skipln, softmax, thresholds, tiles,
-    tokenrate, traffic, transposed, utilisation, workspace)
+from . import (agreement, atcswitch, attnbytes, bestgears, bnaffine, breakeven, buffers, decoderops, flashtile,
+    folding, gears, gelu, hardswish, hotspot, idle, kvcache, levels, lru, moments, pipeline, plans, postdom,
+    prototype, pykernel, qadd, qkernels, qkv, qparams, requant, roofline, rotary, rules, siblings, skipln, softmax,
+    thresholds, tiles, tokenrate, traffic, transposed, utilisation, workspace)
 from .core import Case, Verdict
 
 __all__ = ["Case", "Verdict", "bnaffine", "levels", "traffic", "hardswish", "folding", "transposed", "rules",
            "plans", "gelu", "skipln", "qkv", "siblings", "thresholds", "postdom", "roofline", "tiles", "softmax",
            "moments", "attnbytes", "flashtile", "kvcache", "rotary", "decoderops", "tokenrate", "qparams",
            "requant", "qkernels", "qadd", "agreement", "atcswitch", "prototype", "pykernel", "idle", "hotspot",
-           "workspace", "utilisation", "buffers", "pipeline", "gears", "lru"]
+           "workspace", "utilisation", "buffers", "pipeline", "gears", "bestgears", "lru", "breakeven"]

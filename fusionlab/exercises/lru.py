@@ -1,12 +1,12 @@
-"""Exercise: how many compilations a bounded cache of compiled shapes does (notebook 20).
+"""Exercise: how many compilations a bounded cache of compiled shapes does (notebook 21).
 
 The learner writes ``compilations(shapes, capacity) -> int``: a stream of input shapes goes through a cache of
 compiled models that holds at most `capacity` of them (None: unbounded, the seed's cache) and, when full, evicts the
 least recently used one; every miss is a compilation. Shapes arrive spelled as tuples, lists or with NumPy ints, and
-equal shapes are one entry (§2's flaw 2: key by `dynamic_shapes.shape_key`). `check(compilations)` grades it on
-hidden streams against the lesson's own cache, `fusionlab.lessons.dynamic_shapes.ShapeCache` (its `misses`), and
-names the likely mistake: first-in-first-out eviction (a hit that does not refresh recency), the most recent entry
-evicted, the capacity ignored, shapes keyed by their spelling, or evictions counted instead of compilations.
+equal shapes are one entry (notebook 20 §2's flaw 2: key by `dynamic_shapes.shape_key`). `check(compilations)`
+grades it on hidden streams against the lesson's own cache, `fusionlab.lessons.dynamic_shapes.ShapeCache` (its
+`misses`), and names the likely mistake: first-in-first-out eviction (a hit that does not refresh recency), the most
+recent entry evicted, the capacity ignored, shapes keyed by their spelling, or evictions counted instead of compilations.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def expected(c: CacheCase) -> int:
 
 
 def _gear_stream(n: int, seed: int) -> tuple[tuple[int, int], ...]:
-    """`n` requests like §2's stream, each as the (batch, gear) shape it is padded to (pow2 gears of 512)."""
+    """`n` requests like notebook 20's stream, each as the (batch, gear) shape it is padded to (pow2 gears of 512)."""
     rng = np.random.default_rng(seed)
     lengths = np.clip(np.round(rng.lognormal(np.log(96), 0.8, n)), 8, 512).astype(int)
     return tuple((1, gear_for(int(n), gears(512, 4))) for n in lengths)
@@ -57,7 +57,7 @@ CASES = (
          CacheCase(((1, 128), [1, 128], (1, np.int64(128)), [np.int64(1), 64], (1, 64), (1, 128)), 2)),
     Case("three gears cycling through room for two: LRU evicts the one needed next",
          CacheCase((A, B, C) * 4, 2)),
-    Case("2000 requests like §2's stream padded to pow2 gears, LRU 2", CacheCase(_gear_stream(2000, 5), 2)),
+    Case("2000 requests like notebook 20's stream padded to pow2 gears, LRU 2", CacheCase(_gear_stream(2000, 5), 2)),
 )
 
 

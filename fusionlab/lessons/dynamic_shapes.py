@@ -25,21 +25,25 @@ from __future__ import annotations
 import bisect
 import math
 import os
+import tempfile
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Generic, Hashable, Iterable, Mapping, Sequence, TypeVar, Union
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
+from ..graph import load
 from ..text import text_table
 from ..verification import runtime
 
 __all__ = [
-    "MAX_GEARS", "POLICIES", "gears", "gear_for", "atc_dynamic_dims", "shape_key", "ShapeCache", "pad_feeds", "unpad",
-    "verify_padding", "symbolic_dims", "static_session", "interpolate", "ReplayResult", "replay", "replay_table",
+    "MAX_GEARS", "POLICIES", "gears", "gear_for", "best_gears", "atc_dynamic_dims", "request_lengths", "shape_key",
+    "ShapeCache", "pad_feeds", "unpad", "verify_padding", "symbolic_dims", "static_session", "ort_ops", "rss_mib",
+    "interpolate", "ReplayResult", "replay", "replay_table",
 ]
 
 #: ATC accepts from 2 to 100 gears in ``--dynamic_dims``; one "gear" is simply a static model.
@@ -95,6 +99,50 @@ def gear_for(length: int, gears: Sequence[int]) -> int:
         raise ValueError(f"length {length} exceeds the largest gear {ordered[-1]}: "
                          f"truncate the request or compile a larger gear")
     return ordered[i]
+
+
+def best_gears(lengths: Iterable[int], k: int) -> tuple[int, ...]:
+    """The at most `k` gears that pad `lengths` least: the fewest computed tokens, each request on `gear_for`.
+
+    An optimal gear sits at some request's length (lowering a gear to the longest request it serves
+    pads less), and the top gear at the longest request. Over the distinct lengths sorted, a dynamic
+    programme finds the cheapest split into `k` runs, each served by its last length. With `k` at
+    least the number of distinct lengths, every length is its own gear and nothing is padded.
+    Ties go to the lowest gears.
+    """
+    counts = Counter(int(n) for n in lengths)
+    if not counts:
+        raise ValueError("no request lengths given")
+    if min(counts) < 1:
+        raise ValueError(f"request lengths must be >= 1, got {min(counts)}")
+    if not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    u = np.array(sorted(counts), dtype=np.int64)
+    before = np.concatenate([[0], np.cumsum([counts[int(x)] for x in u])])  # requests shorter than u[j]: before[j]
+    m, k = len(u), min(int(k), len(u))
+    cost = u * before[1:]  # one gear at u[j] serving every request up to u[j]
+    back = np.zeros((k, m), dtype=np.int64)
+    for t in range(1, k):
+        new = np.full(m, np.iinfo(np.int64).max)
+        for j in range(t, m):
+            i = np.arange(t - 1, j)  # the previous gear sits at u[i]
+            c = cost[i] + u[j] * (before[j + 1] - before[i + 1])
+            best = int(np.argmin(c))
+            new[j], back[t, j] = c[best], i[best]
+        cost = new
+    out, j = [], m - 1
+    for t in reversed(range(k)):
+        out.append(int(u[j]))
+        j = int(back[t, j])
+    return tuple(sorted(out))
+
+
+def request_lengths(n: int, seed: int = 0, *, median: float = 96, sigma: float = 0.8, min_len: int = 8,
+                    max_len: int = 512) -> np.ndarray:
+    """`n` token counts of a seeded request stream: log-normal (parameter `median`, spread `sigma`), rounded,
+    clipped to `min_len`..`max_len` (BERT's 512 by default): notebook 20's stream of 2000 requests."""
+    rng = np.random.default_rng(seed)
+    return np.clip(np.round(rng.lognormal(np.log(median), sigma, n)), min_len, max_len).astype(int)
 
 
 def atc_dynamic_dims(input_shape: Mapping[str, Sequence[int]], gears: Sequence[int]) -> str:
@@ -323,6 +371,27 @@ def static_session(model, dims: Mapping[str, int], *, level: str = "all", thread
     if disable:
         so.add_session_config_entry("optimization.disable_specified_optimizers", ",".join(disable))
     return runtime.session(model, level, threads, session_options=so, optimized_path=optimized_path)
+
+
+def ort_ops(model, dims: Mapping[str, int] | None = None, *, disable: Sequence[str] = ()) -> Counter:
+    """{op type: count} of the graph onnxruntime runs at level "all": a dynamic session, or with `dims` a
+    `static_session` for that shape; `disable` names onnxruntime transformers to skip (e.g. "SkipLayerNormFusion")."""
+    with tempfile.TemporaryDirectory(prefix="fusionlab-ort-") as tmp:
+        path = Path(tmp) / "optimised.onnx"
+        if dims is None:
+            runtime.session(model, "all", disabled_optimizers=tuple(disable), optimized_path=path)
+        else:
+            static_session(model, dims, disable=disable, optimized_path=path)
+        return Counter(n.op_type for n in load(path, check=False).topological_order())
+
+
+def rss_mib() -> float:
+    """This process's resident memory in MiB (Linux's /proc/self/statm); NaN where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, AttributeError):
+        return float("nan")
 
 
 # --------------------------------------------------------------------------------------------------

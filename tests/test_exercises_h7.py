@@ -91,7 +91,7 @@ def test_gears_slightly_off_fails():
     assert v.status == core.FAIL and v.passed == 0
 
 
-# -- lru (20) -------------------------------------------------------------------------------------------------------
+# -- lru (21) -------------------------------------------------------------------------------------------------------
 
 def test_lru_truth_is_the_lessons_cache_and_replay():
     stream = lru.CASES[-1].data

@@ -51,7 +51,8 @@
 # | [04_vertical_transformer](04_vertical_transformer.ipynb) | the same on a transformer export (BERT as torch writes it): BiasGelu, LayerNorm, fused attention, and measured selection |
 # | [05_horizontal_fusion](05_horizontal_fusion.ipynb) | fuse sibling branches that read the same input (concatenated weights) |
 # | [06_mixed_fusion](06_mixed_fusion.ipynb) | both at once, on real topologies (residual blocks, attention) |
-# | [08_fusion_thresholds](08_fusion_thresholds.ipynb) | when fusion stops paying: a cost model, buffer capacity, peak memory, the "more than 5 ops" rule |
+# | [07_cost_model](07_cost_model.ipynb) | a roofline cost model: devices, kernels, the working set in tiles, a plan's cost on every device |
+# | [08_fusion_thresholds](08_fusion_thresholds.ipynb) | when fusion stops paying: the over-fusion curve, peak memory, the "more than 5 ops" rule, predicted against measured |
 # | [09_reductions](09_reductions.ipynb) | fusing through reductions: softmax, LayerNorm and attention (FlashAttention), measured against the bandwidth |
 # | [11_decoding](11_decoding.ipynb) | LLM decoding: why one token at a time is bandwidth-bound, the KV cache, GQA, rotary, FlashDecoding, a decoder fused |
 # | [13_quantization](13_quantization.ipynb) | int8 models: QDQ pairs, what onnxruntime fuses them into, why BN is folded first, AMCT and ATC |

@@ -283,7 +283,7 @@ CROSS_SPOILER_ALLOWED: dict[tuple[str, str, str], str] = {
 def cross_spoilers(sources: dict[str, list[tuple[str, str]]], claims=CLAIMS) -> list[str]:
     """A ledger summary printed in one notebook for a claim the ledger says a *later* notebook shows, in a section
     of it that asks a **Predict**: the earlier notebook answers the later one's question before it is asked (an
-    expert reader found notebook 06 printing the s42 verdict that notebook 07 §5 asks you to predict)."""
+    expert reader found notebook 06 printing the s42 verdict that notebook 08 §1 asks you to predict)."""
     def predicted_sections(cells):
         section, found = 0, set()
         for kind, text in cells:
@@ -330,7 +330,7 @@ def _allowed_still_matches(key, sources) -> bool:
 
 
 def test_a_planted_cross_notebook_spoiler_is_caught():
-    cid = "s42-split-above-5-ops"  # shown in notebook 07 §5, which asks a prediction
+    cid = "s42-split-above-5-ops"  # shown in notebook 08 §1, which asks a prediction
     early = [("code", f'print(seed_claims.claim("{cid}").summary())')]
     later = [("markdown", "## 5. The curve\n\n**Predict:** where is the minimum?"), ("code", "print(sweep)")]
     assert cross_spoilers({"06_mixed_fusion": early, "08_fusion_thresholds": later})

@@ -105,7 +105,7 @@ def main() -> int:
         "\n".join(notes),
         "**Attention**, batch 1, 4 heads of 64, one thread: onnxruntime `MultiHeadAttention` (level ALL) against the "
         "decomposed graph (MatMul, Mul, Softmax, MatMul; level ALL), and against itself with "
-        "`ORT_DISABLE_FLASH_ATTENTION=1`. Traffic ratio: the unfused/tiled bytes model of notebook 09 (1 MiB on chip).",
+        "`ORT_DISABLE_FLASH_ATTENTION=1`. Traffic ratio: the unfused/tiled bytes model of notebook 10 (1 MiB on chip).",
         markdown_table(["seq", "decomposed", "MHA", "MHA, no flash", "MHA vs decomposed", "flash vs no flash",
                         "traffic ratio (model)", "verdict"], att),
     ])

@@ -204,7 +204,7 @@ def offset_layernorm(n: int = 64, *, offset: float = 100.0, spread: float = 0.1,
 
     Rows far from zero mean with a small spread: the written-out graph subtracts the mean before it squares, so
     it keeps its accuracy; a kernel that takes the variance as E[x²] - E[x]² in one pass loses it. A model on
-    which onnxruntime's LayerNormFusion changes the outputs (notebook 18 walks `fusionlab blame` through it).
+    which onnxruntime's LayerNormFusion changes the outputs (notebook 17 walks `fusionlab blame` through it).
     """
     rng = np.random.default_rng(seed)
     inits = [tensor("spread", np.array(spread, dtype)), tensor("offset", np.array(offset, dtype)),

@@ -51,16 +51,21 @@
 # | [04_vertical_transformer](04_vertical_transformer.ipynb) | the same on a transformer export (BERT as torch writes it): BiasGelu, LayerNorm, fused attention, and measured selection |
 # | [05_horizontal_fusion](05_horizontal_fusion.ipynb) | fuse sibling branches that read the same input (concatenated weights) |
 # | [06_mixed_fusion](06_mixed_fusion.ipynb) | both at once, on real topologies (residual blocks, attention) |
-# | [07_cost_model](07_cost_model.ipynb) | a roofline cost model: devices, kernels, the working set in tiles, a plan's cost on every device |
-# | [08_fusion_thresholds](08_fusion_thresholds.ipynb) | when fusion stops paying: the over-fusion curve, peak memory, the "more than 5 ops" rule, predicted against measured |
-# | [09_reductions](09_reductions.ipynb) | fusing through reductions: softmax, LayerNorm and attention (FlashAttention), measured against the bandwidth |
-# | [11_decoding](11_decoding.ipynb) | LLM decoding: why one token at a time is bandwidth-bound, the KV cache, GQA, rotary, FlashDecoding, a decoder fused |
-# | [13_quantization](13_quantization.ipynb) | int8 models: QDQ pairs, what onnxruntime fuses them into, why BN is folded first, AMCT and ATC |
+# | [07_cost_model](07_cost_model.ipynb) | a roofline cost model: what a kernel costs on a device, from shapes alone, and working sets in tiles |
+# | [08_fusion_thresholds](08_fusion_thresholds.ipynb) | when fusion stops paying: the over-fusion curve, predictions against this CPU, the threshold explorer |
+# | [09_reductions](09_reductions.ipynb) | fusing through reductions: softmax and LayerNorm in one pass, measured against the bandwidth |
+# | [10_attention](10_attention.ipynb) | attention's N×N intermediate and the kernel that never writes it (FlashAttention), measured and modelled |
+# | [11_decoding](11_decoding.ipynb) | LLM decoding: why one token at a time is bandwidth-bound, the KV cache, GQA, rotary, FlashDecoding |
+# | [12_llama_decoder](12_llama_decoder.ipynb) | a LLaMA-style decoder fused: the same outputs, tokens per second, CANN's decoding operators |
+# | [13_quantization](13_quantization.ipynb) | int8 models: QDQ pairs, what onnxruntime fuses them into on a CNN, why BN is folded first |
+# | [14_quantized_transformer](14_quantized_transformer.ipynb) | int8 in a transformer, where fusion breaks quantization, AMCT and ATC |
 # | [15_real_compilers](15_real_compilers.ipynb) | IREE runs the graphs fused, TVM's FuseOps checks the mixed pass, CANN ATC's fusion report |
 # | [16_custom_op](16_custom_op.ipynb) | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
-# | [17_profiling](17_profiling.ipynb) | profile a model, find the gaps, fix them, and measure again |
+# | [17_profiling](17_profiling.ipynb) | profile a model: op tables, timelines, the profiler's own cost, before and after fusion, and `blame` for a fusion that changed an answer |
+# | [18_profiling_fixes](18_profiling_fixes.ipynb) | the seed's three fixes measured (launch gaps, allocation, utilisation) and its evaluation model on the Atlas presets |
 # | [19_double_buffering](19_double_buffering.ipynb) | overlap data movement with compute: the pipeline behind "+18%" |
-# | [20_dynamic_shapes](20_dynamic_shapes.ipynb) | caching compiled kernels by shape: gears, a bounded LRU cache, and the seed's "×2.1" |
+# | [20_dynamic_shapes](20_dynamic_shapes.ipynb) | dynamic shapes for a static-shape compiler: the seed's cache, its flaws, shape gears |
+# | [21_shape_cache](21_shape_cache.ipynb) | a bounded cache of compiled shapes: compile cost measured, four policies, the seed's "×2.1" |
 
 # %% [markdown]
 # ## One pipeline, every time

@@ -13,12 +13,11 @@
 # The method follows the MLC course: write the unfused computation in plain numpy, check it against the
 # engine, transform it, check again, and only then time it.
 #
-# **No Ascend hardware is available here.** The write-up's "40% fewer instructions" was measured on an
-# Atlas 300I Pro. We cannot repeat that measurement. Instead we count the work exactly, model the Atlas
-# 300I Pro from its published specifications (labelled as a prediction), and measure this CPU.
+# **No Ascend hardware is available here**, so the write-up's "40% fewer instructions", measured on an Atlas 300I
+# Pro, cannot be repeated: we count the work exactly, model the Atlas 300I Pro from its published specifications
+# (labelled as a prediction), and measure this CPU.
 
 # %%
-import matplotlib.pyplot as plt
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -66,9 +65,8 @@ z = derive.batch_norm(y, gamma, beta, mean, var, eps)
 print("conv output", y.shape, "  BN output", z.shape)
 
 # %% [markdown]
-# Before trusting a reference we check it against the engine. We build the same Conv→BN as an ONNX model
-# with `fusionlab.build` and run it in onnxruntime, with its graph optimisations off (`fusionlab.run` does
-# that by default), in fp32.
+# Before trusting the reference we check it against the engine: the same Conv→BN, built as an ONNX model with
+# `fusionlab.build`, run in fp32 by onnxruntime with its graph optimisations off (`fusionlab.run`'s default).
 
 # %%
 f32 = np.float32
@@ -183,14 +181,13 @@ for label, f in (("scaled on axis 0 (wrong)", wrong), ("scaled on axis 1 (right)
     print(f"{label:<26} max |error| = {err:.2g}" if err > 1e-12 else f"{label:<26} max |error| below 1e-12")
 
 # %% [markdown]
-# The unit tests (`tests/test_derive.py`) check these folds on random shapes with `hypothesis`: 1-D, 2-D and
-# 3-D, any group, with and without bias, random strides, pads and dilations, and ConvTranspose. They also
-# check `conv_nd` and `conv_transpose_nd` themselves against onnxruntime.
+# `tests/test_derive.py` checks these folds on random shapes with `hypothesis` (1-D to 3-D, any group, stride, pad
+# and dilation, with and without bias), and `conv_nd` and `conv_transpose_nd` themselves against onnxruntime.
 #
 # ## 4. Folding in fp16
 #
-# Inference on Ascend runs in fp16 (ATC converts fp32 models). fp16's largest value is 65504 and it has 11
-# bits of precision, so two questions arise:
+# Inference on Ascend runs in fp16 (ATC converts fp32 models). fp16's largest value is 65504 and it keeps about
+# three significant decimal digits, so two questions arise:
 #
 # - **overflow**: $s = \gamma/\sqrt{\sigma^2+\varepsilon}$ is large when a channel's variance is tiny (a "dead"
 #   channel), and $s\cdot W$ can exceed 65504, turning into `inf`;
@@ -205,11 +202,10 @@ report = derive.fold_fp16_report(W, b, gamma, beta, mean, var, eps)
 print(report.summary())
 
 # %% [markdown]
-# Folding in fp64 and casting once is *correctly rounded*: its error is at most half an fp16 unit in the
-# last place, $2^{-11}\approx 4.9\times10^{-4}$. Folding in fp16 arithmetic compounds several roundings and
-# is worse. It can never be better, because no fp16 value lies closer to the exact result than the
-# correctly rounded one. So fold in float64 (or at least fp32) and cast once. That is the fix the write-up's
-# troubleshooting table gestures at with "accuracy anomaly → value range changed by fusion".
+# Folding in fp64 and casting once is *correctly rounded* (its error is at most half an fp16 unit in the last place,
+# $2^{-11}\approx 4.9\times10^{-4}$), so the fold in fp16 arithmetic can only be worse. Fold in float64 (or at least
+# fp32) and cast once: the fix the write-up's troubleshooting table gestures at with "accuracy anomaly → value range
+# changed by fusion".
 #
 # Now a channel with $\sigma^2 = 0$ (it never varied in training) and a large $\gamma$:
 
@@ -223,25 +219,21 @@ f16 = derive.fold_conv_bn(W.astype(np.float16), b.astype(np.float16), gamma_bad,
 print("fold_conv_bn flags it:", f16.overflow, "| inf weights in channel 3:", int(np.isinf(f16.weight[3]).sum()))
 
 # %% [markdown]
-# Folding in fp64 overflows only where the folded *value* exceeds 65504. Folding in fp16 arithmetic is worse:
-# the scale $s$ itself is already beyond 65504, so the whole channel, bias included, becomes `inf`. That is
-# why its relative error reads `inf`.
+# Folding in fp64 overflows only where the folded *value* exceeds 65504. In fp16 arithmetic the scale $s$ itself is
+# beyond 65504, so the whole channel, bias included, becomes `inf` (hence its relative error `inf`).
 #
-# Would the unfused model fare better in fp16? Not with this channel. A scale of 632,456 amplifies every
-# difference from the mean, so the *exact* BN outputs of channel 3 are themselves beyond fp16's range almost
-# everywhere:
+# Would the unfused model fare better in fp16? Not with this channel: a scale of 632,456 amplifies every difference
+# from the mean, so the *exact* BN outputs of channel 3 are themselves beyond fp16's range almost everywhere:
 
 # %%
 exact = derive.batch_norm(derive.conv_nd(x, W, b, **conv_attrs), gamma_bad, beta, mean, var_bad, eps)
 print(f"exact outputs of channel 3 beyond fp16's 65504: {np.mean(np.abs(exact[0, 3]) > 65504):.1%} of positions")
-print(f"largest: {np.abs(exact[0, 3]).max():.3g}")
 
 # %% [markdown]
 # So no fp16 model can compute this channel, folded or unfused: γ = 2000 with σ² = 0 is a broken BN, and the
-# overflow flag is reporting it. Folding adds a failure of its own in a narrower case: the folded weight carries
-# the scale $s$ alone, while the output carries $s\,(y-\mu)$, and for a nearly dead channel $y-\mu$ is tiny. Then the
-# unfused model's outputs fit in fp16 but the folded weights $s\cdot W$ do not. The next cell builds such a channel:
-# γ = 1000 and σ² = 0 again, but a conv whose output barely moves from the mean (small weights, small inputs).
+# overflow flag reports it. Folding fails on its own in a narrower case: the folded weight carries the scale $s$
+# alone, the output $s\,(y-\mu)$, and for a nearly dead channel $y-\mu$ is tiny, so the outputs fit in fp16 but
+# $s\cdot W$ does not. The next cell builds one: γ = 1000, σ² = 0, and a conv whose output barely moves from the mean.
 
 # %%
 x_dead = rng.uniform(0, 1e-3, (1, 8, 6, 6))                 # small activations
@@ -269,8 +261,7 @@ print(f"folded weights:  largest |value| {np.abs(folded_dead.weight).max():,.0f}
 # | a weight or BN parameter is computed, or is an initializer that is also a graph input | it is not a constant, or it can be overridden at run time |
 # | BN parameters are not per-channel vectors of the conv's output-channel count | the per-channel algebra does not apply |
 #
-# A conv weight that other nodes also use can still be folded, but into a copy (`shared_weight=True`).
-# Below, one tiny model per condition, built in code.
+# Below, one tiny model per condition, built in code (a weight shared with another node folds into a copy).
 
 # %%
 def small(*, bn_attrs=None, extra_nodes=(), extra_outputs=(), extra_inputs=(), bn_outputs=("z",)):
@@ -301,24 +292,21 @@ for label, v in cases.items():
 # %% [markdown]
 # ## 6. A real layer: the ResNet-50 stem
 #
-# `fusionlab.zoo.resnet50()` builds ResNet-50 as `torch.onnx.export(..., do_constant_folding=False)` writes it (with
+# `zoo.get("resnet50")` builds ResNet-50 as `torch.onnx.export(..., do_constant_folding=False)` writes it (with
 # the default `do_constant_folding=True` the exporter folds every BN into its conv itself, `docs/corpus.md`), with
-# deterministic random weights
-# and realistic BN statistics. Its stem is a 7×7 stride-2 convolution from 3 to 64 channels (no bias), a
-# BatchNormalization and a Relu. `zoo.extract` cuts those three nodes out as a runnable model.
+# deterministic random weights and realistic BN statistics. Its stem is a 7×7 stride-2 convolution from 3 to 64
+# channels (no bias), a BatchNormalization and a Relu. `zoo.extract` cuts those three nodes out as a runnable model.
 
 # %%
 resnet = zoo.get("resnet50")
 stem = zoo.extract(resnet, ["/conv1/Conv", "/bn1/BatchNormalization", "/relu/Relu"])
 stem_graph = fusionlab.load(stem)
-print(stem_graph, stem_graph.op_counts())
 conv_node, bn_node = stem_graph.node("/conv1/Conv"), stem_graph.node("/bn1/BatchNormalization")
 print("legal to fold:", conv_bn_legal(stem_graph, conv_node, bn_node).reason)
 
 # %% [markdown]
 # Folding by hand takes a few lines: read the weights, fold them with `derive.fold_conv_bn`, write the folded
 # weight and a new bias into a copy of the model, drop the BN node, and let the Relu read the conv's output.
-# (Notebook 03 does this for a whole network with the vertical-fusion pass.)
 
 # %%
 inits = {t.name: numpy_helper.to_array(t) for t in stem.graph.initializer}
@@ -374,21 +362,6 @@ print(f"folding vs one BN kernel: FLOPs -{1 - folded_work.flops / one_kernel.flo
       f"bytes -{1 - folded_work.bytes_moved / one_kernel.bytes_moved:.1%}, "
       f"launches {one_kernel.launches} -> {folded_work.launches}")
 
-# %%
-fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
-labels = ["5 steps\n(seed)", "conv +\none BN kernel", "folded\nconv"]
-for ax, (title, values, unit) in zip(axes, [
-        ("arithmetic (GFLOP)", [w.flops / 1e9 for w in works], "GFLOP"),
-        ("memory traffic (MB)", [w.bytes_moved / 1e6 for w in works], "MB"),
-        ("kernel launches", [w.launches for w in works], "")]):
-    ax.bar(labels, values, color=["#c0392b", "#e07b39", "#2f6fb0"])
-    ax.set_title(title)
-    ax.tick_params(axis="x", labelsize=8)
-fig.suptitle("ResNet-50 stem, Conv 7×7/2 + BN, fp16: what folding removes")
-fig.tight_layout()
-plt.close(fig)
-fig
-
 # %% [markdown]
 # The seed's claim and the ledger's verdict, now that the count is in:
 
@@ -396,18 +369,11 @@ fig
 print(seed_claims.claim("s21-40pct-instructions").summary())
 
 # %% [markdown]
-# The count says what folding really saves:
-#
-# - **arithmetic: almost nothing.** The BN steps are a few operations per output element. The conv does
-#   $2\cdot C_\text{in}\cdot k^2 = 294$ per element. "40% fewer *computation* instructions" cannot come from FLOPs.
-# - **memory traffic: most of it.** Each separate elementwise step re-reads and re-writes the conv output.
-#   For this layer, that traffic is several times what the conv itself moves.
-# - **launches: 5 → 1.** Each launch has a fixed cost on any accelerator.
-#
-# The write-up's "40% fewer instructions" most plausibly counts *all* instructions the device issued
-# (vector loads and stores, scalar and control instructions, not just arithmetic). Those scale with the
-# traffic and the launches, not the FLOPs. We cannot measure Ascend instruction counts here, so we leave
-# the 40% as the write-up's claim and do not repeat it as fact.
+# Folding saves almost no **arithmetic** (the BN steps are a few operations per output element, the conv
+# $2\cdot C_\text{in}\cdot k^2 = 294$), but most of the **memory traffic** and the **launches**, each a fixed cost on
+# any accelerator. So the write-up's "40% fewer instructions" could only count *all* instructions (vector loads and
+# stores, scalar and control), which scale with the traffic and the launches, not the FLOPs; we cannot count them
+# here, so the 40% stays the write-up's claim.
 #
 # ### What the cost model predicts for an Atlas 300I Pro
 #
@@ -415,14 +381,12 @@ print(seed_claims.claim("s21-40pct-instructions").summary())
 # below; the launch overhead is an assumption, see `devices.get(...).uncertain`). Each kernel takes
 # max(FLOPs / peak, bytes / bandwidth) plus a launch. These are **predictions, not measurements**.
 #
-# One thing the model leaves out: Ascend's kernels take feature maps in the NC1HWC0 format (a CANN format name,
-# `shared/reference/cann_facts.md` §1.4), channels in blocks of C0, and the cube unit works on whole blocks. With
-# C0 = 16 for fp16 (the usual value; our reference notes name the format, not C0) the stem's 3 input channels are
-# padded to 16, so the device computes 16/3 ≈ 5.3× the input-channel work the ONNX graph describes. ATC is said
-# to have an option for exactly this layer, a small-channel mode (`--enable_small_channel`, the C04 layout: a first
-# convolution with at most 4 input channels padded to 4 instead of 16). Our reference notes do not cover that
-# option, so it is **unverified here**: the C04 figures below are what such a layout would give, not a documented
-# ATC result. The cell after the prediction counts all three; the cost model's conv time uses the unpadded count.
+# One thing the model leaves out: Ascend's kernels take feature maps in the NC1HWC0 format
+# (`shared/reference/cann_facts.md` §1.4), channels in blocks of C0 that the cube unit works on whole. With C0 = 16
+# for fp16 (the usual value; our reference notes name the format, not C0) the stem's 3 input channels are padded to
+# 16. ATC is said to have a small-channel mode for exactly this layer (`--enable_small_channel`, the C04 layout: at
+# most 4 input channels, padded to 4). Our notes do not cover it, so the C04 figures below are **unverified here**,
+# not a documented ATC result. The cell after the prediction counts all three; the cost model uses the unpadded count.
 
 # %%
 for name in ("Atlas 300I Pro", "Atlas 800I A2 (Ascend 910B)"):
@@ -449,18 +413,13 @@ print(f"the folded conv's memory traffic at the 300I Pro's {pro_bw / 1e9:g} GB/s
       f"{folded_work.bytes_moved / pro_bw * 1e6:.1f} us")
 
 # %% [markdown]
-# The prediction differs from the CPU measurement for a clear reason. On an accelerator with tens of
-# TFLOPS, the model has the 7×7 conv finish in a few microseconds, while the BN pass still has to stream the
-# whole conv output through memory at a few hundred GB/s and pay a launch. So the removed pass is a large
-# share of the layer there, and a small share on a CPU, where the conv itself takes far longer (compare the
-# medians in §8). Whether the
-# write-up's 40% holds on real hardware would need `msprof` on an Atlas 300I Pro. The model only shows
-# that a saving of that order is *plausible* for a memory-bound BN after a fast conv. The C0 padding weakens even
-# that: padded to 16, the conv's arithmetic alone takes 18 µs at the 300I Pro's peak instead of 3.4 µs, longer than
-# the 9.4 µs of the conv's memory traffic, so on the device the conv is slower than the model has it and the BN pass
-# that folding removes is a smaller share of the layer than predicted. If the small-channel C04 layout exists as
-# described (unverified here, above), its padded arithmetic takes 4.5 µs, and the prediction stands closer to the
-# model's.
+# On an accelerator with tens of TFLOPS the model has the 7×7 conv finish in a few microseconds, while the BN pass
+# still streams the whole conv output through memory and pays a launch: the removed pass is a large share of the
+# layer there, and a small one on a CPU, where the conv takes far longer (the medians in §8). So the model makes a
+# saving of the write-up's order *plausible* for a memory-bound BN after a fast conv; only `msprof` on an Atlas 300I
+# Pro could confirm it. The C0 padding weakens even that: padded to 16, the conv's arithmetic (18 µs at peak)
+# outlasts its memory traffic (9.4 µs), so the BN pass is a smaller share than predicted; in the C04 layout, if it
+# exists as described, the arithmetic (4.5 µs) stays under the traffic and the prediction stands.
 #
 # ### The seed's other ResNet-50 claim: MatMul + activation and the batch size
 
@@ -472,18 +431,12 @@ print(f"ResNet-50's matrix multiplications: {matmuls}; output 1000 values per im
 print(f"the stem's output {stem_out:,} values: the classifier's output is {1000 / stem_out:.2%} of the stem's")
 
 # %% [markdown]
-# ResNet-50 has one matrix multiplication, the final classifier, and nothing but the output follows it. Fusing an
-# activation into it would keep one 1000-value vector per image out of memory, a rounding error next to the
-# feature maps of the convolutions, so it cannot be what let a batch grow by half.
-
-# %% [markdown]
 # ## 8. Timing it on this machine
 #
-# `timing.compare_models` runs the two models in alternation (A, B, B, A, …) on one thread with
-# onnxruntime's own optimisations **off**, so that we time our fold and not onnxruntime's. The speedup is
-# the median of the paired per-round ratios, with a 95% confidence interval. We also time the unfused model
-# at onnxruntime's `basic` level. That level includes onnxruntime's own `ConvBNFusion`, so it should land
-# close to our folded model.
+# `timing.compare_models` runs the two models in alternation (A, B, B, A, …) on one thread with onnxruntime's own
+# optimisations **off**, so that we time our fold and not onnxruntime's, and reports the median of the paired
+# per-round ratios with a 95% confidence interval. The second table times the unfused model at onnxruntime's
+# `basic` level, which includes its own `ConvBNFusion`, so it should land close to our folded model.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -496,13 +449,10 @@ ort_fold = timing.compare_models(stem, stem_folded, level_a="basic", level_b="di
 print(ort_fold.table())
 
 # %% [markdown]
-# How to read these numbers, with the count of §7 in hand. The stem's conv does about 237 million floating-point
-# operations on a 64×112×112 output. The BN pass over that output is one multiply and one add per element, over
-# 802,816 elements. Its cost is mostly memory: it reads a 3.2 MB tensor (fp32) that the conv has just
-# produced and writes one as large. On a CPU, much of that tensor is still in cache, so removing BN saves a modest slice of a
-# layer dominated by the conv. If the speedup above is small, or its interval includes 1, that is the
-# honest result: **folding removes a memory-bound pass, not arithmetic.** The second table shows
-# onnxruntime doing the same fold by itself at its `basic` level, so the two should be about equal.
+# With §7's count in hand: the BN pass is one multiply and one add per element of the conv's output. It reads a
+# tensor the conv has just written, still largely in the CPU's cache, and writes one as large, beside a conv that
+# dominates the layer. If the first speedup is small, or its interval includes 1, that is the honest result: **folding
+# removes a memory-bound pass, not arithmetic.**
 
 # %% [markdown]
 # Notebooks **03** (CNNs: Conv+BN+SiLU, the residual Add) and **04** (transformers: Add+Gelu, LayerNorm,

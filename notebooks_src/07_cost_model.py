@@ -49,8 +49,8 @@ print(devices.devices_table())
 
 # %% [markdown]
 # "This machine" is not a preset: `devices.this_machine()` measures it with `fusionlab.cost.calibrate`, which
-# defines each quantity once; notebook 17 §3 and §8 read the same function, so the two notebooks quote the same
-# quantities (each run measures them again, so the figures below vary from run to run):
+# defines each quantity once; notebook 17 §3 and notebook 18 §3 read the same function, so the three notebooks quote
+# the same quantities (each run measures them again, so the figures below vary from run to run):
 #
 # * **bandwidth**: DRAM streaming bandwidth, the better of a copy and an add over fp32 arrays of at least four
 #   times the last-level cache (smaller arrays stay partly in the cache and read high);

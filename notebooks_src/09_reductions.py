@@ -1,15 +1,15 @@
 # %% [markdown]
-# # 09 · Reductions and attention: the fusion that made transformers fast
+# # 09 · Reductions: softmax and LayerNorm fused through their row statistics
 #
 # **What you will be able to do**
 #
 # 1. count what an unfused Softmax and an unfused LayerNorm read and write, node by node, against one fused kernel;
 # 2. write the **one-pass** forms that make the fusion possible, the *online softmax* and *Welford's* mean and
 #    variance, and say why E[x²] − E[x]² is not good enough;
-# 3. time a generated fused kernel against the limit: its GB/s beside this machine's streaming bandwidth and
-#    onnxruntime's own kernels;
-# 4. explain why attention's score matrix is O(N²), how FlashAttention's tiling avoids writing it, and how the same
-#    kernel maps onto an Ascend AI core (**modelled**, not measured).
+# 3. say when a fused kernel may still pass over a row more than once (while the row sits in the cache), and when
+#    it needs the one-pass form (attention's long rows, notebook 10);
+# 4. time generated fused softmax and LayerNorm kernels against the limit: their GB/s beside this machine's
+#    streaming bandwidth and onnxruntime's own kernels.
 #
 # Notebook 06's partitioner follows TVM Relay's FuseOps rule, under which a reduction may only *end* a
 # group: a decomposed LayerNorm took three or more kernels there, and Softmax stayed one opaque op. Here
@@ -22,16 +22,15 @@
 
 # %%
 import inspect
-import os
 
 import matplotlib.pyplot as plt
 import numpy as np
 from onnx import numpy_helper
 
 from fusionlab import exercises, timing
-from fusionlab.cost import calibrate, devices
+from fusionlab.cost import calibrate
 from fusionlab.lessons import reductions as R
-from fusionlab.text import text_table, wrap
+from fusionlab.text import text_table
 from fusionlab.verification import runtime
 from IPython.display import Markdown, display
 
@@ -42,8 +41,8 @@ rng = np.random.default_rng(0)
 #
 # An exporter writes a numerically safe softmax over the last axis as five ops: subtract the row max
 # (so `exp` cannot overflow), exponentiate, divide by the row sum. We take an input of 8192 rows of
-# 2048 float32 values, 64 MiB, twice the size of this machine's last-level cache (32 MiB), so every
-# pass really goes to memory.
+# 2048 float32 values, 64 MiB, larger than this machine's last-level cache (the cell below prints both), so
+# every pass really goes to memory.
 #
 # **Predict** before running the next cell: each of the five ops reads its inputs from memory and
 # writes its output. How many times the input's size does the whole graph move? And one fused kernel
@@ -51,6 +50,10 @@ rng = np.random.default_rng(0)
 
 # %%
 M, N = 8192, 2048
+caches = calibrate.cache_sizes_kb()
+print(f"x: {M} x {N} fp32 = {M * N * 4 / 2**20:.0f} MiB, {M * N * 4 / (caches['l3'] * 1024):.1f}x this machine's "
+      f"{caches['l3'] / 1024:.0f} MiB last-level cache")
+print(f"one row: {N * 4 / 1024:.0f} KiB, against its {caches['l1d']} KiB L1 cache")
 sm_traffic = R.traffic(R.softmax_model(M, N))
 print(sm_traffic.table())
 
@@ -88,10 +91,10 @@ print("logits around 100: finite:", np.isfinite(R.online_softmax(big, 16)).all()
 # %% [markdown]
 # ## 3. A generated fused kernel
 #
-# On a CPU the row (2048 floats, 8 KiB) fits the 32 KiB L1 cache. So a fused kernel can afford three
+# On a CPU the row (2048 floats, 8 KiB) fits the L1 cache (§1 printed its size). So a fused kernel can afford three
 # passes over a row as long as only the *first* goes to memory: find the max while the row streams in,
 # then exponentiate, sum and scale it in the cache, and write each result once. (The online form
-# matters where a row does *not* fit on chip: attention, in section 6.) `R.softmax_kernel()` writes
+# matters where a row does *not* fit on chip: attention, in notebook 10.) `R.softmax_kernel()` writes
 # the source of that loop, as `fusionlab.elementwise` does for elementwise chains, and numba compiles
 # it for one thread. Two details decide its speed: the row max is split over 8 independent
 # accumulators (one AVX2 register) so that it vectorises, and `exp` is a branch-free polynomial inlined
@@ -291,12 +294,12 @@ display(Markdown(text))
 # %% [markdown]
 # ## Summary
 #
-# * Count bytes first: an exported softmax moves 4× what one kernel must, an exported LayerNorm 6×; one-pass forms
-#   (the online softmax, Welford's update) make the fusion possible.
+# * Count bytes first: an exported softmax moves 4× what one kernel must, an exported LayerNorm 6×.
+# * One-pass forms make the fusion possible where a row does not stay on chip: the online softmax rescales its
+#   running sum when the max rises, and Welford's merge keeps the variance that E[x²] − E[x]² loses to cancellation.
 # * A generated fused kernel is checked against onnxruntime and judged by its GB/s against the measured bandwidth:
-#   the bytes ratio is the ceiling, vectorisation decides how close it gets.
-# * FlashAttention tiles the keys and never writes the N × N scores; on this CPU onnxruntime's fused kernel gains far
-#   less than the bytes ratio, and on Ascend (`FlashAttentionScore`) the gain is modelled, not measured.
+#   the bytes ratio is the ceiling; how each kernel computes (the exp polynomial, vectorisation) decides how close
+#   it gets.
 
 # %% [markdown]
 # ## Exercises
@@ -306,15 +309,16 @@ display(Markdown(text))
 # first case your answer gets wrong. The notebook is stored unanswered; a reference answer is in the repository's
 # `solutions/` folder, outside the notebooks (try first).
 #
-# **Exercise 1: write the online-softmax update.** Write one key block's step of notebook 10 §1's loop as a function,
-# `update(m, l, acc, scores, v) -> (m, l, acc)`, for a tile of query rows: `m` (rows × 1) is the running max of
-# the scores seen so far, `l` (rows × 1) the running sum of `exp(score - m)`, `acc` (rows × d) the running sum of
-# `exp(score - m) · v`; `scores` (rows × block) are this block's scores, already scaled and masked (a masked score
-# is `-inf`), and `v` (block × d) its values. The checker starts every row at `m = -inf`, `l = 0`, `acc = 0`,
-# calls your `update` once per key block and compares `acc / l` with a float64 `softmax(scores) @ v`, at float32
-# tolerances. Its cases include a single block, a block size that does not divide the number of keys, a max that
-# rises block by block, blocks masked to `-inf` (the first one too: what is `exp(-inf - (-inf))`?) and logits
-# around `1e4`.
+# **Exercise 1: write the online-softmax update, with a weighted sum.** §2's loop keeps a running max and a running
+# sum per row; add a third running quantity, the softmax-weighted sum of value rows, `softmax(scores) @ v` (what
+# attention computes, notebook 10). Write one block's step as `update(m, l, acc, scores, v) -> (m, l, acc)`, for a
+# tile of rows: `m` (rows × 1) is the running max of the scores seen so far, `l` (rows × 1) the running sum of
+# `exp(score - m)`, `acc` (rows × d) the running sum of `exp(score - m) · v`; `scores` (rows × block) are this
+# block's scores (a masked score is `-inf`), and `v` (block × d) the block's value rows. The checker starts every
+# row at `m = -inf`, `l = 0`, `acc = 0`, calls your `update` once per block and compares `acc / l` with a
+# float64 `softmax(scores) @ v`, at float32 tolerances. Its cases include a single block, a block size that does not
+# divide the number of keys, a max that rises block by block, blocks masked to `-inf` (the first one too: what is
+# `exp(-inf - (-inf))`?) and logits around `1e4`.
 
 # %%
 def update(m, l, acc, scores, v):

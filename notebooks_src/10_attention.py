@@ -3,7 +3,21 @@
 #
 # **What you will be able to do**
 #
-# 1. TODO
+# 1. say why attention's score matrix grows with the square of the sequence, and count the bytes one head moves
+#    unfused and tiled, at any length;
+# 2. read FlashAttention's loop as notebook 09's online softmax with one more running quantity, the output
+#    accumulator, and check it against the unfused computation;
+# 3. time onnxruntime's fused `MultiHeadAttention` against the decomposed graph on this CPU, with and without its
+#    flash path, and read the gain against the bytes model;
+# 4. size the same kernel's tile for an Ascend AI core's L1 and Unified Buffer, and read what the model (not a
+#    measurement) predicts there.
+#
+# Notebook 09 fused softmax and LayerNorm, whose rows fit in the L1 cache; notebook 09 §2 derived the *online
+# softmax*: a running max and a running sum, the sum rescaled by `exp(m_old − m_new)` whenever the max rises, give
+# a row's softmax in one pass. Attention's softmax rows are as long as the sequence, and a matrix product follows
+# them. FlashAttention carries a third running quantity through the same update, the weighted sum of value rows
+# (the update of notebook 09's Exercise 1), and so never writes the scores. Here we count what that saves, measure
+# it on this CPU, and model it on an Ascend core.
 
 # %%
 import inspect
@@ -11,12 +25,12 @@ import os
 
 import matplotlib.pyplot as plt
 import numpy as np
-from onnx import numpy_helper
 
 from fusionlab import exercises, timing
+from fusionlab.compilers import ort as ort_count
 from fusionlab.cost import calibrate, devices
 from fusionlab.lessons import reductions as R
-from fusionlab.text import text_table, wrap
+from fusionlab.text import text_table
 from fusionlab.verification import runtime
 from IPython.display import Markdown, display
 
@@ -38,10 +52,14 @@ for seq in (128, 512, 1024, 2048, 4096, 8192):
     print(f"{seq:>6} {qkvo / 2**20:>24.2f} MiB {seq * seq * 4 / 2**20:>14.1f} MiB {12 * seq * seq * 4 / 2**20:>13.0f} MiB")
 
 # %% [markdown]
+# ## 2. FlashAttention: the online softmax, carried through V
+#
 # **FlashAttention** (Dao et al., 2022) never builds the scores. It takes a tile of queries, streams the
 # keys and values past it in tiles, and for each tile of scores does an online-softmax step: raise the
 # running max, rescale the running sum *and the output accumulator* by `exp(m_old − m_new)`, add the new
-# tile's contribution. Only a (block_q × block_k) tile of scores exists at any time:
+# tile's contribution. Set it beside notebook 09's `online_softmax`: `m` is its running max, `l` its running
+# sum (`s` there), `alpha` its rescaling factor, and the accumulator `o` is the one addition. Only a
+# (block_q × block_k) tile of scores exists at any time:
 
 # %%
 print(inspect.getsource(R.flash_attention))
@@ -58,13 +76,13 @@ for bq, bk in ((64, 64), (32, 100), (300, 16)):
     print(f"tiles {bq:>3} x {bk:>3}: max |flash - unfused| below 1e-5: {err < 1e-5}")
 
 # %% [markdown]
-# **Bytes against sequence length.** Unfused, one head moves the inputs, plus the scores six times
-# (written by the MatMul, read and written by the scale and by the softmax, read by the second MatMul).
-# Tiled, Q is read and O written once, and K and V once per query tile; the tile is as large as the
-# fast memory allows (here 1 MiB, the model's `on_chip_bytes`: the order of one core's L2 cache). Both
-# still grow as N² (K and V are re-read N / block times), but the tiled kernel's constant is far smaller, and it never *holds* an
-# N × N tensor: its memory footprint stays linear in N. (A model of traffic to memory: on a CPU, small
-# score matrices stay in the cache, so the unfused graph's real traffic is lower at short lengths.)
+# **Bytes against sequence length.** Unfused, one head moves the inputs, plus the scores six times (written by the
+# MatMul, read and written by the scale and by the softmax, read by the second MatMul). Tiled, Q is read and O
+# written once, and K and V once per query tile; the tile is as large as the fast memory allows (here 1 MiB, the
+# model's `on_chip_bytes`: the order of one core's L2 cache). Both still grow as N² (K and V are re-read N / block
+# times), but the tiled kernel's constant is far smaller, and it never *holds* an N × N tensor: its memory footprint
+# stays linear in N. (A model of traffic to memory: on a CPU, small score matrices stay in the cache, so the unfused
+# graph's real traffic is lower at short lengths.)
 
 # %%
 seqs = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -83,16 +101,17 @@ ax.set_title("Attention traffic (modelled)")
 fig.tight_layout()
 
 # %% [markdown]
-# **onnxruntime's fused attention on this CPU.** onnxruntime has a `com.microsoft.MultiHeadAttention`
-# kernel (and `Attention`, which also takes the Q/K/V projection weights; its graph optimiser fuses
-# exported BERT attention into it). Its CPU implementation includes MLAS's flash-attention kernel, which
-# sizes its tiles by the L2 cache; setting `ORT_DISABLE_FLASH_ATTENTION=1` before the session is
-# created turns that path off. We build the decomposed graph with `fusionlab.build` (reshape and
-# transpose to heads, MatMul, Mul, Softmax, MatMul, back) and the one-node MHA graph, check they agree,
-# and time them interleaved, one thread, 4 heads of 64.
+# ## 3. onnxruntime's fused attention on this CPU
 #
-# **Predict**: the bytes model (§1's table) says a 4–14× traffic reduction at the lengths timed below. Will
-# the fused kernel be that much faster? Where might it lose?
+# onnxruntime has a `com.microsoft.MultiHeadAttention` kernel (and `Attention`, which also takes the Q/K/V
+# projection weights; its graph optimiser fuses exported BERT attention into it). Its CPU implementation includes
+# MLAS's flash-attention kernel, which sizes its tiles by the L2 cache; setting `ORT_DISABLE_FLASH_ATTENTION=1`
+# before the session is created turns that path off. We build the decomposed graph with `fusionlab.build` (reshape
+# and transpose to heads, MatMul, Mul, Softmax, MatMul, back) and the one-node MHA graph, check they agree, and time
+# them interleaved, one thread, 4 heads of 64.
+#
+# **Predict**: at the lengths timed below, from 128 to 2048, §2's table gives the traffic the tiled kernel saves
+# (its ratio column). Will the fused kernel be that much faster? Where might it lose?
 
 # %%
 B, H, D = 1, 4, 64
@@ -143,10 +162,8 @@ display(Markdown(
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from fusionlab.compilers import ort as ort_count
-
 scores_1024 = 1024 * 1024 * 4
-l3 = cal.l3_kb * 1024
+l3 = calibrate.cache_sizes_kb()["l3"] * 1024
 model_ratios = {a.seq: a.unfused / a.flash for a in ab}
 paired = [seq for seq in mha_runs if seq in model_ratios]  # lengths both timed and in the traffic table
 display(Markdown(
@@ -158,7 +175,7 @@ display(Markdown(
        f"exceed this machine's {l3 / 2**20:.0f} MiB L3. ")
     + f"At N = 16 the decomposed graph runs {ort_count.kernel_count(R.attention_model(B, 16, H, D), 'all')} tiny "
     f"kernels at level ALL, and what the fused kernel saves there is their per-kernel cost. At the lengths the "
-    f"traffic model covers (§1's table) the fused kernel measured "
+    f"traffic model covers (§2's table) the fused kernel measured "
     + "; ".join(f"N = {seq}: {mha_runs[seq]['mha'].speedup:.2f}× ({mha_runs[seq]['mha'].ci_low:.2f}–"
                 f"{mha_runs[seq]['mha'].ci_high:.2f}) against the model's {model_ratios[seq]:.1f}×" for seq in paired)
     + (", each far below it" if all(mha_runs[seq]["mha"].ci_high < 0.5 * model_ratios[seq] for seq in paired)
@@ -169,7 +186,7 @@ display(Markdown(
     f"first comparison with longer runs and records it in `benchmarks/results/reductions.md`."))
 
 # %% [markdown]
-# ## 2. The same kernel on an Ascend AI core (modelled)
+# ## 4. The same kernel on an Ascend AI core (modelled)
 #
 # CANN ships attention as fused operators (`cann_facts.md` §8.B, from the torch_npu and op-plugin
 # documentation): `FlashAttentionScore` (`npu_fusion_attention`, for training on the Atlas A2/A3 series,
@@ -177,24 +194,22 @@ display(Markdown(
 # the backward pass), and for inference `PromptFlashAttention` (prefill; on the 310P cards fp16 only, with
 # further restrictions) and `FusedInferAttentionScore` (Atlas A2/A3). The seed names none of them.
 #
-# On an AI core the tile is decided by the on-chip buffers. Q·Kᵀ runs on the cube unit, whose operands
-# come from L1 (MTE1 moves L1 → L0A/L0B, `cann_facts.md` §3.1); the softmax runs on the vector unit, in the
-# Unified Buffer. On the 310P3 (300I Pro and Duo) both units sit in one AI core: 8 AI cores of combined cube
-# and vector units, plus 7 standalone vector cores (`cann_facts.md` §3.3). How the 910's cores are laid out
-# is not in our references (unverified). On the 910B the units are separate cores: the 910B4 has 20 cube
-# cores (AIC), each with its L1, and 40 vector cores (AIV), each with its own UB (`cann_facts.md` §3.3); a
-# tile of scores leaves the cube's L0C through the FixPipe (L0C → GM or L1 on A2, `cann_facts.md` §3.1) and a
-# vector core reads it from global memory into its UB (traffic the chip's 192 MB L2, `cann_facts.md` §3.3,
-# can keep off HBM). The model below applies one budget to every
-# chip, the cube's tiles in one L1 and the softmax's in one UB, and does not count that hand-over. A square tile of b queries
-# by b keys (multiples of 16, the cube's fractal size) needs in L1 the fp16 Q tile and double-buffered
-# K and V tiles, and in UB the fp32 scores, the fp16 probabilities, the fp32 output accumulator and
+# On an AI core the tile is decided by the on-chip buffers. Q·Kᵀ runs on the cube unit, whose operands come from L1
+# (MTE1 moves L1 → L0A/L0B, `cann_facts.md` §3.1); the softmax runs on the vector unit, in the Unified Buffer. On
+# the 310P3 (300I Pro and Duo) both units sit in one AI core: 8 AI cores of combined cube and vector units, plus 7
+# standalone vector cores (`cann_facts.md` §3.3). How the 910's cores are laid out is not in our references
+# (unverified). On the 910B the units are separate cores: the 910B4 has 20 cube cores (AIC), each with its L1, and
+# 40 vector cores (AIV), each with its own UB (`cann_facts.md` §3.3); a tile of scores leaves the cube's L0C through
+# the FixPipe (L0C → GM or L1 on A2, `cann_facts.md` §3.1) and a vector core reads it from global memory into its UB
+# (traffic the chip's 192 MB L2, `cann_facts.md` §3.3, can keep off HBM). The model below applies one budget to
+# every chip, the cube's tiles in one L1 and the softmax's in one UB, and does not count that hand-over. A square
+# tile of b queries by b keys (multiples of 16, the cube's fractal size) needs in L1 the fp16 Q tile and
+# double-buffered K and V tiles, and in UB the fp32 scores, the fp16 probabilities, the fp32 output accumulator and
 # the running max and sum. `R.ascend_flash_tile` takes the largest b that fits the L1 and UB sizes of
-# `data/devices.json`, then predicts one head's traffic and time with the roofline
-# (bytes / bandwidth against FLOPs / fp16 peak) for one whole chip: the 300I Duo is two 310P3 chips, and one
-# head runs on one of them, at half the card's bandwidth. **These are predictions of a model
-# from published specifications, not measurements**; a real kernel also splits heads over cores and
-# pipelines the cube and vector units.
+# `data/devices.json`, then predicts one head's traffic and time with the roofline (bytes / bandwidth against FLOPs
+# / fp16 peak) for one whole chip: the 300I Duo is two 310P3 chips, and one head runs on one of them, at half the
+# card's bandwidth. **These are predictions of a model from published specifications, not measurements**; a real
+# kernel also splits heads over cores and pipelines the cube and vector units.
 
 # %%
 seq_a, d_a = 4096, 128
@@ -208,8 +223,6 @@ for name in devices.load_devices():
                  f"{t.time_us:.0f} µs", f"{t.unfused_time_us:.0f} µs"])
 print("\n".join(text_table(["device", "UB KiB", "L1 KiB", "tile", "L1 used", "UB used", "HBM MiB tiled",
                             "HBM MiB unfused", "time tiled", "time unfused"], rows)))
-
-# %% [markdown]
 
 # %%
 tiles_a = {name: R.ascend_flash_tile(name, seq_a, d_a) for name in devices.load_devices()}
@@ -241,12 +254,56 @@ display(Markdown(
     f"cores through global memory are not counted at all."))
 
 # %% [markdown]
-# %% [markdown]
 # ## Summary
 #
-# * TODO
+# * Attention's N × N scores grow with the square of the sequence; exported unfused they go to memory six times.
+#   FlashAttention, notebook 09's online softmax carrying an output accumulator, never writes them: Q and O move
+#   once, K and V once per query tile.
+# * onnxruntime's fused `MultiHeadAttention` is timed here against the decomposed graph and read against that bytes
+#   model, which sends every score to DRAM: on a CPU, scores that fit in the cache and MatMuls that are the same in
+#   both graphs stand between the modelled gain and the measured one.
+# * On an Ascend AI core the largest tile whose buffers fit L1 and the Unified Buffer sets how often K and V are
+#   re-read; CANN ships the kernel as `FlashAttentionScore` and its inference forms, and its gain here is
+#   modelled, not measured.
 
 # %% [markdown]
 # ## Exercises
 #
-# TODO
+# The exercises check themselves: write your answer in the cell under each task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong. The notebook is stored unanswered; a reference answer is in the repository's
+# `solutions/` folder, outside the notebooks (try first).
+#
+# **Exercise 1: the bytes of attention, unfused and tiled.** Write `attention_traffic(seq, head_dim, item, block) ->
+# (unfused, tiled)`: the bytes one head moves to and from memory as §2's model counts them, for elements of `item`
+# bytes (4 for fp32, 2 for fp16); unfused, the MatMul, Mul, Softmax, MatMul graph of §1, and tiled, FlashAttention
+# with query tiles of `block` rows. The checker compares both numbers exactly with `R.attention_bytes` on hidden
+# shapes, passing you the tile that model chooses; they include a sequence the tiles do not divide, one shorter than
+# a tile, fp16, and a smaller on-chip budget.
+
+# %%
+def attention_traffic(seq, head_dim, item, block):
+    """(unfused, tiled): the bytes one attention head moves to and from memory."""
+    ...  # your code here
+
+
+# %%
+exercises.attnbytes.check(attention_traffic)
+
+# %% [markdown]
+# **Exercise 2: the largest tile an AI core holds.** Write `flash_block(ub_kb, l1_kb, head_dim) -> int`: the
+# largest square tile b (b queries by b keys, a multiple of 16) whose buffers fit both a core's L1 and its UB (in
+# KiB, as §4's table prints them). The buffers are §4's: in L1 the fp16 Q tile and double-buffered fp16 K and V
+# tiles (b × d each); in UB the fp32 scores and the fp16 probabilities (b × b), the fp32 output accumulator
+# (b × d), and an fp32 running max and sum per query row. The checker compares your tile with `R.flash_block`,
+# the search `R.ascend_flash_tile` makes for §4's table, on the presets' cores at head sizes 64 to 256, and on a
+# hypothetical core whose L1 is the tighter.
+
+# %%
+def flash_block(ub_kb, l1_kb, head_dim):
+    """The largest multiple of 16 whose L1 and UB buffers fit the core."""
+    ...  # your code here
+
+
+# %%
+exercises.flashtile.check(flash_block)

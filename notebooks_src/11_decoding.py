@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 11 · Decoding: one token at a time, and what fusion can do about it
+# # 11 · Decoding one token at a time: bytes, the KV cache, rotary and FlashDecoding
 #
 # **What you will be able to do after this notebook**
 #
@@ -8,29 +8,22 @@
 #   and place both on the roofline of this machine and of the Ascend presets;
 # - size a KV cache (bytes per token per layer) and say what grouped-query attention saves;
 # - apply a rotary embedding by hand, and split one query's attention over the sequence as FlashDecoding does,
-#   with the log-sum-exp combine that makes the split exact;
-# - fuse a LLaMA-style decoder that reads and writes its cache, check the fused model against the unfused one,
-#   and measure tokens per second against the bandwidth this machine can stream;
-# - read what CANN's decoding operators (IncreFlashAttention, PromptFlashAttention, RotaryMul) do, and model a
-#   lower bound on the time per token on an Ascend card from its published bandwidth.
+#   with the log-sum-exp combine that makes the split exact.
 #
-# You know vertical fusion (notebooks 03 and 04) and fused attention (notebook 10). This notebook takes both to a
-# decoder. Everything marked *measured* runs on this machine's CPU with onnxruntime, one thread; the machine
-# is shared with other work, so every time comes as a median with an interval. The Ascend figures are
-# *modelled* from published specifications, not measured: we have no Ascend hardware.
+# You know the roofline (notebook 07) and fused attention (notebook 10). This notebook counts what one generated
+# token costs and works the decoder's two new kernels, rotary and decode attention, on a few numbers; notebook 12
+# builds the decoder, fuses it and measures it. This machine's peak and bandwidth are *measured* on its CPU, one
+# thread; the Ascend figures are *modelled* from published specifications, not measured: we have no Ascend
+# hardware.
 
 # %%
 import matplotlib.pyplot as plt
 import numpy as np
 
-import fusionlab
-from fusionlab import exercises, timing, viz, zoo
+from fusionlab import exercises
 from fusionlab.cost import calibrate, devices
-from fusionlab.cost import model as cost_model
 from fusionlab.lessons import decoding as dec
-from fusionlab.passes import fuse, vertical
 from fusionlab.text import text_table, wrap
-from fusionlab.verification import runtime
 from IPython.display import Markdown, display
 
 plt.rcParams["figure.dpi"] = 80
@@ -253,11 +246,10 @@ for n in (1, 7, 50, 1000):
 #
 # - A decode step reads every weight and the whole KV cache for one token, below one FLOP per byte in fp32:
 #   far left of every ridge, so bytes per token over bandwidth bounds its time, here and (modelled) on Ascend.
-# - The cache grows by K and V per K/V head per layer per token; GQA shrinks it by the group, rotary keys are
-#   cached rotated, and FlashDecoding splits one query over the sequence exactly by a log-sum-exp combine.
-# - Fusing norms, rotations and attention (verified on prefill and decode) leaves the weights' bytes; what can
-#   pay is reading the cache without a copy (GroupQueryAttention; CANN's IncreFlashAttention takes the
-#   groups) and, for a small model on a device, the kernel launches it removes.
+# - The cache grows by K and V per K/V head per layer per token, and for a batch soon outweighs the weights;
+#   grouped-query attention shrinks it by the group.
+# - Rotary turns each query and key by its position, so keys are cached rotated; FlashDecoding splits one
+#   query's attention over the sequence, exactly, by a log-sum-exp combine.
 
 # %% [markdown]
 # ## Exercises

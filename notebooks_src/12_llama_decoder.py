@@ -1,9 +1,20 @@
 # %% [markdown]
-# # 12 · A LLaMA-style decoder, fused: tokens per second, bytes per token, and CANN's operators
+# # 12 · A LLaMA-style decoder, fused: the same function, tokens per second, and CANN's operators
 #
-# **What you will be able to do**
+# **What you will be able to do after this notebook**
 #
-# 1. TODO
+# - fuse a LLaMA-style decoder that reads and writes its KV cache, say which onnxruntime ops its patterns became
+#   and where rule `gqa` refuses, and check that the fused model computes the same function;
+# - say what GroupQueryAttention on the cache saves over attention after `repeat_kv`, counted and measured;
+# - measure tokens per second, unfused and fused, and set the bytes a step reads against this machine's bandwidth;
+# - read what CANN's decoding operators (IncreFlashAttention, PromptFlashAttention, RotaryMul) do, and model an
+#   upper bound on tokens per second on an Ascend card from its published bandwidth.
+#
+# Notebook 11 counted the bytes of one decode step and placed it on the roofline, and worked rotary embeddings
+# and decode attention on a few numbers; notebook 04 fused a transformer's norms and attention. This notebook
+# builds the decoder those counts describe, fuses it, and times it. Everything marked *measured* runs on this
+# machine's CPU with onnxruntime, one thread; the machine is shared with other work, so every time comes as a
+# median with an interval. The Ascend figures are *modelled* from published specifications, not measured.
 
 # %%
 import matplotlib.pyplot as plt
@@ -30,7 +41,8 @@ def show(header, rows):
 # %% [markdown]
 # ## 1. A LLaMA-style decoder, unfused and fused
 #
-# `dec.llama_decoder(cfg)` writes the decoder as the exporters write LLaMA: RMSNorm decomposed (Pow,
+# The decoder is notebook 11's (`dec.LlamaConfig()`, printed below: two layers, 12 query heads of 64 sharing 4
+# K/V heads). `dec.llama_decoder(cfg)` writes it as the exporters write LLaMA: RMSNorm decomposed (Pow,
 # ReduceMean, Add, Sqrt, Div, Mul, Mul), rotary written out with cos and sin computed from the positions,
 # grouped-query attention with the explicit `repeat_kv` (Unsqueeze, Expand, Reshape), SiLU as Sigmoid and Mul.
 # The cache is part of the graph's interface: inputs `past_key_i` / `past_value_i` of shape [batch, K/V heads,
@@ -38,10 +50,12 @@ def show(header, rows):
 # The positions (for the rotation and the causal mask) start at the cache's length, so one graph runs the
 # prefill (an empty cache) and every decode step (one token). It serves one request at a time: `batch=1`.
 #
-# **Predict before you run the next cell:** which of the patterns of notebooks 04 and 09 will fuse, and into
-# which onnxruntime ops?
+# **Predict before you run the next cell:** which of the patterns of notebook 04 (norms after residual Adds, an
+# activation, attention) will fuse here, and into which onnxruntime ops?
 
 # %%
+cfg = dec.LlamaConfig()
+print(wrap(str(cfg)))
 model = dec.llama_decoder(cfg, batch=1)
 result = fuse(fusionlab.load(model), passes=("vertical",))
 fused = result.graph.to_proto()
@@ -122,7 +136,7 @@ for name, m in (("symbolic batch", dec.llama_decoder(cfg)), ("prefill only", dec
             print(wrap("  gqa refused: " + r.reason))
 
 # %% [markdown]
-# ### Is the fused decoder the same function?
+# ## 2. Is the fused decoder the same function?
 #
 # Correctness first. The fused model is compared with the exported one, both run by onnxruntime with graph
 # optimisations off, on a prefill (a prompt of 32 tokens, empty cache) and on a decode step (one token with
@@ -154,7 +168,7 @@ ga, gb = dec.generate(sa, cfg, prompt, 16), dec.generate(sb, cfg, prompt, 16)
 print(f"16 greedy tokens, unfused and fused: {'identical' if np.array_equal(ga, gb) else 'DIFFERENT'}")
 
 # %% [markdown]
-# ### What GroupQueryAttention on the cache buys
+# ## 3. What GroupQueryAttention on the cache buys
 #
 # `dec.decode_attention(cfg)` is one layer's attention for a decode step as a model of its own: this token's
 # q, k, v and the past cache in, the context and the present cache out, written as exported (Concat of the
@@ -212,10 +226,10 @@ display(Markdown(ca.markdown("GroupQueryAttention on the cache", "MultiHeadAtten
 # %% [markdown]
 # Where fusion can pay in decoding, then: not in the small elementwise intermediates, but in not materialising
 # a copy of the cache, the one tensor that grows with the context (and, for a small model on a device, in the
-# launches it removes: section 8). CANN's IncreFlashAttention takes the same
-# grouping as an argument, `num_key_value_heads` (section 8).
+# launches it removes: §5). CANN's IncreFlashAttention takes the same grouping as an argument,
+# `num_key_value_heads` (§5).
 #
-# ## 2. Tokens per second, and bytes per token against the bandwidth
+# ## 4. Tokens per second, and bytes per token against the bandwidth
 #
 # First the two phases on this machine, one thread, the unfused model: a prefill of 128 tokens against a
 # single decode step, run interleaved (the order alternating each round, so drift hits both alike).
@@ -244,13 +258,15 @@ display(Markdown(
 # Now the decode loop, unfused against fused: 16 steps of one token each from the cache of a 32-token prompt,
 # the present cache fed back as the next past each step, the two models run interleaved. The bytes a step must
 # read (weights, the cache so far, the K/V it writes) over the time it takes is the bandwidth the step
-# achieves; beside it, the bandwidth this machine streams (the streaming bandwidth of section 2, the better of copy and add).
+# achieves; beside it, the bandwidth this machine streams (`fusionlab.cost.calibrate`'s streaming bandwidth, the
+# better of copy and add, as in notebook 11 §2).
 #
-# **Predict before you run the next cell:** fusion removed many of the decoder's nodes (the table in section
-# 6). How much faster will a decode step be?
+# **Predict before you run the next cell:** fusion removed many of the decoder's nodes (the table in §1). How
+# much faster will a decode step be?
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+calib = calibrate.calibrate(quick=True)
 N_STEPS = 16
 start_tok, start_cache = dec.prefill(sa, cfg, prompt)
 loops = timing.interleaved({"unfused": lambda: dec.decode(sa, cfg, start_tok, start_cache, N_STEPS),
@@ -274,9 +290,9 @@ display(Markdown(cmp.markdown("The fused decoder", "the unfused one") + (
 # between the small ops (each a few KiB for one token), but every weight still has to be read once per token,
 # fused or not. The time of a decode step is mostly that read. What shortens it is fewer bytes: weights in
 # float16 or int8 (notebook 13), a smaller cache (GQA, a quantized cache) read without a copy
-# (GroupQueryAttention above), or more tokens per read of the weights (batching users, speculative decoding).
+# (GroupQueryAttention, §3), or more tokens per read of the weights (batching users, speculative decoding).
 #
-# ## 3. CANN's decoding operators, and a model of an Ascend card
+# ## 5. CANN's decoding operators, and a model of an Ascend card
 #
 # CANN has fused operators for exactly these phases (from the op-plugin documentation of `torch_npu`, as
 # summarised in our reference notes):
@@ -289,8 +305,8 @@ display(Markdown(cmp.markdown("The fused decoder", "the unfused one") + (
 #   it is restricted: fp16 only, and `num_key_value_heads` only 0, that is, no GQA.
 # - **FusedInferAttentionScore** dispatches to one or the other: a query of one token goes to the
 #   IncreFlashAttention branch, longer ones to PromptFlashAttention (documented for A2/A3; not listed for 310P).
-# - **RotaryMul** (`npu_rotary_mul`): `out = r1 * x + r2 * rotate(x)`, the rotation of section 4 on one
-#   tensor; on 310P only with `jit_compile=True`, half mode only, head size 128. `npu_apply_rotary_pos_emb`
+# - **RotaryMul** (`npu_rotary_mul`): `out = r1 * x + r2 * rotate(x)`, the rotation of notebook 11 §4
+#   on one tensor; on 310P only with `jit_compile=True`, half mode only, head size 128. `npu_apply_rotary_pos_emb`
 #   rotates Q and K in one kernel.
 # - **RmsNorm** and **AddRmsNorm**: RMSNorm, and the residual Add with it, the counterpart of
 #   `SkipSimplifiedLayerNormalization` above.
@@ -298,7 +314,7 @@ display(Markdown(cmp.markdown("The fused decoder", "the unfused one") + (
 # They are the same fusions as onnxruntime's `MultiHeadAttention` / `GroupQueryAttention`, `RotaryEmbedding`
 # and `SkipSimplifiedLayerNormalization`, and none of them changes the bytes of weights a decode step reads.
 # So a lower bound on an Ascend card's time per token needs no hardware: bytes per token over the bandwidth of
-# the chip that holds the model. The cell below models the 8-billion-parameter shape of section 3 in fp16, at
+# the chip that holds the model. The cell below models the 8-billion-parameter shape of notebook 11 §3 in fp16, at
 # a context of 4096 tokens, on one chip of each preset. These are **modelled from published specifications,
 # not measured**; a real card reaches only part of its peak bandwidth, so real times are longer.
 #
@@ -306,12 +322,14 @@ display(Markdown(cmp.markdown("The fused decoder", "the unfused one") + (
 # GB/s) generate for this model?
 
 # %%
+big = dec.LlamaConfig(vocab=128256, hidden=4096, heads=32, kv_heads=8, intermediate=14336, layers=32)
+chips = [devices.get(n).one_chip() for n in ("Atlas 300I Pro", "Atlas 300I Duo", "Atlas 800I A2 (Ascend 910B)")]
 rows = []
 for d in chips:
     m = dec.modelled_decode(big, 4096, d)
-    rows.append([m["device"], f"{m['bytes'] / 2**30:.2f}", f"{m['intensity']:.2f}", f"{m['ridge']:.0f}",
-                 f"{m['t_memory_s'] * 1e3:.1f}", f"{m['t_compute_s'] * 1e3:.2f}", f"{m['tokens_per_s_bound']:.1f}"])
-show(["one chip of", "GiB per token", "FLOP/B", "ridge", "ms (bytes/bandwidth)", "ms (FLOPs/peak)",
+    rows.append([m["device"], f"{d.mem_bandwidth_gbs:g}", f"{m['bytes'] / 2**30:.2f}", f"{m['intensity']:.2f}",
+                 f"{m['ridge']:.0f}", f"{m['t_memory_s'] * 1e3:.1f}", f"{m['t_compute_s'] * 1e3:.2f}", f"{m['tokens_per_s_bound']:.1f}"])
+show(["one chip of", "GB/s", "GiB per token", "FLOP/B", "ridge", "ms (bytes/bandwidth)", "ms (FLOPs/peak)",
       "tokens/s at most"], rows)
 small = dec.modelled_decode(cfg, 128, chips[0])
 print(f"this notebook's decoder in fp16 on one 310P3, 128 cached: at most {small['tokens_per_s_bound']:,.0f} "
@@ -335,15 +353,60 @@ print(wrap(f"but the fused decoder launches {step_cost.kernels} kernels a step (
 # The last lines say the bytes bound is not the whole story for a model this small: on the model of a 310P3 its
 # decode step is limited by kernel launches, not bytes (compare the launch time with the memory time above), and
 # the tokens per second fall well short of the bound. There fusion pays a second way, besides the cache copy of
-# section 6: every kernel it removes is one launch less per token. The launch cost is an assumption of the
+# §3: every kernel it removes is one launch less per token. The launch cost is an assumption of the
 # presets (no figure is published; msprof's task wait times would measure it).
 #
 # %% [markdown]
 # ## Summary
 #
-# * TODO
+# - The exporters' LLaMA patterns fuse into onnxruntime's RMSNormalization and SkipSimplifiedLayerNormalization,
+#   RotaryEmbedding, QuickGelu and, with the cache, one GroupQueryAttention a layer (refused, with the reason,
+#   where the kernel would compute something else); the fused decoder is checked against the exported one.
+# - GroupQueryAttention reads the cache without `repeat_kv`'s copy: the one saving of fusion that grows with the
+#   context. Removing the small intermediates leaves a step's main cost: one read of every weight.
+# - So bandwidth over bytes per token bounds tokens per second, measured here and modelled on Ascend, whose
+#   decoding operators are the same fusions; for a small model there, kernel launches, not bytes, set the time.
 
 # %% [markdown]
 # ## Exercises
 #
-# TODO
+# The exercises check themselves: write your answer in the cell under each task, run it, then run the `check` cell.
+# `check` grades it at once on hidden cases and prints PASS with what it checked, or FAIL with a hint naming the
+# first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
+# answers are in the repository's `solutions/` folder, outside the notebooks (try first).
+#
+# **Exercise 1: the fused operators of a decoder.** Write `fused_ops(layers, heads, kv_heads, batch, past)`: a
+# dict from op type to how many of it `fuse(..., passes=("vertical",))` writes into `dec.llama_decoder` of that
+# shape (`layers` layers, `heads` query heads over `kv_heads` K/V heads, `batch` an int or a name, `past` whether
+# the graph takes a cache), for six ops: `RMSNormalization`, `SkipSimplifiedLayerNormalization`,
+# `RotaryEmbedding`, `QuickGelu`, `GroupQueryAttention`, `MultiHeadAttention` (a missing key counts 0). §1's
+# table and refusals say what to expect; the hidden decoders include multi-query attention, one without GQA, a
+# symbolic batch, a batch of 2 and a prefill-only export.
+
+# %%
+def fused_ops(layers, heads, kv_heads, batch, past):
+    """{op type: count} of the six fused ops in the vertical pass's output for this decoder."""
+    ...  # your code here
+
+
+# %%
+exercises.decoderops.check(fused_ops)
+
+
+# %% [markdown]
+# **Exercise 2: tokens per second at most.** Write `tokens_per_second(cfg, context, batch, device)`: the most
+# tokens per second one chip of `device` can generate for `batch` requests decoded together, each with `context`
+# tokens cached, for the shape `cfg` in fp16, without calling `dec.modelled_decode`. A step reads the weights
+# once for the whole batch but each request's own cache (notebook 11 §2), and takes at least the larger of its
+# bytes over the chip's bandwidth and its FLOPs over the chip's fp16 peak (`device.one_chip()`,
+# `.peak_flops("float16")`); `dec.token_bytes` and `dec.step_flops` count one request. §5 modelled one request;
+# the hidden steps include the 300I Duo and a batch large enough to be compute-bound.
+
+# %%
+def tokens_per_second(cfg, context, batch, device):
+    """An upper bound on the tokens/s one chip of `device` generates for `batch` requests at `context` cached."""
+    ...  # your code here
+
+
+# %%
+exercises.tokenrate.check(tokens_per_second)

@@ -1,23 +1,19 @@
 # %% [markdown]
-# # 13 · Quantization meets fusion: int8 on a CPU, and on Ascend by analogy
+# # 13 · Quantization meets fusion: int8 on a CPU, from the bytes to QLinearConv
 #
-# **What you will be able to do after this notebook**
+# **What you will be able to do**
 #
-# - compute an int8 scale and zero point by hand, and check your numbers against onnxruntime's own
-#   `QuantizeLinear` / `DequantizeLinear` kernels;
-# - explain why a BatchNormalization must be folded into its convolution *before* quantizing, and show on a
-#   measured example what goes wrong when it is not;
-# - quantize a small CNN and a small BERT with onnxruntime's own static quantizer (`quantize_static`, QDQ format,
-#   calibration data made here), and read what onnxruntime's optimiser fuses the QDQ pairs into: `QLinearConv`,
-#   `QLinearMatMul`, `MatMulIntegerToFloat`, `QLinearAdd`;
-# - judge an int8 model against float32 (accuracy, and speed measured on this CPU with intervals);
-# - say where fusion and quantization get in each other's way: per-channel scales under a fold, and a residual
-#   `Add` of two differently scaled tensors;
-# - map all of it onto CANN's AMCT quantizer and ATC's requant / dequant fusion passes.
+# 1. compute an int8 scale and zero point by hand, check your numbers against onnxruntime's own
+#    `QuantizeLinear` / `DequantizeLinear` kernels, and requantise an int32 accumulator as an int8 kernel does;
+# 2. explain why a BatchNormalization must be folded into its convolution *before* quantizing, and show on a
+#    measured example what goes wrong when it is not;
+# 3. quantize a small CNN with onnxruntime's own static quantizer (`quantize_static`, QDQ format, calibration data
+#    made here), and read what onnxruntime's optimiser fuses the QDQ pairs into: `QLinearConv`, `QLinearAdd`;
+# 4. judge the int8 CNN against float32: accuracy, and speed measured on this CPU with intervals.
 #
-# You know Conv+BN folding (notebook 02) and vertical fusion (notebook 03). Everything marked *measured* runs on
-# this machine's CPU with onnxruntime; we have no Ascend hardware, and every Ascend statement below is cited from
-# the project's CANN notes (`shared/reference/cann_facts.md`), not measured.
+# You know Conv+BN folding (notebook 02) and vertical fusion (notebook 03). Everything here runs on this machine's
+# CPU with onnxruntime. Notebook 14 takes the same quantizer to a transformer, shows where fusion and quantization
+# get in each other's way, and maps it all onto CANN's AMCT and ATC.
 
 # %%
 import numpy as np
@@ -49,8 +45,9 @@ def as_proto(model):
 # - dequantize: `x' = (q − z) · s`.
 #
 # We ask onnxruntime's quantizer, as its documentation recommends for x86, to store **activations as uint8**
-# (`activation_type=QUInt8`; its default is int8) with a zero point (asymmetric: the calibrated range `[lo, hi]`, widened to contain 0, maps onto 0..255) and **weights as
-# int8** symmetric (zero point 0, range −127..127). For uint8, `s = (hi − lo) / 255` and `z = round(−lo / s)`.
+# (`activation_type=QUInt8`; its default is int8) with a zero point (asymmetric: the calibrated range `[lo, hi]`,
+# widened to contain 0, maps onto 0..255) and **weights as int8** symmetric (zero point 0, range −127..127). For
+# uint8, `s = (hi − lo) / 255` and `z = round(−lo / s)`.
 #
 # **Predict:** an activation was calibrated to the range `[−1, 2]`. What are `s` and `z`? What integer does 0.31
 # become, and what does it come back as? And 2.5, outside the range?
@@ -145,7 +142,7 @@ display(Markdown(f"This CPU {'has' if vnni else 'has no'} VNNI. With 8-bit weigh
 # trained network those factors can differ a lot from channel to channel, because the channels coming *out of the
 # convolution* differ in scale and the BN exists to normalise them. Quantize the unfolded graph and the tensor
 # between Conv and BN, whose channels still differ in scale, gets **one** uint8 scale for all channels: channels
-# with a small range use only a few of the 256 levels. Fold first (notebook 02) and that tensor is gone: the
+# with a small range use only a few of the levels `0..255`. Fold first (notebook 02) and that tensor is gone: the
 # per-channel factor moves into the conv's **weights**, which can have one scale per output channel.
 #
 # `quant.bn_spread_layer(spread)` builds such a layer: Conv → BN → Relu → Conv, whose first conv's output channels
@@ -271,14 +268,89 @@ print(f"a QLinearConv at ALL: domain {qconv.domain!r}, {len(qconv.input)} inputs
 #   input and once at the output.
 
 # %% [markdown]
+# ## 4. Accuracy against float32
+#
+# Each int8 CNN against its float32 original (optimisations off) on the test images, which calibration never
+# saw: the largest absolute error of the logits, the relative error `‖int8 − fp32‖ / ‖fp32‖` over all of them,
+# and the share of images whose top-1 class agrees.
+#
+# **Predict:** weights per channel or per tensor: which is more accurate, and by how much?
+
+# %%
+acc = {"weights per tensor": quant.accuracy(cnn, cnn_pt, cnn_test, classifier=True),
+       "weights per channel": quant.accuracy(cnn, cnn_pc, cnn_test, classifier=True)}
+print("\n".join(text_table(["int8 CNN", "max |error|", "relative error", "top-1 agrees"],
+                           [[k] + a.row() for k, a in acc.items()])))
+n_images = sum(f["input"].shape[0] for f in cnn_test)
+(better, b), (_, w) = sorted(acc.items(), key=lambda kv: kv[1].rel)
+top1 = (f"top-1 agreement {b.top1:.0%} against {w.top1:.0%}" if b.top1 >= w.top1 else
+        f"though top-1 agreement goes the other way, {b.top1:.0%} against {w.top1:.0%}: "
+        f"{round(abs(w.top1 - b.top1) * n_images)} of {n_images} test images, a count too small to rank them by")
+display(Markdown(f"The answer: {better} are the more accurate by the relative error, {b.rel:.3f} against "
+                 f"{w.rel:.3f}; {top1}."))
+
+# %% [markdown]
+# The CNN has deterministic random weights, so "top-1 agrees" means the int8 classifier picks the same class as
+# the float32 one, not that either is right. A real deployment judges the int8 model on its task's metric; the
+# relative error is what this notebook can measure honestly.
+#
+# ## 5. Speed on this CPU: does int8 pay?
+#
+# AVX-512 VNNI's `vpdpbusd` multiplies 64 uint8 × int8 pairs and adds them into 16 int32 lanes, where a float32
+# fused multiply-add does 16 (§1 printed whether this CPU has it; without it, AVX2 does 32 pairs per `256-bit`
+# instruction pair, `vpmaddubsw` then `vpmaddwd`):
+
+# %%
+print("multiply-adds per 512-bit instruction:", quant.VNNI_MACS)
+
+# %% [markdown]
+# **Predict:** the float32 CNN against its int8 versions, all at onnxruntime's full optimisations, one thread
+# each (the machine is shared with other work, and one thread keeps the comparison about the kernels, not about
+# threading). Four times the multiply-adds per instruction: will int8 be four times faster? And the int8 model
+# whose BNs were not folded?
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+cnn_unfolded_q = quant.quantize(cnn, cnn_calib, per_channel=True)
+feeds = cnn_test[0]
+sessions = {name: runtime.session(m, "all", threads=1) for name, m in
+            (("float32", cnn), ("int8 per tensor", cnn_pt), ("int8 per channel", cnn_pc),
+             ("int8, BN not folded", cnn_unfolded_q))}
+times = timing.interleaved({name: (lambda s=s: s.run(None, feeds)) for name, s in sessions.items()}, min_time=4.0)
+cnn_cmp = {name: timing.Comparison.from_samples(times["float32"], times[name], label_a="float32", label_b=name)
+           for name in sessions if name != "float32"}
+print(timing.comparisons_table(cnn_cmp, ("CNN, batch 4", "float32", "int8", "fp32/int8", "95% CI", "verdict")))
+fold_cmp = timing.Comparison.from_samples(times["int8, BN not folded"], times["int8 per channel"],
+                                          label_a="int8, BN not folded", label_b="int8, BN folded")
+best = max(c.speedup for c in cnn_cmp.values())
+vnni = quant.VNNI_MACS["int8 (vpdpbusd)"] / quant.VNNI_MACS["fp32 (vfmadd)"]
+display(Markdown(" ".join([cnn_cmp["int8 per tensor"].markdown("The int8 CNN, weights per tensor,"),
+                           cnn_cmp["int8 per channel"].markdown("The int8 CNN, weights per channel,"),
+                           cnn_cmp["int8, BN not folded"].markdown("The int8 CNN whose BNs were not folded"),
+                           fold_cmp.markdown("Folding the BNs first", than="quantizing them unfolded"),
+                           f"The best ratio, {best:.2f}×, is {'below' if best < vnni else 'above'} the "
+                           f"{vnni:.0f}× of multiply-adds per instruction."])))
+
+# %% [markdown]
+# The instruction count is not a prediction for a whole model. Only the convolutions' inner loops run in int8
+# instructions; the quantize at the input, the requantisation of every output, the layout `Transpose`s and the
+# residual `QLinearAdd`s (float32 fuses its Adds into the convolutions, notebook 14 §4.2) are work of their own;
+# on the other side a float32 convolution is not limited by its multiply-adds alone, and int8 tensors are a
+# quarter of the bytes to move. Where the ratio lands is the measurement's to say (the sentences above). The
+# unfolded CNN also runs each BN in float, with a dequantize before and a quantize after it. How much int8 gains
+# depends on the shapes: build §1's CNN with `zoo.resnet_small(width=16)` or a smaller image, run the notebook
+# again, and see how the fixed costs weigh.
+
+# %% [markdown]
 # ## Summary
 #
-# - Fold BN (and other per-channel factors) into the weights *before* calibrating: activations get one scale per
-#   tensor, so an unfolded Conv→BN tensor loses its small channels, and the BN stays a float island.
+# - An int8 tensor is integers plus a scale and a zero point; an int8 kernel sums uint8 × int8 products in int32
+#   and requantises once onto the output's grid (7-bit weights keep AVX2's int16 pairs from saturating).
+# - Fold BN into the weights *before* calibrating: activations get one scale per tensor, so an unfolded Conv→BN
+#   tensor loses its small channels, and the BN stays a float island between a dequantize and a quantize.
 # - onnxruntime's QDQ model is float plus quantize/dequantize marks; at level EXTENDED and above they fuse into
-#   `QLinearConv`, `QLinearMatMul` / `MatMulIntegerToFloat`, `QLinearAdd`; a Q/DQ between every op blocks float fusions.
-# - Per-channel weight scales make later folds exact; a residual Add of two scales needs a requantisation that
-#   onnxruntime runs as its own kernel and ATC's `TbeConvDequantVaddReluQuantFusionPass` fuses into the conv.
+#   `QLinearConv` and `QLinearAdd`; what that buys is measured, in error and in time, not read off the 4× of
+#   multiply-adds per instruction.
 
 # %% [markdown]
 # ## Exercises

@@ -340,7 +340,7 @@ print(json.dumps(doc["input_desc"][0]), json.dumps(doc["attr"][0]), sep="\n")
 # later only, are `shared/reference/cann_facts.md` §3.1; the 20 AIC / 40 AIV cores of the 910B3/B4 are §3.3;
 # `reluEn` is a field of `FixpipeParamsV220` in Ascend C's `Fixpipe` API, read in public kernel code, not run.)
 # An op with no matmul or conv (elementwise, but also a reduction or a norm) takes the vector path
-# CopyIn (MTE2) → Compute (Vector) → CopyOut (MTE3) of notebook 14. `framework/onnx_plugin/conv_relu_plugin.cc`
+# CopyIn (MTE2) → Compute (Vector) → CopyOut (MTE3) of notebook 19. `framework/onnx_plugin/conv_relu_plugin.cc`
 # registers the op for ATC's ONNX parser: `OriginOpType("ai.onnx.contrib::1::ConvRelu")`.
 
 # %%

@@ -11,14 +11,10 @@
 # - measure a real CPU analogue: loading tiles in one thread while another computes.
 #
 # **Where this comes from.** The seed's §3.3 shows a TBE kernel with `tvm.tag_scope("double_buffer")` and says
-# double buffering gave +18%. That code is pseudo-code: TBE has no such scope. The real forms are
-#
-# - Ascend C: `TQue<QuePosition::VECIN, BUFFER_NUM>` with `BUFFER_NUM = 2` around a CopyIn → Compute → CopyOut
-#   loop (the official AddCustom sample; `pipe.InitBuffer(inQueueX, 2, size)`);
-# - TBE DSL: `sch[tensor].double_buffer()` on a tensor of the schedule (TBE's schedules enable it from the tiling's
-#   ping-pong flags);
-# - TIK: a loop `with tik_instance.for_range(0, n, thread_num=2) as i:`, whose two "threads" are the ping and pong
-#   buffers.
+# double buffering gave +18%. That code is pseudo-code (§1 prints the ledger's verdict, with the real TBE and TIK
+# forms). In Ascend C, the form this notebook models, it is a `TQue<QuePosition::VECIN, BUFFER_NUM>` with
+# `BUFFER_NUM = 2` around a CopyIn → Compute → CopyOut loop (the official AddCustom sample;
+# `pipe.InitBuffer(inQueueX, 2, size)`).
 #
 # We have no Ascend hardware: the Ascend part of this notebook is a *model* built from published specifications;
 # the CPU part is *measured*.
@@ -59,9 +55,7 @@ plt.rcParams["figure.dpi"] = 80
 #   buffer, which CopyOut of tile *i − BUFFER_NUM* releases;
 # - **the bandwidth.** MTE2 and MTE3 are separate queues, but both move bytes between the core and global memory,
 #   and the core's share of the device's memory bandwidth is one number. While both copy, each runs at half
-#   speed. So the copies of *n* tiles take at least *n* × (copy-in + copy-out), whatever the schedule.
-#
-# The simulator is pure and deterministic: the same stage times always give the same schedule.
+#   speed.
 #
 # Take three equal stages of 1 µs (each copy alone takes 1 µs) and 8 tiles, three ways:
 #
@@ -114,24 +108,14 @@ for name, (b, inplace) in modes.items():
 # each stage's time alone):
 #
 # - one shared buffer: *n* × (in + compute + out), fully serial;
-# - `BUFFER_NUM = 1`, separate queues: the same on one memory path, since the next copy-in shares the path with
-#   this copy-out (with a path each it would be a tile every compute + max(in, out));
+# - `BUFFER_NUM = 1`, separate queues: the same on one memory path (with a path each, a tile every
+#   compute + max(in, out));
 # - `BUFFER_NUM = 2`: a tile every max(in + out, compute) once the pipeline is full;
 # - and no schedule, with any number of buffers, beats max(*n* × (in + out), *n* × compute): bytes ÷ bandwidth
-#   against compute. `tests/test_double_buffer.py` checks that bound over a grid of stage ratios, buffer counts
-#   and every device preset.
-
-# %%
-for n in (8, 64, 512):
-    one = double_buffer.simulate(n, stages, 1, inplace=True).total
-    two = double_buffer.simulate(n, stages, 2).total
-    print(f"{n:4d} tiles: serial {one:6.0f} us, double-buffered {two:6.0f} us "
-          f"(bound {double_buffer.lower_bound(n, stages):6.0f} us), speed-up {one / two:.2f}x")
-
-# %% [markdown]
-# With three equal stages the speed-up is 1.5×: (1 + 1 + 1) ÷ max(1 + 1, 1). The most double buffering can ever
-# give on one memory path is 2×, when compute takes exactly as long as the two copies together, so that each
-# hides the other completely. (With a path per copy queue the ceiling would be 3×: §3 plots both.)
+#   against compute.
+#
+# With three equal stages double buffering is (1 + 1 + 1) ÷ max(1 + 1, 1) = 3/2 times as fast as the serial loop:
+# 24 µs against 16 µs above.
 #
 # ## 2. When it cannot pay: one stage dominates
 #
@@ -145,16 +129,16 @@ for compute in (0.25, 0.5, 1, 2, 4, 16, 64):
     print(f"compute = {compute:6.2f} us (copies 2 us): double buffering gains {gain:+6.1%}")
 
 # %% [markdown]
-# The gain peaks at +99% (2× less the fill and drain of 256 tiles) when compute equals the two copies together
-# (2 µs), and falls towards zero on both sides: a copy-bound kernel waits for the memory path no matter how many
-# buffers it has, and a compute-bound one keeps the Vector unit busy anyway.
+# The gain peaks at +99% (2×, the most one memory path allows, less the fill and drain of 256 tiles) when compute
+# equals the two copies together (2 µs), so that each hides the other completely, and falls towards zero on both
+# sides: a copy-bound kernel waits for the memory path no matter how many buffers it has, and a compute-bound one
+# keeps the Vector unit busy anyway.
 #
 # ## 3. The seed's "+18%": for which stage ratios would it hold?
 
 # %% [markdown]
-# With one memory path, `BUFFER_NUM = 1` runs a tile every in + compute + out, `BUFFER_NUM = 2` every
-# max(in + out, compute). So if the copies take *r* times the compute, the gain is *r* on the compute-bound side
-# (*r* < 1) and 1/*r* on the copy-bound side (*r* > 1). `ratio_for_gain` inverts the steady-state gain:
+# By §1's closed forms, if the copies take *r* times the compute, the steady-state gain is *r* on the compute-bound
+# side (*r* < 1) and 1/*r* on the copy-bound side (*r* > 1). `ratio_for_gain` inverts it:
 
 # %%
 r_compute = double_buffer.ratio_for_gain(0.18)
@@ -163,9 +147,6 @@ r_paths = double_buffer.ratio_for_gain(0.18, shared_bandwidth=False)
 print(f"+18%, compute-bound kernel: total copy time = {r_compute:.0%} of compute time")
 print(f"+18%, copy-bound kernel:    total copy time = {r_copy:.1f} x compute time")
 print(f"(with a memory path per copy queue it would need copy = {r_paths:.0%} of compute)")
-for r in (r_compute, r_copy):
-    check = double_buffer.double_buffer_gain((r / 2, 1.0, r / 2), n_tiles=4096)
-    print(f"simulated with 4096 tiles at copy/compute = {r:.2f}: {check:+.1%}")
 
 # %%
 def gain_over_serial(r, shared, n=256):
@@ -191,26 +172,22 @@ fig
 # %% [markdown]
 # Against the serial loop, one memory path peaks at about +100% (2×) where the copies take as long as the compute
 # (ratio 1); independent paths would peak at about +200% (3×) at ratio 2, the number a three-equal-stages picture
-# suggests. The seed's +18% crosses the solid curve twice: at copy = 18% of compute, and at copy = 5.6 × compute.
-# So +18% is a plausible figure, but only for a particular balance of copy and compute. It is not a property of
-# double buffering; it is a property of one kernel's stage times. The same switch gives almost nothing to a
-# kernel that is strongly copy- or compute-bound, and up to 2× to a balanced one.
+# suggests. The seed's +18% crosses the solid curve twice, at copy = 18% of compute and at copy = 5.6 × compute: a
+# plausible figure, but a property of one kernel's balance of copy and compute, not of double buffering, which gives
+# a strongly copy- or compute-bound kernel almost nothing and a balanced one up to 2×.
 #
 # ## 4. Stage times from the Atlas presets (modelled)
 #
 # Where do real stage times come from? For an elementwise kernel on one core that runs vector code:
 #
 # - copy time = bytes / the core's share of memory bandwidth (published bandwidth ÷ the cores that run vector
-#   kernels, all of them busy), shared by copy-in and copy-out. On the 310P3 and the 910 those are the AI
-#   cores; the 910B4 splits them into 20 cube cores (AIC) and 40 vector cores (AIV, `cann_facts.md` §3.3),
-#   and a vector kernel runs on the 40, so each gets a fortieth of the bandwidth. The 310P3 also has 7
-#   standalone vector cores beside its 8 AI cores (§3.3 too); whether a vector kernel spreads over them is not in
-#   our sources, so the model uses the 8 AI cores only;
-# - compute time = element operations / vector throughput, taken as 128 fp16 lanes (256 bytes) per cycle at
-#   1.8 GHz for every preset. Both numbers are read from the 910B platform file as `cann_facts.md` §3.3 quotes it
-#   (`vec_calc_size=128`, `cube_freq=1800`, SECONDARY); reading `vec_calc_size` as fp16 lanes per cycle and
-#   the cube clock as the vector clock are our assumptions, and no vector figure for the 310P3 or the 910 is in
-#   our sources, so their rows carry the 910B's. Treat the compute column as modelled, not published;
+#   kernels, all of them busy), shared by copy-in and copy-out. Those are the AI cores of the 310P3 and the 910,
+#   and the 40 vector cores (AIV) of the 910B4 (`cann_facts.md` §3.3); the 310P3's 7 standalone vector cores are
+#   left out, as our sources do not say whether a vector kernel spreads over them;
+# - compute time = element operations / vector throughput: 128 fp16 lanes per cycle at 1.8 GHz for every preset,
+#   from the 910B platform file as `cann_facts.md` §3.3 quotes it (`vec_calc_size=128`, `cube_freq=1800`,
+#   SECONDARY). Reading those as lanes and as the vector clock is our assumption, and the 310P3 and 910 rows carry
+#   the 910B's figures: the compute column is modelled, not published;
 # - the tile is as large as the Unified Buffer allows: `BUFFER_NUM` × (inputs + outputs) × tile ≤ UB.
 #   **Double buffering halves the tile.**
 
@@ -272,22 +249,6 @@ print(seed_claims.claim("s33-double-buffer-18pct").summary())
 # its 364 µs of compute behind the copies (+55%). No row beats its bound. A lone `Add` is so copy-bound that double buffering gains a few
 # percent; the 100-operation kernel is compute-bound, and double buffering hides its copies (+36% on the 300I Pro).
 #
-# The timeline of the Sinh-like kernel on the 300I Pro, first tiles:
-
-# %%
-core = double_buffer.core_from_device(presets["Atlas 300I Pro"])
-fig, axes = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True)
-for ax, buffers in zip(axes, (1, 2)):
-    tile = double_buffer.max_tile_elems(core.ub_bytes, buffers)
-    t = double_buffer.stage_times(core, tile, ops_per_elem=20)
-    s = double_buffer.simulate(-(-2**20 // tile), t, buffers)
-    double_buffer.draw_pipeline(s, ax=ax, max_tiles=6 * buffers,
-                                title=f"BUFFER_NUM = {buffers}: tile {tile} elems, {s.total:.1f} us for 1 Mi elems")
-fig.tight_layout()
-plt.close(fig)
-fig
-
-# %% [markdown]
 # ### Fusion and double buffering, together
 #
 # Take a chain of *k* unary elementwise ops, each about 5 vector operations per element, on 4 Mi fp16 elements per
@@ -314,17 +275,14 @@ print("Vector unit busy, fused kernel / one basic op: "
       + ", ".join(f"{k} ops {b[1] / b[0]:.1f}x" for k, (_, b) in chain.items() if k > 1))
 
 # %% [markdown]
-# Read the columns from the numbers:
-#
-# - **fusion is most of the win.** Every unfused kernel is copy-bound (5 operations per element hide behind
-#   the copies), so the chain costs *k* × 655 µs with double buffering and double buffering gains it only +14%.
-#   The fused kernel moves the bytes once: up to *k* = 4 it still takes only the 655 µs of copying, a *k*-fold gain.
-# - **double buffering pays most on the fused kernel.** As fusion adds compute per byte, the fused kernel moves
-#   toward the balance point of §2: at *k* = 8 its compute (728 µs) about matches its copies, and double
-#   buffering gains +89%. Past that the fused kernel is compute-bound and the gain falls again (+44% at 16).
-# - So they work together, not in place of each other: fusion cuts the bytes that bound the kernel, double
-#   buffering hides whichever of copying and computing is left shorter. Neither helps much with what the
-#   other leaves: double buffering cannot shorten a copy-bound chain, fusion cannot overlap what remains.
+# - **fusion is most of the win.** Every unfused kernel is copy-bound (5 operations per element hide behind the
+#   copies), so the chain costs *k* × 655 µs with double buffering, which gains it only +14%. The fused kernel moves
+#   the bytes once: up to *k* = 4 it still takes only the 655 µs of copying, a *k*-fold gain.
+# - **double buffering pays most on the fused kernel.** Fusion adds compute per byte, moving the kernel toward §2's
+#   balance point: at *k* = 8 its compute (728 µs) about matches its copies and double buffering gains +89%; past
+#   that it is compute-bound and the gain falls again (+44% at 16).
+# - So they work together: fusion cuts the bytes that bound the kernel, double buffering hides whichever of copying
+#   and computing is left shorter.
 #
 # ### The seed's "IPC 1.7×"
 
@@ -332,14 +290,11 @@ print("Vector unit busy, fused kernel / one basic op: "
 print(seed_claims.claim("s33-ipc-1.7x").summary())
 
 # %% [markdown]
-# IPC, instructions per cycle, is a hardware counter: on Ascend, msprof's `--aic-metrics=PipeUtilization` reports
-# how many cycles each pipe was busy (`vec_ratio`, `mte2_ratio`, `mte3_ratio`, … in `op_summary`). We have no
-# counters. The simulator's nearest quantity is the last column: the share of time the Vector unit works.
-# A kernel that waits for MTE2 issues few vector instructions per cycle; a fused one that keeps the Vector unit
-# busy issues more. In this model the ratio between a fused kernel and one basic op is 2.0× for two fused ops and
-# 7.1× for eight (the line under the table): any figure such as 1.7× is a property of how many ops were fused and how
-# balanced the result is, not of fusion. Without the counters and the kernels the seed measured, it cannot be
-# checked.
+# The simulator's nearest quantity to IPC is the table's last column, the share of time the Vector unit works: a
+# kernel waiting for MTE2 issues few vector instructions per cycle, a fused one that keeps the Vector unit busy
+# issues more. In this model the ratio between a fused kernel and one basic op is 2.0× for two fused ops and 7.1×
+# for eight (the line under the table), so a figure such as 1.7× describes how many ops were fused and how balanced
+# the result is, not fusion; without msprof's counters and the seed's own kernels, it cannot be checked.
 #
 # ## 5. A real CPU analogue, measured
 #
@@ -355,10 +310,8 @@ print(seed_claims.claim("s33-ipc-1.7x").summary())
 # 2. **an emulated storage device** of fixed bandwidth (`device_gbs`): the loader sleeps while the "device"
 #    transfers, using no CPU, the way a DMA engine does. This is the situation MTE2 is in.
 #
-# The compute stage is a few `tanh` sweeps over the tile. How balanced the two stages are decides the most that
-# overlap can give (equal stages: up to 2×); the simulator predicts it from the per-tile times printed below.
-# There is no copy-out, so the shared-path question does not arise. First we time each stage on its own and let
-# the simulator predict the overlap gain; then we measure it, interleaved.
+# The compute stage is a few `tanh` sweeps over the tile, and there is no copy-out (so no shared path). We time each
+# stage on its own, let the simulator predict the overlap gain from their balance, then measure it, interleaved.
 
 # %%
 TILE = 2**17  # float32 elements: 512 KiB per tile
@@ -399,9 +352,6 @@ def measure(loader, label):
     print(f"per tile: load {load_t * 1e6:.0f} us, compute {comp_t * 1e6:.0f} us (load/compute {load_t / comp_t:.2f}); "
           f"simulator predicts {predicted:.2f}x from overlapping")
     print(c.table())
-    print(f"inside the runs, per tile (median): sequential load {stage[False][0] * 1e6:.0f} us, compute "
-          f"{stage[False][1] * 1e6:.0f} us;\n{'':36}overlapped load {stage[True][0] * 1e6:.0f} us, compute "
-          f"{stage[True][1] * 1e6:.0f} us")
     return {"predicted": predicted, "c": c, "alone": (load_t, comp_t), "inside": stage, "refit": refit}
 
 # %%
@@ -417,13 +367,12 @@ workdir.cleanup()
 
 # %% [markdown]
 # Read the verdict lines, not just the medians: each says whether the 95% interval of the paired ratio excludes 1.
-# What theory expects: overlap pays when the loader waits on something that is *not* the CPU doing the compute
-# (the emulated device here, MTE2 on an AI Core). When the copy itself needs a CPU core, as a memcpy does, the
-# loader and the computation compete for the cores, and so does every other process on the machine.
+# Theory expects overlap to pay when the loader waits on something other than the CPU doing the compute (the
+# emulated device, MTE2 on an AI Core), and not when the copy itself needs a core, as a memcpy does.
 #
-# The simulator's prediction rests on the stage times measured *alone*. The last two lines of each block give them as
-# they were *inside* the interleaved runs. Feed each mode's own stage times back into the simulator, and what is
-# left between its answer and the measured median is what the stage times do not explain: time between the
+# The simulator's prediction rests on the stage times measured *alone*; `measure` also timed every load and compute
+# *inside* the interleaved runs. Feed each mode's own in-run stage times back into the simulator, and what is left
+# between its answer and the measured median is what the stage times do not explain: time between the
 # stages, spent waiting for a core or handing tiles between the threads. If the sequential runs leave as much
 # unexplained as the overlapped ones, it is the machine (a busy core taken away), not the overlap. The next cell
 # does that arithmetic for this run, beside the machine's load at the time.
@@ -436,8 +385,11 @@ load_1min = os.getloadavg()[0]
 def diagnosis(r, c, slow, left):
     """Where this run's time went, from its own figures: the stages slowed side by side, time between the stages
     in the overlapped mode only, or as much unexplained in both modes (the machine)."""
+    if c.ci_low > r["predicted"]:
+        return "The measured gain exceeds the prediction: nothing falls short to explain."
     if c.ci_high >= r["predicted"]:
-        return "The measured gain reaches the prediction: nothing to explain."
+        return (f"The prediction lies inside the interval ({c.ci_low:.2f}–{c.ci_high:.2f}×): this run cannot tell "
+                f"the measured gain from the predicted one.")
     side = slow > 1.05 or r["inside"][True][0] > 1.05 * r["alone"][0]
     extra = left[True] - left[False]
     if extra > 0.5 * abs(left[False]) and extra > 0:
@@ -472,12 +424,11 @@ for name, r in (("page-cache loader", memcpy_result), ("emulated device", dma_re
 display(Markdown("\n\n".join(notes)))
 
 # %% [markdown]
-# Where the measured ratio falls short of the prediction, the last sentence of each paragraph above says where
-# this run's time went. Whichever it is, it is the simulator's assumption that broke: it gives the loader and the
-# compute an engine each, at their solo speed, and hands a tile from one to the other for free. An AI Core really
-# has separate MTE2 and Vector queues synchronised in hardware; on a CPU the two threads share cores, caches and
-# memory with each other and every other process, and a hand-over between threads costs time. It is the same lesson as the shared memory path of §1: two
-# engines that share one resource do not add up.
+# Where the measured ratio falls short of the prediction, the last sentence of each paragraph above says where this
+# run's time went, and each answer breaks an assumption of the simulator: it gives the loader and the compute an
+# engine each, at their solo speed, and hands tiles over for free. An AI Core has separate MTE2 and Vector queues
+# synchronised in hardware; on a CPU the two threads share cores, caches and memory with every other process. It is
+# §1's lesson again: two engines that share one resource do not add up.
 #
 # ## Summary
 #

@@ -1,4 +1,4 @@
-"""The second exercise of notebook 17: the seed's evaluation model on one chip of an Atlas preset."""
+"""The second exercise of notebook 18: the seed's evaluation model on one chip of an Atlas preset."""
 
 
 def utilisation(flops, nbytes, seconds, device):

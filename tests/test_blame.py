@@ -233,7 +233,7 @@ def test_the_command_blames_our_rule_by_name(wrong_conv_fold, tmp_path, capsys, 
 
 
 def test_the_float16_offset_layernorm_of_notebook_10_is_blamed_on_layernorm_fusion():
-    # the model notebook 18 walks blame through: onnxruntime's fused LayerNormalization (float16 on the CPU)
+    # the model notebook 17 walks blame through: onnxruntime's fused LayerNormalization (float16 on the CPU)
     # moves the outputs beyond float16's tolerance, and the float64 reference says the fused one is the worse
     from fusionlab.blame import blame_ort
     from fusionlab.zoo import offset_layernorm

@@ -149,3 +149,31 @@ def test_infer_rejects_wrong_types_and_channel_mismatch():
         decl.infer({"x": (1, 3, 8, 8), "filter": (6, 4, 3, 3)}, None, {"strides": [1, 1, 1, 1], "pads": [0] * 4})
     with pytest.raises(ValueError, match="required attribute 'pads'"):
         decl.infer({"x": (1, 4, 8, 8), "filter": (6, 4, 3, 3)}, None, {"strides": [1, 1, 1, 1]})
+
+
+def _matmul_add_relu():
+    return (reg_op("MatMulAddRelu").INPUT("x1", F).INPUT("x2", F).INPUT("bias", F).OUTPUT("y", F)
+            .ATTR("transpose_x1", "Bool", False).ATTR("transpose_x2", "Bool", False)
+            .fuses("MatMul", "Add", "Relu").OP_END_FACTORY_REG("MatMulAddRelu"))
+
+
+@pytest.mark.parametrize("t1,t2", [(False, False), (True, False), (False, True), (True, True)])
+def test_matmul_transpose_flags_are_honoured_by_infer_and_the_kernel(t1, t2):
+    """CANN MatMul's transpose_x1/x2 swap an operand's last two axes; both the shape inference and the numpy kernel
+    the custom op runs read them (they once ignored them: a transposed x2 of [N, K] inferred [M, K] or failed)."""
+    rng = np.random.default_rng(0)
+    m, k, n = 3, 5, 4
+    x1 = rng.standard_normal((k, m) if t1 else (m, k)).astype(np.float32)
+    x2 = rng.standard_normal((n, k) if t2 else (k, n)).astype(np.float32)
+    bias = rng.standard_normal((n,)).astype(np.float32)
+    decl = _matmul_add_relu()
+    attrs = {"transpose_x1": t1, "transpose_x2": t2}
+    shapes = decl.infer({"x1": x1.shape, "x2": x2.shape, "bias": bias.shape}, attrs=attrs)
+    assert shapes["y"][0] == (m, n)
+    want = np.maximum((x1.T if t1 else x1) @ (x2.T if t2 else x2) + bias, 0)
+    np.testing.assert_allclose(compute(decl, x1, x2, bias, **attrs), want, rtol=1e-5, atol=1e-6)
+
+
+def test_matmul_with_mismatched_inner_dimensions_names_the_op():
+    with pytest.raises(ValueError, match="MatMulAddRelu: MatMul of .* does not multiply"):
+        _matmul_add_relu().infer({"x1": (3, 5), "x2": (5, 4), "bias": (4,)}, attrs={"transpose_x2": True})

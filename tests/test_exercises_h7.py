@@ -20,7 +20,7 @@ from solutions import lru as s_lru  # noqa: E402
 from solutions import utilisation as s_utilisation  # noqa: E402
 
 
-# -- idle (13) ------------------------------------------------------------------------------------------------------
+# -- idle (17) ------------------------------------------------------------------------------------------------------
 
 def test_idle_answer_works_on_a_real_profile_as_section_2_shows_it():
     """The reference, fed a real onnxruntime profile's ops, gives that profile's "no kernel running" figure."""
@@ -51,11 +51,11 @@ def test_idle_slightly_off_fails_and_names_no_mistake():
     assert v.status == core.FAIL and v.passed == 0 and "that is" not in v.hint
 
 
-# -- utilisation (13) -----------------------------------------------------------------------------------------------
+# -- utilisation (18) -----------------------------------------------------------------------------------------------
 
-def test_utilisation_truth_is_the_figure_section_9_prints():
+def test_utilisation_truth_is_the_figure_section_4_prints():
     """For a modelled run, the reference on (flops, bytes, time, card preset) gives metrics.modelled's figures on
-    one chip: the numbers §9's table prints."""
+    one chip: the numbers §4's table prints."""
     model = zoo.conv_bn_relu(image_size=32)
     for dev in devices.load_devices().values():
         u = metrics.modelled(model, dev.one_chip())

@@ -42,8 +42,8 @@ def qkv_model(with_bias=True, outputs_are_branches=False, hidden=16):
     return make_model(nodes, [value_info("x", np.float32, ["batch", "sequence", hidden])], graph_outputs, inits)
 
 
-def conv_branches(attrs_b=None, bn=True, relu=True, group_b=1, cin=4):
-    """x -> three Conv(+BN)(+Relu) branches -> Concat."""
+def conv_branches(attrs_b=None, bn=True, relu=True, group_b=1, cin=4, drop_b=()):
+    """x -> three Conv(+BN)(+Relu) branches -> Concat (branch b's attributes updated by `attrs_b`, `drop_b` left out)."""
     nodes, inits, outs = [], [], []
     for i, k in enumerate("abc"):
         attrs = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1])
@@ -52,6 +52,8 @@ def conv_branches(attrs_b=None, bn=True, relu=True, group_b=1, cin=4):
         group = group_b if k == "b" else 1
         cout = 4 + 2 * i
         kshape = attrs["kernel_shape"]
+        if k == "b":
+            attrs = {a: v for a, v in attrs.items() if a not in drop_b}
         nodes.append(helper.make_node("Conv", ["x", f"W{k}", f"B{k}"], [f"{k}0"], name=f"{k}_conv", group=group,
                                       **attrs))
         inits += [tensor(f"W{k}", _w(cout, cin // group, *kshape)), tensor(f"B{k}", _w(cout))]
@@ -139,6 +141,43 @@ def test_different_conv_attributes_do_not_fuse():
     assert len(p) == 1 and sorted(p[0].nodes) == ["a_conv", "c_conv"]
     g2 = load(conv_branches(attrs_b=dict(kernel_shape=[1, 1], pads=[0, 0, 0, 0]), bn=False, relu=False))
     assert all("b_conv" not in grp.nodes for grp in horizontal.plan(g2))
+
+
+@pytest.mark.parametrize("attrs_b,drop_b", [
+    ({"dilations": [1, 1]}, ()),                         # a default written out in one sibling only
+    ({}, ("strides",)),                                  # a default left out in one sibling only
+    ({}, ("kernel_shape",)),                             # the kernel shape left to the weight's
+    ({"auto_pad": "NOTSET", "dilations": [1, 1]}, ("strides",)),
+])
+def test_a_default_written_or_left_out_is_the_same_convolution(attrs_b, drop_b):
+    """Siblings compare by meaning, not by spelling: exporters write defaults out or leave them (they once compared
+    the attributes as written, so a sibling that spelt `strides=[1, 1]` stayed alone)."""
+    g = load(conv_branches(attrs_b=attrs_b, drop_b=drop_b, bn=True, relu=False))
+    p = horizontal.plan(g)
+    assert len(p) == 1 and sorted(n for n in p[0].nodes if n.endswith("_conv")) == ["a_conv", "b_conv", "c_conv"]
+    result = fuse(g, ("horizontal",))
+    _check_dag(result.graph)
+    assert verify(g, result.graph).ok
+
+
+def test_a_follower_default_left_out_matches_one_written_out():
+    """LeakyRelu's alpha 0.01 written in one branch and left to the schema default in the other: one activation."""
+    nodes, inits = [], []
+    for k in "ab":
+        nodes.append(helper.make_node("MatMul", ["x", f"W{k}"], [f"{k}0"], name=f"{k}_mm"))
+        extra = {"alpha": 0.01} if k == "a" else {}
+        nodes.append(helper.make_node("LeakyRelu", [f"{k}0"], [k], name=f"{k}_act", **extra))
+        inits.append(tensor(f"W{k}", _w(6, 5)))
+    nodes.append(helper.make_node("Add", ["a", "b"], ["y"], name="sum"))
+    m = make_model(nodes, [value_info("x", np.float32, [3, 6])], [value_info("y", np.float32, [3, 5])], inits)
+    g = load(m)
+    p = horizontal.plan(g)
+    assert len(p) == 1 and {"a_act", "b_act"} <= set(p[0].nodes)
+    assert verify(g, fuse(g, ("horizontal",)).graph).ok
+    m2 = make_model([n if n.name != "b_act" else helper.make_node("LeakyRelu", ["b0"], ["b"], name="b_act", alpha=0.2)
+                     for n in nodes], [value_info("x", np.float32, [3, 6])], [value_info("y", np.float32, [3, 5])],
+                    inits)
+    assert not any({"a_act", "b_act"} <= set(grp.nodes) for grp in horizontal.plan(load(m2)))
 
 
 def test_grouped_conv_is_not_fused():

@@ -111,6 +111,17 @@ def test_every_notebook_is_listed():
         assert not missing, (name, sorted(missing))
 
 
+def test_every_map_lists_the_path_in_order():
+    """README's table, docs/workbook.md's and 00's map name every notebook once, in the order of the path (the
+    browser test checks 00's links in JupyterLab; this sees a missing or misplaced row without a browser)."""
+    path = sorted(p.stem for p in (ROOT / "notebooks_src").glob("[0-9][0-9]_*.py"))
+    start = (ROOT / "notebooks_src" / "00_start_here.py").read_text()
+    for name, text, pattern in (("README.md", README, r"^\| \[`(\d\d_\w+)`\]"),
+                                ("docs/workbook.md", WORKBOOK_DOC, r"^\| \[`(\d\d_\w+)`\]"),
+                                ("00_start_here", start, r"^# \| \[(\d\d_\w+)\]\(\1\.ipynb\)")):
+        assert re.findall(pattern, text, re.M) == path, name
+
+
 def _reading_time():
     spec = importlib.util.spec_from_file_location("reading_time", ROOT / "tools" / "reading_time.py")
     module = importlib.util.module_from_spec(spec)

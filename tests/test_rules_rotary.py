@@ -262,7 +262,7 @@ def test_the_group_that_writes_the_caches_is_charged_their_own_size():
     """The first rotary group of a decoder also writes the Slice + Reshape that cut the cos and sin tables to the
     kernel's [S, D/2] caches. Its saving is its twin's (the same rotation one layer on, which writes nothing else)
     less those four tensors written and read back: half of each table, twice. Not four intermediates as large as
-    the group's output (the engine's default for an extra kernel), which understated the saving 9x in notebook 09."""
+    the group's output (the engine's default for an extra kernel), which understated the saving 9x in the decoding notebook (09 then, 12 now)."""
     import fusionlab
     from fusionlab.lessons import decoding as dec
     from fusionlab.shapes import ShapeInfo

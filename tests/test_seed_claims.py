@@ -164,7 +164,7 @@ def test_summary_names_the_claim_its_verdict_and_the_ledger():
     c = seed_claims.claim("s33-double-buffer-18pct")
     text = c.summary()
     assert "§3.3" in text and "[s33-double-buffer-18pct]" in text and c.verdict in text and "docs/seed_claims.md" in text
-    assert c.where_shown() == "notebook 14 §3, notebook 14 §5"
+    assert c.where_shown() == "notebook 19 §3, notebook 19 §5"
     with pytest.raises(KeyError, match="no claim 'nope'"):
         seed_claims.claim("nope")
 
@@ -276,7 +276,7 @@ def test_a_planted_spoiler_is_caught():
 #: (notebook printing the summary, claim, later notebook) whose later prediction the summary does not answer
 CROSS_SPOILER_ALLOWED: dict[tuple[str, str, str], str] = {
     ("02_conv_bn_folding", "s22-matmul-act-batch-1.5x", "08_fusion_thresholds"):
-        "05 §5 asks where the latency curve's minimum is; the summary is about ResNet-50's batch, not the curve",
+        "08 §1 asks where the latency curve's minimum is; the summary is about ResNet-50's batch, not the curve",
 }
 
 
@@ -332,7 +332,7 @@ def _allowed_still_matches(key, sources) -> bool:
 def test_a_planted_cross_notebook_spoiler_is_caught():
     cid = "s42-split-above-5-ops"  # shown in notebook 08 §1, which asks a prediction
     early = [("code", f'print(seed_claims.claim("{cid}").summary())')]
-    later = [("markdown", "## 5. The curve\n\n**Predict:** where is the minimum?"), ("code", "print(sweep)")]
+    later = [("markdown", "## 1. The curve\n\n**Predict:** where is the minimum?"), ("code", "print(sweep)")]
     assert cross_spoilers({"06_mixed_fusion": early, "08_fusion_thresholds": later})
     assert not cross_spoilers({"06_mixed_fusion": [("code", "print(1)")], "08_fusion_thresholds": later})
 

@@ -483,6 +483,58 @@ def check_notebook(path: Path) -> list[Flag]:
     return flags + _literal_flags(stem, nb) + _remeasure_flags(stem, nb)
 
 
+_RESULT_FILE = re.compile(r"`?(?:benchmarks/results/)?(?P<name>[a-z0-9_]+\.md)`?")
+
+
+def _table_counts(text: str) -> set[Decimal]:
+    """What a reader counts in a results file's tables: each table's data rows, and its distinct first cells and
+    first-two-cell pairs ("27 exports" of a table with a row per export and optimiser)."""
+    out, rows = set(), []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|") and not line.startswith("|-"):
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+        elif not line.startswith("|-"):
+            data = rows[1:]
+            if data:
+                out |= {Decimal(len(data)), Decimal(len({r[0] for r in data})),
+                        Decimal(len({tuple(r[:2]) for r in data}))}
+            rows = []
+    return out
+
+
+def check_document(name: str, text: str, sources: dict[str, str]) -> list[Flag]:
+    """The flags of a markdown page's prose against the result files it reports (`sources`: {file name: text}).
+
+    The rule is the notebooks' one with the results files as the outputs: each typed figure of a sentence must be
+    in a source the sentence names (`exports_quiet.md`), or, when it names none, in any source. Code spans,
+    headings' and lists' numbers, versions, shapes, product names and quotes are skipped, as in a notebook."""
+    per_file = {k: _numbers(v) | _table_counts(v) for k, v in sources.items()}
+    values_all = set().union(*per_file.values()) if per_file else set()
+    flags = []
+    clean = _CODE.sub(lambda m: " " * len(m.group(0)), text)
+    for pattern, group in ((_HEADING_OR_LIST, 2), (_VERSION, 0), (_SHAPE, 0), (_PRODUCT, 0), (_QUOTE, 0)):
+        clean = _blank(clean, pattern, group)
+    for offset, sentence in _sentences(clean):
+        raw = text[offset:offset + len(sentence)]
+        named = {m.group("name") for m in _RESULT_FILE.finditer(raw)} & set(sources)
+        values = set().union(*(per_file[n] for n in named)) if named else values_all
+        rounded: dict = {}
+        for m in _NUMBER.finditer(sentence):
+            typed, unit = m.group("num"), m.group("unit") or ""
+            value = _dec(typed)
+            if value is None or _NAME_BEFORE.search(sentence[max(0, m.start() - 12):m.start()]):
+                continue
+            bare = not unit and "." not in typed
+            if bare and (value < 10 or ("," not in typed and 1990 <= value <= 2039)):
+                continue
+            if printed(typed, unit == "%", values, rounded):
+                continue
+            where = ", ".join(sorted(named)) if named else "any results file"
+            flags.append(Flag(name, 0, typed + (m.group("space") + unit if unit else ""), raw.strip(),
+                              f"not in {where}"))
+    return flags
+
+
 def check(paths=None) -> list[Flag]:
     paths = sorted(NOTEBOOKS.glob("*.ipynb")) if paths is None else [Path(p) for p in paths]
     return [f for p in paths for f in check_notebook(p)]

@@ -1,10 +1,10 @@
-"""Exercise: the seed's evaluation model on one chip of an Atlas preset (notebook 17).
+"""Exercise: the seed's evaluation model on one chip of an Atlas preset (notebook 18).
 
 The learner writes ``utilisation(flops, nbytes, seconds, device) -> (compute, bandwidth)``: the compute and the
 bandwidth utilisation, as fractions, of a run that did `flops` FLOPs and moved `nbytes` bytes in `seconds`, on one
 chip of `device`, a preset as `fusionlab.cost.devices.load_devices()` gives it (the Atlas 300I Duo is the whole
 card of two chips), at the precision the preset runs a float model in (fp16). `check(utilisation)` grades it on
-hidden runs against `fusionlab.cost.metrics.utilisation` on ``device.one_chip()``, the figures §9's table prints,
+hidden runs against `fusionlab.cost.metrics.utilisation` on ``device.one_chip()``, the figures §4's table prints,
 and names the likely mistake: the whole card's peak, the fp32 peak, GiB/s for GB/s, TFLOP/s read as 1e9, percent
 for fractions, or the two figures swapped.
 """
@@ -45,7 +45,7 @@ def expected(c: RunCase) -> tuple[float, float]:
 
 
 CASES = (
-    Case("a small detector's run, like §9's, on an Atlas 300I Pro: 0.285 GFLOP and 12.4 MB in 0.773 ms",
+    Case("a small detector's run, like §4's, on an Atlas 300I Pro: 0.285 GFLOP and 12.4 MB in 0.773 ms",
          RunCase(2.85e8, 1.24e7, 7.73e-4, "Atlas 300I Pro")),
     Case("the same run on the Atlas 300I Duo, whose preset is the whole card of two chips",
          RunCase(2.85e8, 1.24e7, 7.73e-4, "Atlas 300I Duo")),
@@ -65,7 +65,7 @@ def _mistakes(c: RunCase) -> list[tuple[tuple[float, float], str]]:
     return [
         ((flop_s / card.peak_flops("float16"), byte_s / card.bandwidth),
          f"the whole card's peak and bandwidth: one model instance runs on one of its {card.chips} chips "
-         f"(Device.one_chip(), §9)"),
+         f"(Device.one_chip(), §4)"),
         ((flop_s / chip.peak_flops("float32"), right[1]),
          "the fp32 peak: the Atlas presets run a float model in fp16 (device.peak_flops('float16'))"),
         ((right[0], byte_s / (chip.mem_bandwidth_gbs * 2**30)), "GiB/s: mem_bandwidth_gbs is in GB/s, 1e9 bytes"),

@@ -39,7 +39,7 @@ import numpy as np
 
 __all__ = [
     "DeclarationError", "TensorDesc", "AttrDesc", "Step", "OpDecl", "OpBuilder", "reg_op", "BUILTINS", "Builtin",
-    "DTYPES", "ATTR_TYPES", "canonical_dtype", "validate", "problems", "name_for",
+    "DTYPES", "ATTR_TYPES", "canonical_dtype", "validate", "problems", "name_for", "matmul_operands",
 ]
 
 
@@ -284,6 +284,15 @@ class OpDecl:
         return out
 
 
+def matmul_operands(a: np.ndarray, b: np.ndarray, values: dict) -> tuple[np.ndarray, np.ndarray]:
+    """CANN MatMul's operands as it multiplies them: `transpose_x1` / `transpose_x2` swap the last two axes first."""
+    if values.get("transpose_x1") and a.ndim >= 2:
+        a = np.swapaxes(a, -1, -2)
+    if values.get("transpose_x2") and b.ndim >= 2:
+        b = np.swapaxes(b, -1, -2)
+    return a, b
+
+
 def _conv_out(size: int, k: int, pad_a: int, pad_b: int, stride: int, dil: int) -> int:
     # CANN Conv2D doc: out = (in + pad_a + pad_b - (dilation * (k - 1) + 1)) / stride + 1
     return (size + pad_a + pad_b - (dil * (k - 1) + 1)) // stride + 1
@@ -309,7 +318,14 @@ def _infer_step(op_name: str, step: Step, args, values) -> tuple[int, ...]:
         return (x[0], w[0], oh, ow)
     if step.op == "MatMul":
         a, b = shapes
-        return tuple(np.matmul(np.empty(a, np.int8), np.empty(b, np.int8)).shape) if a and b else ()
+        if not (a and b):
+            return ()
+        a, b = matmul_operands(np.empty(a, np.int8), np.empty(b, np.int8), values)
+        try:
+            return tuple(np.matmul(a, b).shape)
+        except ValueError:
+            raise ValueError(f"{op_name}: MatMul of {a.shape} and {b.shape} (after transpose_x1/x2) does not "
+                             f"multiply") from None
     present = [s for s in shapes if s is not None]
     try:
         return tuple(np.broadcast_shapes(*present))

@@ -20,7 +20,7 @@ from math import erf
 import numpy as np
 
 from ..analysis.derive import conv_nd
-from .declare import DeclarationError, OpDecl
+from .declare import DeclarationError, OpDecl, matmul_operands
 
 __all__ = ["DOMAIN", "run_body", "compute", "register", "encode_attr", "decode_attr", "library_path",
            "registered"]
@@ -117,6 +117,8 @@ def run_body(decl: OpDecl, inputs: dict[str, np.ndarray], attrs: dict) -> dict[s
             y = _conv2d(x, w, b, attrs)
         elif step.op in _UNARY:
             y = _UNARY[step.op](args[0], attrs)
+        elif step.op == "MatMul":
+            y = np.matmul(*matmul_operands(args[0], args[1], attrs))
         elif step.op in _BINARY:
             y = _BINARY[step.op](args[0], args[1])
         else:

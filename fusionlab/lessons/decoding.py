@@ -1,4 +1,4 @@
-"""LLM decoding, for notebook 11: a small LLaMA-style decoder with a KV cache, the bytes of a token, decode attention.
+"""LLM decoding, for notebooks 11 and 12: a LLaMA-style decoder with a KV cache, the bytes of a token, decode attention.
 
 - `LlamaConfig` and `llama_decoder`: a decoder written as exporters write LLaMA (RMSNorm decomposed, rotary as
   ``x * cos + rotate_half(x) * sin`` with cos/sin computed from the positions, grouped-query attention with the
@@ -13,8 +13,9 @@
 - `rope`, `attention_reference`, `flash_decode`: rotary embeddings, softmax attention in float64, and
   FlashDecoding's split of one query's attention over the sequence (partial softmaxes combined by log-sum-exp);
 - `generate`: greedy decoding with an onnxruntime session, the cache fed back each step;
-- `modelled_decode`: bytes per token over a device's bandwidth, a lower bound on the time per token (modelled from
-  published specs, `fusionlab.cost.devices`); `roofline_figure` draws the points.
+- `modelled_decode`: bytes per step over a device's bandwidth, a lower bound on the time per token, for one request
+  or a batch sharing one read of the weights (modelled from published specs, `fusionlab.cost.devices`);
+  `roofline_figure` draws the points.
 """
 
 from __future__ import annotations
@@ -507,17 +508,21 @@ def flash_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, splits: int) -> tu
 # modelled on the Ascend presets
 # --------------------------------------------------------------------------------------------------
 
-def modelled_decode(cfg: LlamaConfig, context: int, device: Device, dtype_bytes: int = 2) -> dict:
-    """A decode step of one token on one chip of `device`, modelled: bytes per token / bandwidth is a lower
-    bound on the time per token (every weight and the cache read once at the published peak bandwidth), and the
-    FLOPs / peak the compute time; the larger one is the roofline's time. fp16 (what ATC runs) by default."""
+def modelled_decode(cfg: LlamaConfig, context: int, device: Device, dtype_bytes: int = 2, batch: int = 1) -> dict:
+    """A decode step of one token for each of `batch` requests (each with `context` tokens cached) on one chip of
+    `device`, modelled: bytes / bandwidth is a lower bound on the step's time (every weight read once for the whole
+    batch, each request's embedding row, cache and new K/V read or written for that request alone, at the
+    published peak bandwidth), and the FLOPs / peak the compute time; the larger one is the roofline's time, and
+    `batch` tokens over it an upper bound on the tokens per second. fp16 (what ATC runs) by default."""
     chip = device.one_chip()
-    b = token_bytes(cfg, context, 1, dtype_bytes)["total"]
-    f = step_flops(cfg, context, 1)
+    tb = token_bytes(cfg, context, 1, dtype_bytes)
+    b = tb["weights"] + batch * (tb["total"] - tb["weights"])
+    f = batch * step_flops(cfg, context, 1)
     t_mem = b / chip.bandwidth
     t_flop = f / chip.peak_flops("float16")
-    return {"device": chip.name, "bytes": b, "flops": f, "intensity": f / b, "ridge": chip.ridge_flop_per_byte,
-            "t_memory_s": t_mem, "t_compute_s": t_flop, "tokens_per_s_bound": 1.0 / max(t_mem, t_flop)}
+    return {"device": chip.name, "batch": batch, "bytes": b, "flops": f, "intensity": f / b,
+            "ridge": chip.ridge_flop_per_byte, "t_memory_s": t_mem, "t_compute_s": t_flop,
+            "tokens_per_s_bound": batch / max(t_mem, t_flop)}
 
 
 def roofline_figure(devices: list[tuple[str, float, float]], points: list[tuple[str, float]], *,

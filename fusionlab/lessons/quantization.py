@@ -1,5 +1,6 @@
 """Post-training int8 quantization meets fusion: the QDQ arithmetic, onnxruntime's static quantizer, what its
-optimiser fuses the QDQ pairs into, and where folding and quantization get in each other's way (notebook 13).
+optimiser fuses the QDQ pairs into, and where folding and quantization get in each other's way (notebooks 13
+and 14).
 
 A QDQ model keeps every operator in float and marks where tensors *would* be int8 with a pair
 ``QuantizeLinear`` → ``DequantizeLinear`` (q = saturate(round(x / scale) + zero_point), x' = (q - zero_point)

@@ -1,6 +1,6 @@
-"""Reductions and attention, fused: the code notebook 09 teaches with.
+"""Reductions and attention, fused: the code notebooks 09 (softmax, LayerNorm) and 10 (attention) teach with.
 
-Four parts, in the order the notebook uses them:
+Four parts, in the order the notebooks use them:
 
 1. **Graphs and their traffic.** `softmax_model` / `layernorm_model` / `attention_model` build the
    decomposed ONNX graphs an exporter writes (and the single-op forms); `traffic` counts what each
@@ -12,9 +12,9 @@ Four parts, in the order the notebook uses them:
 3. **Generated kernels.** `softmax_kernel` / `layernorm_kernel` write the source of a fused row
    kernel (numba, one thread), as `fusionlab.lessons.codegen` does for elementwise chains: one read of
    each row from memory, every intermediate in registers or the L1 cache, one write.
-4. **Attention traffic and tiles.** `attention_bytes` models the memory traffic of unfused and
-   tiled attention as a function of sequence length; `ascend_flash_tile` chooses a FlashAttention
-   tile that fits an Ascend AI core's L1 and Unified Buffer (figures from data/devices.json). The
+4. **Attention traffic and tiles** (notebook 10). `attention_bytes` models the memory traffic of unfused and
+   tiled attention as a function of sequence length; `ascend_flash_tile` chooses (with `flash_block`) a
+   FlashAttention tile that fits an Ascend AI core's L1 and Unified Buffer (figures from data/devices.json). The
    Ascend numbers are a model, not a measurement.
 
 Vectorisation of the kernels. A reduction (row max, row sum) vectorises only if the compiler may
@@ -45,7 +45,7 @@ __all__ = [
     "softmax_model", "layernorm_model", "layernorm_gelu_model", "attention_model", "mha_model", "traffic", "Traffic",
     "softmax_reference", "online_softmax", "welford", "two_moment", "layernorm_reference", "layernorm_loop",
     "attention_reference", "flash_attention", "softmax_kernel", "layernorm_kernel", "RowKernel", "exp_neg",
-    "stream_fraction", "StreamFraction", "attention_bytes", "AttentionBytes", "square_tile", "flash_buffers", "ascend_flash_tile", "FlashTile", "LANES",
+    "stream_fraction", "StreamFraction", "attention_bytes", "AttentionBytes", "square_tile", "flash_buffers", "flash_block", "ascend_flash_tile", "FlashTile", "LANES",
 ]
 
 #: Independent accumulators the generated kernels keep for the row max (one AVX2 register's worth).
@@ -539,6 +539,18 @@ def flash_buffers(block: int, head_dim: int) -> tuple[int, int]:
     return (b * d + 2 * 2 * b * d) * 2, b * b * (4 + 2) + b * d * 4 + 2 * b * 4
 
 
+def flash_block(ub_bytes: float, l1_bytes: float, head_dim: int, *, seq: int | None = None, step: int = 16) -> int:
+    """The largest square tile b, a multiple of `step`, whose `flash_buffers` fit both `l1_bytes` and `ub_bytes`
+    (0 if none does). With `seq`, b stops at the first multiple of `step` that covers the sequence."""
+    b = 0
+    while seq is None or b < seq:
+        l1, ub = flash_buffers(b + step, head_dim)
+        if l1 > l1_bytes or ub > ub_bytes:
+            break
+        b += step
+    return b
+
+
 def ascend_flash_tile(device, seq: int, head_dim: int = 128, *, step: int = 16) -> FlashTile:
     """The largest square tile (multiple of 16) whose buffers fit the core's L1 and UB; its traffic and time.
 
@@ -550,15 +562,10 @@ def ascend_flash_tile(device, seq: int, head_dim: int = 128, *, step: int = 16) 
 
     dev = get(device)
     d, half = head_dim, 2
-    best = None
-    for b in range(step, seq + step, step):
-        l1, ub = flash_buffers(b, d)
-        if l1 > dev.l1_kb * 1024 or ub > dev.ub_kb * 1024:
-            break
-        best = (b, l1, ub)
-    if best is None:
+    b = flash_block(dev.ub_kb * 1024, dev.l1_kb * 1024, d, seq=seq, step=step)
+    if b == 0:
         raise ValueError(f"no {step}-multiple tile of head_dim {d} fits {dev.name}")
-    b, l1, ub = best
+    l1, ub = flash_buffers(b, d)
     tiles = math.ceil(seq / b)
     hbm = 2 * seq * d * half + tiles * 2 * seq * d * half
     unfused = attention_bytes(seq, d, item=half).unfused

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
 from ..analysis import derive
@@ -44,8 +45,45 @@ _ACTIVATIONS = {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "HardSigmoid", "S
 _DEFAULT = ("", "ai.onnx")
 
 
-def _attrs(node: ir.Node) -> tuple:
-    return tuple(sorted((k, repr(a.value)) for k, a in node.attributes.items()))
+def _plain(value):
+    """An attribute value in a form that compares by meaning: float32 floats, tuples, str."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, float):
+        return float(np.float32(value))
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def _attrs(node: ir.Node, weight_shape: tuple | None = None) -> tuple:
+    """The node's attributes with every default it leaves out written in, so that siblings that spell one
+    convolution differently (`strides=[1, 1]` written, or left to its default) compare equal.
+
+    The defaults are the ONNX schema's (at the model's opset), and for a convolution the ones its schema states in
+    prose: strides and dilations 1, pads 0 and the kernel shape of its weight."""
+    values = {k: _plain(a.value) for k, a in node.attributes.items()}
+    domain = node.domain or ""
+    if domain in _DEFAULT:
+        graph = node.graph
+        opsets = graph.opset_imports if graph is not None else {}
+        version = opsets.get("", opsets.get("ai.onnx", onnx.defs.onnx_opset_version()))
+        try:
+            schema = onnx.defs.get_schema(node.op_type, version, "")
+        except onnx.defs.SchemaError:
+            schema = None
+        for name, a in (schema.attributes.items() if schema is not None else ()):
+            if name not in values and a.default_value.name:
+                values[name] = _plain(onnx.helper.get_attribute_value(a.default_value))
+    if node.op_type in ("Conv", "FusedConv") and weight_shape is not None and len(weight_shape) > 2:
+        nd = len(weight_shape) - 2
+        values.setdefault("kernel_shape", tuple(weight_shape[2:]))
+        values.setdefault("strides", (1,) * nd)
+        values.setdefault("dilations", (1,) * nd)
+        values.setdefault("pads", (0,) * (2 * nd))
+        values.setdefault("group", 1)
+        values.setdefault("auto_pad", "NOTSET")
+    return tuple(sorted((k, repr(v)) for k, v in values.items()))
 
 
 def _int_attr(node: ir.Node, name: str, default: int) -> int:
@@ -75,7 +113,7 @@ def _anchor_key(cx, node: ir.Node, v: ir.Value):
         auto = node.attributes.get("auto_pad")
         if auto is not None and auto.value not in ("NOTSET", b"NOTSET"):
             raise Refused("auto_pad")
-        return "conv", (dom, op, str(w.dtype), w.shape[1:], _attrs(node))
+        return "conv", (dom, op, str(w.dtype), w.shape[1:], _attrs(node, w.shape))
     if op == "MatMul" and dom in _DEFAULT:
         if w.ndim != 2:
             raise Refused("weight is not 2-D")

@@ -75,7 +75,7 @@ _OPT_IN = ("skip_layernorm", "swiglu", "geglu")
 #:   1.44-1.86x, `hard_sigmoid` 1.77-2.76x (Conv + hard sigmoid as FusedConv 1.24x); `slice_split` 1.02-1.06x
 #:   off, 0.97-1.01x at EXTENDED (onnxruntime makes the same Split); `attention` (MultiHeadAttention) 1.18x
 #:   off on the corpus BERT's attention block (3x11x128), and 1.03-1.32x against the decomposed graph at
-#:   sequence 16-4096 (notebook 09); on whole BERT-base it measured 1.02x (0.96-1.06) vs onnxruntime EXTENDED;
+#:   sequence 16-4096 (notebook 10); on whole BERT-base it measured 1.02x (0.96-1.06) vs onnxruntime EXTENDED;
 #:   `rotary` (RotaryEmbedding) on LLaMA's q, k: 1.96x off, 1.76x EXTENDED at the corpus size (3x4x11x16), 2.83x /
 #:   2.58x at LLaMA-7B heads (1x32x512x128); against slice_split's graph with the in-graph tables, heads handed to
 #:   attention, 1.24x off / 1.05x EXTENDED (1x4x128x16), 1.89x / 1.36x (1x32x512x128), with q @ k^T after it

@@ -35,7 +35,7 @@ P + S - 1, total_sequence_length = P + S; the query length must be the new keys'
 length provably 1 (onnxruntime 1.31's CPU kernel: "batch_size must be 1 when sequence_length > 1 and past context
 is given"); not with a NaN guard that must stay (its fill would read the whole cache). Measured against
 MultiHeadAttention after the repeat on one LLaMA-style decode step, faster at every context measured, the more
-the longer the cache (benchmarks/results/gqa_cache.md; notebook 11 times it at 4096).
+the longer the cache (benchmarks/results/gqa_cache.md; notebook 12 times it at 4096).
 onnxruntime 1.31's CPU kernel runs float32 and float16. It measured no slower than MultiHeadAttention after the
 repeat, faster on the TorchScript LLaMA exports (benchmarks/results/gqa.md); without `gqa` the MultiHeadAttention
 form is written.

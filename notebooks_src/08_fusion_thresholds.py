@@ -307,7 +307,7 @@ display(Markdown(f"The last line: the groups cover {counted.nodes} of the {len(r
 #   size and then flattens, and peak memory falls too: the seed's "split above 5 ops" costs BERT latency in this
 #   model, and its "15–20 % more peak memory" is a training effect the inference model does not have.
 # * A larger group can cost more through UB pressure, recompute or longer lifetimes; on a chain of Adds that
-#   outgrows the UB, tiles shrink and transfers slow, yet fusing whole wins until the chain is long.
+#   outgrows the UB, tiles shrink and transfers slow, yet on every chain of §1's table one group beats two.
 # * On this CPU the model is compared like with like (the kernels onnxruntime runs, mixed groups inlined) against
 #   interval-backed measurements, error shown; the explorer wires the same functions to controls.
 

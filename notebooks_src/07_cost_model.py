@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 07 · When to stop fusing: a cost model and the threshold explorer
+# # 07 · What fusion buys, predicted: a roofline cost model for devices we do not have
 #
 # **What you will be able to do**
 #
@@ -7,16 +7,15 @@
 #    (FLOPs and bytes per kernel, the kernels each lowering launches, memory liveness);
 # 2. size a fused kernel's on-chip working set **in tiles**, with the model the mixed pass of notebook 06 uses;
 # 3. read the Ascend presets: which figures they use, where they come from, which are uncertain;
-# 4. decide whether fusing more makes a model slower or fatter, and compare the model's predictions with what
-#    onnxruntime measures on this CPU.
+# 4. cost a network's fusion plans on every preset, and say what limits each fused group (launches, memory or
+#    compute).
 #
 # What elementwise fusion buys when it *really* runs fused (a generated one-pass loop against onnxruntime's
-# unfused kernels, in bytes and GB/s) is notebook 01.
+# unfused kernels, in bytes and GB/s) is notebook 01. Notebook 08 uses this model to ask when fusing more stops
+# paying, and checks it against what onnxruntime measures on this CPU.
 #
-# The seed reports two numbers this notebook is about: "over-fusion raised peak device memory by 15–20 %
-# on an Atlas 800T" and "on Atlas 800I A2, split custom ops of more than 5 basic ops". We have no Ascend
-# hardware. Everything said about Ascend devices here is a **prediction of the model** from published
-# specifications, not a measurement; what this machine measures is shown next to it.
+# We have no Ascend hardware. Everything said about Ascend devices here is a **prediction of the model** from
+# published specifications, not a measurement.
 
 # %%
 
@@ -24,12 +23,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import fusionlab
-from fusionlab import cost, exercises, seed_claims, timing, widgets, zoo
+from fusionlab import cost, exercises, widgets, zoo
 from fusionlab.analysis import working_set
 from fusionlab.cost import calibrate, devices
-from fusionlab.passes import fuse, mixed, options_for
+from fusionlab.passes import mixed
 from fusionlab.text import wrap
-from fusionlab.verification import runtime
 from IPython.display import Markdown, display
 
 # %% [markdown]
@@ -263,13 +261,13 @@ print(f"{bounds.count('launch')} of the {len(bounds)} groups launch-bound, {boun
 # %% [markdown]
 # ## Summary
 #
-# * A roofline cost model turns shapes into FLOPs and bytes, and a plan into the kernels its lowering launches; on
-#   chip a fused kernel works in tiles, sized by the working-set model the mixed pass shares.
-# * On YOLOv5 and BERT (swept on the Atlas 800I A2 preset; the peak-memory fraction is the same on every preset)
-#   the predicted latency falls with group size and then flattens, and peak memory falls too: the seed's "split
-#   above 5 ops" costs BERT latency in this model, and its "15–20 % more peak memory" is a training effect.
-# * The Ascend numbers are predictions from published specs; on this CPU the prediction is checked against what
-#   onnxruntime measures, with the error shown.
+# * A roofline cost model turns shapes into FLOPs and bytes per kernel (`max(FLOPs / peak, bytes / bandwidth)` plus
+#   a launch), and a plan into the kernels its lowering launches; the Ascend figures are published specs, the
+#   launch cost an assumption, this machine's figures a calibration.
+# * On chip a fused kernel works in tiles: two for each tensor it moves, one for each live intermediate, counted by
+#   the working-set model the mixed pass shares; tiles below 16 KiB make its transfers slower.
+# * On YOLOv5 at 320×320 most fused groups are launch-bound on the Atlas 300I Pro, so how many kernels a group's
+#   lowering launches (Conv + QuickGelu, or one kernel per group) moves the predicted speedup most.
 
 # %% [markdown]
 # ## Exercises

@@ -373,7 +373,7 @@ for (name, label), a in agreements.items():
 #   the erf-GELU (Div, Erf, Add, Mul, Mul). TVM puts MatMul, bias and GELU in one group (7 ops);
 #   fusionlab stops at 5. A threshold, not a rule: without it the two agree. For a CPU or GPU, TVM's
 #   group is right (a GEMM epilogue costs no traffic). The seed states its 5-op limit for an Ascend custom op
-#   and gives no reason (notebook 08 §1 finds none in the UB model); whether it holds there needs a
+#   and gives no reason (notebook 08 §1 finds none on real networks in the UB model); whether it holds there needs a
 #   measurement we cannot make here.
 # * **`ReduceMean -> Sub`, `ReduceMean -> Add` (BERT LayerNorm, only TVM)**: TVM fuses the `mean` with
 #   its elementwise *consumers* (not by a rule for reductions: the legalised `mean`, a sum and a division,

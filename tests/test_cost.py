@@ -209,6 +209,22 @@ def test_as_launched_drops_function_groups_and_one_kernel_per_group_merges_lower
     assert cost.plan_cost(g, cost.one_kernel_per_group(plan), DEV).kernels == 2
 
 
+def test_as_launched_gives_back_the_kernels_a_dropped_function_took():
+    """A mixed group over a vertically fused node took that group's kernels (`runs` 0). onnxruntime inlines the
+    function, so the fused node runs after all: as_launched must count it (it once kept runs 0, and a YOLO plan of
+    vertical + mixed launched 28 kernels where vertical alone launches 142)."""
+    g = chain(5000)
+    v = FusionGroup("v0", "vertical", "t", ["n0", "n1"], ["Relu", "Neg"], kernels=1, saved_launches=1,
+                    covers=["n0", "n1"])
+    v.runs = 0
+    m = FusionGroup("m0", "mixed", "fuse_ops", ["n0_fused", "n2"], ["Fused", "Exp"], lowered_to="function",
+                    covers=["n0", "n1", "n2"])
+    launched = cost.as_launched(FusionPlan([v, m]))
+    assert [grp.id for grp in launched] == ["v0"] and launched[0].runs is None
+    assert cost.plan_cost(g, launched, DEV).kernels == cost.plan_cost(g, FusionPlan([v.__class__.from_dict(
+        {**v.to_dict(), "runs": None})]), DEV).kernels == 2  # n0+n1 as one kernel, and n2
+
+
 def _group_read_through_a_shape_chain():
     """x -> Transpose -> Relu -> Reshape -> Sigmoid, the Reshape's target made from Shape(Transpose) by
     Gather/Unsqueeze/Concat: the exporters' pattern for a head split (every BERT/GPT-2/ViT attention)."""

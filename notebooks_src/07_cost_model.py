@@ -235,6 +235,10 @@ for kind in ("vertical", "horizontal", "mixed"):
           f"{sum(g.kernels for g in plans[kind]):>3} kernels")
 plans["vertical, 1 kernel"] = cost.one_kernel_per_group(plans["vertical"])
 print(cost.compare(yolo, plans).table())
+mixed_launched = cost.as_launched(plans["mixed"])
+print(f"mixed as onnxruntime launches it (cost.as_launched), {pro.name}: "
+      f"{cost.plan_cost(yolo, mixed_launched, pro).kernels} kernels, "
+      f"{cost.predicted_speedup(yolo, mixed_launched, pro):.2f}x")
 
 # %% [markdown]
 # Read the vertical rows together. As lowered for onnxruntime (Conv + QuickGelu), the plan launches 142 kernels
@@ -246,6 +250,16 @@ print(cost.compare(yolo, plans).table())
 # it takes in is not in our references: unverified). So against a model converted by ATC with its defaults, a
 # hand-written Conv+BN+SiLU custom op is predicted to gain nothing; its 2.9–3.0×
 # is against a model with every op a kernel. Notebook 03 §7 puts the seed's 23 % against both baselines.
+#
+# The mixed row costs each group as one kernel, as a fusing backend runs it; its other kernels are the nodes no
+# group took. The mixed pass emits each group as an ONNX function, which onnxruntime inlines: costed as onnxruntime
+# launches it (`cost.as_launched`, the last line) the plan runs the unfused model's kernels and predicts no gain,
+# which is what notebook 08 §2 measures.
+#
+# `peak MiB` is the model's **peak memory**: the weights, always resident, plus the most activation bytes live at
+# once while the kernels run in order (a tensor lives from the kernel that writes it to the last kernel that reads
+# it, and a fused kernel needs all its inputs and outputs at once). An intermediate a fused group keeps on chip is
+# never written, so it adds nothing to the peak; notebook 08 §1 asks whether fusing more can raise the peak.
 #
 # Per group, the model shows what fusion saves (MiB unfused → fused), the group's UB footprint, the tile it uses
 # and what limits it. On the Atlas 300I Pro most groups are **launch-bound** (the count under the table): at
@@ -299,7 +313,7 @@ exercises.roofline.check(kernel_time)
 # bytes)` of the tensors it reads from or writes to device memory) and `keeps` (`(name, bytes, position of the
 # last reader)` of its intermediates). A tensor smaller than a tile takes its own bytes. §3's group is
 # `mixed.working_set_members(yolo, g5.nodes)`, and §3 printed its answer at 16 KiB; the hidden groups also include
-# a tensor read by two ops, LayerNorms and notebook 08 §1's chain of Adds.
+# a tensor read by two ops, LayerNorms and a chain of Adds, each bringing in one more input.
 
 # %%
 def ub_bytes(members, tile):

@@ -41,6 +41,18 @@ def launch_us_seconds(model, plan, device, measured):
     return None if us is None else us * 1e-6
 
 
+def launch_us_on_top(model, plan, device, measured):
+    """WRONG: prices the rest with `device` itself, not the zero-launch copy, so it solves for the launch cost added
+    on top of the device's own."""
+    base = cost.plan_cost(model, None, device)
+    fused = cost.plan_cost(model, cost.as_launched(plan), device)
+    denominator = measured * fused.kernels - base.kernels
+    if denominator == 0:
+        return None
+    seconds = (base.latency_s - measured * fused.latency_s) / denominator
+    return seconds * 1e6 if seconds >= 0 else None
+
+
 def launch_us_stub(model, plan, device, measured):
     raise NotImplementedError  # the notebook's stub (None is an answer here, so the stub raises)
 
@@ -48,5 +60,5 @@ def launch_us_stub(model, plan, device, measured):
 CHECKER = "launchfit"
 REFERENCE = launch_us
 WRONG = [(launch_us_as_made, 3, "cost.as_launched"), (launch_us_negative, 2, "below zero"),
-         (launch_us_seconds, 0, "seconds, not µs")]
+         (launch_us_seconds, 0, "seconds, not µs"), (launch_us_on_top, 0, "on top of the device's own")]
 STUB = launch_us_stub

@@ -1,4 +1,4 @@
-"""The exercises of notebooks 07 (roofline, tiles) and 08 (moments): their truths are fusionlab's own functions,
+"""The exercises of notebooks 07 (roofline, tiles) and 09 (moments): their truths are fusionlab's own functions,
 their hidden cases hold the corners they name, and answers that are slightly off fail."""
 
 from __future__ import annotations

@@ -1,16 +1,18 @@
 """Exercise: the launch cost at which the cost model predicts a measured speedup (notebook 08).
 
 Notebook 08 §2 predicts, for each fusion kind, the speedup of what onnxruntime runs (`cost.as_launched`) on this
-CPU, calibrated (`devices.this_machine()`), and sets it beside the measured one. The launch cost is the figure
-the model is least sure of. The learner writes ``launch_us(model, plan, device, measured)``: the launch overhead
-in µs at which `cost.predicted_speedup(model, cost.as_launched(plan), device)` equals `measured`, every other
-figure of the device kept, or None when no launch cost >= 0 gives it. The predicted latency is linear in the
-launch cost (each kernel is max(compute, memory) + its launches x the overhead), so one launch cost fits, or none.
-`check` takes the truth from `cost.plan_cost` at launch 0 and the launch counts, and the hint reprices the
-learner's answer with `cost.predicted_speedup`. The hidden cases are fixed CPU-like devices (so verdicts do not
-vary with this machine's calibration), fixed "measured" speedups, and plans `fuse` makes: vertical ones, a
-horizontal one, a mixed one (onnxruntime inlines its functions: the same kernels as the original, 1.00x at any
-launch cost) and a measurement below what the model predicts with free launches.
+CPU, calibrated (`devices.this_machine()`), and sets it beside the measured one. The model prices every launch at
+one calibrated figure; which one would make it predict the measurement? The learner writes
+``launch_us(model, plan, device, measured)``: the launch overhead in µs at which
+`cost.predicted_speedup(model, cost.as_launched(plan), device)` equals `measured`, every other figure of the device
+kept, or None when no launch cost >= 0 gives it. The predicted latency is linear in the launch cost (each kernel is
+max(compute, memory) + its launches x the overhead), so one launch cost fits, or none. `check` takes the truth from
+`cost.plan_cost` at launch 0 and the launch counts, and the hint reprices the learner's answer with
+`cost.predicted_speedup` and names the likely mistake (a mixed group costed as one kernel, seconds, the speedup
+inverted, the launch cost solved on top of the device's own). The hidden cases are fixed CPU-like devices (so
+verdicts do not vary with this machine's calibration), fixed "measured" speedups, and plans `fuse` makes: vertical
+ones, a horizontal one, a mixed one (onnxruntime inlines its functions: the same kernels as the original, 1.00x at
+any launch cost) and a measurement below what the model predicts with free launches.
 """
 
 from __future__ import annotations
@@ -134,6 +136,9 @@ def _mistake(f: Fit, got: float) -> str:
                     "(cost.as_launched)")
     if want is not None and np.isclose(got, want * 1e-6, rtol=RTOL):
         said.append("seconds, not µs")
+    if want is not None and np.isclose(got + device.launch_overhead_us, want, rtol=RTOL):
+        said.append(f"the launch cost added on top of the device's own {device.launch_overhead_us:g} µs: price the "
+                    f"rest with dataclasses.replace(device, launch_overhead_us=0.0), not with device")
     inverted = _solve(model, cost.as_launched(plan), device, 1 / measured)
     if inverted is not None and np.isclose(got, inverted, rtol=RTOL):
         said.append("the speedup inverted: fused over unfused")

@@ -7,10 +7,10 @@ UB takes two tiles, an intermediate one tile from the member that makes it to it
 (it goes through L1), and a tensor smaller than a tile its own size. `check(ub_bytes)` grades it on hidden groups,
 made by the mixed pass's own `mixed.working_set_members`, against `working_set(members).bytes_at(tile)`: the §3
 YOLOv5 group at two tiles, the §2 MatMul + Add + Relu, a SiLU reading x twice, decomposed LayerNorms (long and
-short rows) and §5's chain of Adds. The hint names the likely mistake: every intermediate counted at once, the
-cube's operands counted in the UB, a tensor read twice counted twice, whole tensors where the tile is smaller, one
-tile per transfer, a tensor the cube reads left out for the op that reads it again; both, when two give the same
-number.
+short rows) and a chain of 8 Adds, each bringing in one more input. The hint names the likely mistake: every
+intermediate counted at once, the cube's operands counted in the UB, a tensor read twice counted twice, whole
+tensors where the tile is smaller, one tile per transfer, a tensor the cube reads left out for the op that reads it
+again; both, when two give the same number.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _silu(shape=(1, 64, 40, 40)):
 
 
 def _adds(k: int = 8, n: int = 1 << 19):
-    """Notebook 08 §1: k Adds in a chain, each bringing one more input of n float32 values."""
+    """k Adds in a chain, each bringing in one more input of n float32 values (the chains notebook 08 §1 costs)."""
     names = [f"x{i}" for i in range(k + 1)]
     nodes = [helper.make_node("Add", [names[0], names[1]], ["s1"], name="a1")]
     for i in range(2, k + 1):
@@ -88,7 +88,7 @@ CASES = (
     Case("a SiLU, x * Sigmoid(x): x read by two ops", Group("silu")),
     Case("a decomposed LayerNorm, nine ops, rows of 2048 (x - mean read by Pow and Div)", Group("layernorm 2048")),
     Case("a decomposed LayerNorm with rows of 64 values: every tensor smaller than a tile", Group("layernorm 64")),
-    Case("§5's chain of 8 Adds, each bringing one more input", Group("adds")),
+    Case("a chain of 8 Adds, each bringing in one more input", Group("adds")),
     Case("the same chain at 1 KiB tiles", Group("adds", KIB)),
 )
 

@@ -76,13 +76,13 @@ for bq, bk in ((64, 64), (32, 100), (300, 16)):
     print(f"tiles {bq:>3} x {bk:>3}: max |flash - unfused| below 1e-5: {err < 1e-5}")
 
 # %% [markdown]
-# **Bytes against sequence length.** Unfused, one head moves the inputs, plus the scores six times (written by the
-# MatMul, read and written by the scale and by the softmax, read by the second MatMul). Tiled, Q is read and O
-# written once, and K and V once per query tile; the tile is as large as the fast memory allows (here 1 MiB, the
-# model's `on_chip_bytes`: the order of one core's L2 cache). Both still grow as N² (K and V are re-read N / block
-# times), but the tiled kernel's constant is far smaller, and it never *holds* an N × N tensor: its memory footprint
-# stays linear in N. (A model of traffic to memory: on a CPU, small score matrices stay in the cache, so the unfused
-# graph's real traffic is lower at short lengths.)
+# **Bytes against sequence length.** Unfused, one head reads Q, K and V and writes O (N × d each), and moves the
+# scores six times (written by the first MatMul, read and written by the scale and by the softmax, read by the
+# second MatMul). Tiled, Q is read and O written once, and K and V once per query tile; the tile is as large as the
+# fast memory allows (here 1 MiB, the model's `on_chip_bytes`: the order of one core's L2 cache). Both still grow as
+# N² (K and V are re-read N / block times), but the tiled kernel's constant is far smaller, and it never *holds* an
+# N × N tensor: its memory footprint stays linear in N. (A model of traffic to memory: on a CPU, small score
+# matrices stay in the cache, so the unfused graph's real traffic is lower at short lengths.)
 
 # %%
 seqs = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -104,14 +104,14 @@ fig.tight_layout()
 # ## 3. onnxruntime's fused attention on this CPU
 #
 # onnxruntime has a `com.microsoft.MultiHeadAttention` kernel (and `Attention`, which also takes the Q/K/V
-# projection weights; its graph optimiser fuses exported BERT attention into it). Its CPU implementation includes
-# MLAS's flash-attention kernel, which sizes its tiles by the L2 cache; setting `ORT_DISABLE_FLASH_ATTENTION=1`
-# before the session is created turns that path off. We build the decomposed graph with `fusionlab.build` (reshape
-# and transpose to heads, MatMul, Mul, Softmax, MatMul, back) and the one-node MHA graph, check they agree, and time
-# them interleaved, one thread, 4 heads of 64.
+# projection weights; its graph optimiser fuses exported BERT attention into it). Its CPU implementation includes a
+# flash-attention kernel from MLAS (onnxruntime's math library), which sizes its tiles by the L2 cache; setting
+# `ORT_DISABLE_FLASH_ATTENTION=1` before the session is created turns that path off. We build the decomposed graph
+# with `fusionlab.build` (reshape and transpose to heads, MatMul, Mul, Softmax, MatMul, back) and the one-node MHA
+# graph, check they agree, and time them interleaved, one thread, 4 heads of 64.
 #
-# **Predict**: at the lengths timed below, from 128 to 2048, §2's table gives the traffic the tiled kernel saves
-# (its ratio column). Will the fused kernel be that much faster? Where might it lose?
+# **Predict**: at the lengths timed below that §2's table covers (the next cell prints both lists), its ratio
+# column gives the traffic the tiled kernel saves. Will the fused kernel be that much faster? Where might it lose?
 
 # %%
 B, H, D = 1, 4, 64
@@ -119,13 +119,16 @@ feeds_small = {n: rng.standard_normal((B, 32, H * D)).astype(np.float32) for n i
 y_dec = runtime.run(R.attention_model(B, 32, H, D), feeds_small)["y"]
 y_mha = runtime.session(R.mha_model(B, 32, H, D), "all", 1).run(None, feeds_small)[0]
 print("MultiHeadAttention vs decomposed graph within fp32 tolerance:", np.allclose(y_mha, y_dec, rtol=1e-4, atol=1e-5))
+timed = (16, 128, 512, 1024, 2048)
+print(f"lengths timed below: {', '.join(map(str, timed))}; of them in §2's table: "
+      f"{', '.join(str(n) for n in timed if n in seqs)}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 print(f"{'seq':>5} {'decomposed':>11} {'MHA':>9} {'no flash':>9}   {'MHA / decomposed':>20}   "
       f"{'no flash / decomposed':>21}")
 mha_runs = {}
-for seq in (16, 128, 512, 1024, 2048):
+for seq in timed:
     feeds = {n: rng.standard_normal((B, seq, H * D)).astype(np.float32) for n in "qkv"}
     dec = runtime.session(R.attention_model(B, seq, H, D), "all", 1)
     mha = runtime.session(R.mha_model(B, seq, H, D), "all", 1)
@@ -173,7 +176,8 @@ display(Markdown(
     + (f"fit in this machine's {l3 / 2**20:.0f} MiB L3, so the \"memory traffic\" the fused kernel saves is mostly "
        f"cache traffic, and the MatMuls (the same in both) dominate. " if H * scores_1024 <= l3 else
        f"exceed this machine's {l3 / 2**20:.0f} MiB L3. ")
-    + f"At N = 16 the decomposed graph runs {ort_count.kernel_count(R.attention_model(B, 16, H, D), 'all')} tiny "
+    + f"At N = {timed[0]} the decomposed graph runs "
+    f"{ort_count.kernel_count(R.attention_model(B, timed[0], H, D), 'all')} tiny "
     f"kernels at level ALL, and what the fused kernel saves there is their per-kernel cost. At the lengths the "
     f"traffic model covers (§2's table) the fused kernel measured "
     + "; ".join(f"N = {seq}: {mha_runs[seq]['mha'].speedup:.2f}× ({mha_runs[seq]['mha'].ci_low:.2f}–"
@@ -278,8 +282,8 @@ display(Markdown(
 # (unfused, tiled)`: the bytes one head moves to and from memory as §2's model counts them, for elements of `item`
 # bytes (4 for fp32, 2 for fp16); unfused, the MatMul, Mul, Softmax, MatMul graph of §1, and tiled, FlashAttention
 # with query tiles of `block` rows. The checker compares both numbers exactly with `R.attention_bytes` on hidden
-# shapes, passing you the tile that model chooses; they include a sequence the tiles do not divide, one shorter than
-# a tile, fp16, and a smaller on-chip budget.
+# shapes, passing you the tile that model chooses; they include a sequence the tiles do not divide, a sequence
+# that fits in one tile, fp16, and a smaller on-chip budget.
 
 # %%
 def attention_traffic(seq, head_dim, item, block):
@@ -295,9 +299,9 @@ exercises.attnbytes.check(attention_traffic)
 # largest square tile b (b queries by b keys, a multiple of 16) whose buffers fit both a core's L1 and its UB (in
 # KiB, as §4's table prints them). The buffers are §4's: in L1 the fp16 Q tile and double-buffered fp16 K and V
 # tiles (b × d each); in UB the fp32 scores and the fp16 probabilities (b × b), the fp32 output accumulator
-# (b × d), and an fp32 running max and sum per query row. The checker compares your tile with `R.flash_block`,
-# the search `R.ascend_flash_tile` makes for §4's table, on the presets' cores at head sizes 64 to 256, and on a
-# hypothetical core whose L1 is the tighter.
+# (b × d), and an fp32 running max and sum per query row. Do not call `R.flash_block`, the search
+# `R.ascend_flash_tile` makes for §4's table: the checker compares your tile with it, on the presets' cores at
+# head sizes 64 to 256 and on hypothetical cores where L1, or the running max and sum, decide.
 
 # %%
 def flash_block(ub_kb, l1_kb, head_dim):

@@ -153,7 +153,7 @@ show(["context", "KV cache MiB (GQA, 4 heads)", "MiB (12 K/V heads)", "MiB read 
 # %% [markdown]
 # The same arithmetic on a model of real size. The cell below uses the shape of an 8-billion-parameter
 # LLaMA-style model (32 layers, hidden 4096, 32 query heads of 128 sharing 8 K/V heads, an MLP of 14,336, a
-# vocabulary of 128,256: the numbers are in the code) in float16, the precision the Ascend rooflines below use.
+# vocabulary of 128,256: the numbers are in the code) in float16, the precision of §2's Ascend rooflines.
 
 # %%
 big = dec.LlamaConfig(vocab=128256, hidden=4096, heads=32, kv_heads=8, intermediate=14336, layers=32)

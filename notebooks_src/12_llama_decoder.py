@@ -375,13 +375,14 @@ print(wrap(f"but the fused decoder launches {step_cost.kernels} kernels a step (
 # first case your answer gets wrong and the mistake it looks like. The notebook is stored unanswered; reference
 # answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
-# **Exercise 1: the fused operators of a decoder.** Write `fused_ops(layers, heads, kv_heads, batch, past)`: a
-# dict from op type to how many of it `fuse(..., passes=("vertical",))` writes into `dec.llama_decoder` of that
-# shape (`layers` layers, `heads` query heads over `kv_heads` K/V heads, `batch` an int or a name, `past` whether
-# the graph takes a cache), for six ops: `RMSNormalization`, `SkipSimplifiedLayerNormalization`,
-# `RotaryEmbedding`, `QuickGelu`, `GroupQueryAttention`, `MultiHeadAttention` (a missing key counts 0). §1's
-# table and refusals say what to expect; the hidden decoders include multi-query attention, one without GQA, a
-# symbolic batch, a batch of 2 and a prefill-only export.
+# **Exercise 1: the fused operators of a decoder.** Write `fused_ops(layers, heads, kv_heads, batch, past)`:
+# predict, without running `fuse`, a dict from op type to how many of it `fuse(..., passes=("vertical",))` writes
+# into `dec.llama_decoder` of that shape (`layers` layers, `heads` query heads over `kv_heads` K/V heads, `batch`
+# an int or a name, `past` whether the graph takes a cache), for six ops: `RMSNormalization`,
+# `SkipSimplifiedLayerNormalization`, `RotaryEmbedding`, `QuickGelu`, `GroupQueryAttention`, `MultiHeadAttention`
+# (a missing key counts 0). §1's table and refusals say what to expect; rule `gqa` needs K/V heads shared, so with
+# as many K/V heads as query heads rule `attention` writes `MultiHeadAttention`. The hidden decoders include
+# multi-query attention, one without GQA, a symbolic batch, a batch of 2 and a prefill-only export.
 
 # %%
 def fused_ops(layers, heads, kv_heads, batch, past):
@@ -397,7 +398,8 @@ exercises.decoderops.check(fused_ops)
 # **Exercise 2: tokens per second at most.** Write `tokens_per_second(cfg, context, batch, device)`: the most
 # tokens per second one chip of `device` can generate for `batch` requests decoded together, each with `context`
 # tokens cached, for the shape `cfg` in fp16, without calling `dec.modelled_decode`. A step reads the weights
-# once for the whole batch but each request's own cache (notebook 11 §2), and takes at least the larger of its
+# once for the whole batch, while each request reads its own embedding row and cache and writes its new K/V
+# (all of `dec.token_bytes`'s total but the weights; notebook 11 §2), and takes at least the larger of its
 # bytes over the chip's bandwidth and its FLOPs over the chip's fp16 peak (`device.one_chip()`,
 # `.peak_flops("float16")`); `dec.token_bytes` and `dec.step_flops` count one request. §5 modelled one request;
 # the hidden steps include the 300I Duo and a batch large enough to be compute-bound.

@@ -1,4 +1,4 @@
-"""The exercise of notebook 10: the bytes one attention head moves, unfused and tiled."""
+"""The first exercise of notebook 10: the bytes one attention head moves, unfused and tiled."""
 
 import math
 
@@ -19,6 +19,12 @@ def attention_traffic_scores_twice(seq, head_dim, item, block):
     return (4 * n * d + 2 * n * n) * item, (2 * n * d + math.ceil(n / block) * 2 * n * d) * item
 
 
+def attention_traffic_no_output(seq, head_dim, item, block):
+    """WRONG: unfused, Q, K and V read but O's write left out (the inputs plus the scores six times)."""
+    n, d = seq, head_dim
+    return (3 * n * d + 6 * n * n) * item, (2 * n * d + math.ceil(n / block) * 2 * n * d) * item
+
+
 def attention_traffic_kv_once(seq, head_dim, item, block):
     """WRONG: the tiled kernel reads K and V once, as if every query tile shared one pass over them."""
     n, d = seq, head_dim
@@ -37,6 +43,7 @@ def attention_traffic_stub(seq, head_dim, item, block):
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "attnbytes"
 REFERENCE = attention_traffic
-WRONG = [(attention_traffic_scores_twice, 0, "2 times"), (attention_traffic_kv_once, 0, "K and V read once"),
+WRONG = [(attention_traffic_scores_twice, 0, "2 times"), (attention_traffic_no_output, 0, "O written left out"),
+         (attention_traffic_kv_once, 0, "K and V read once"),
          (attention_traffic_floor, 0, "round up")]
 STUB = attention_traffic_stub

@@ -1,4 +1,4 @@
-"""The exercise of notebook 10: the largest FlashAttention tile one Ascend AI core holds."""
+"""The second exercise of notebook 10: the largest FlashAttention tile one Ascend AI core holds."""
 
 
 def flash_block(ub_kb, l1_kb, head_dim):
@@ -20,6 +20,16 @@ def flash_block_no_probabilities(ub_kb, l1_kb, head_dim):
     d, b = head_dim, 0
     while (((b + 16) * d * 5) * 2 <= l1_kb * 1024
            and (b + 16) ** 2 * 4 + (b + 16) * d * 4 + 2 * (b + 16) * 4 <= ub_kb * 1024):
+        b += 16
+    return b
+
+
+def flash_block_no_row_stats(ub_kb, l1_kb, head_dim):
+    """WRONG: the fp32 running max and sum left out of UB (right on every preset, one tile too large where they
+    decide)."""
+    d, b = head_dim, 0
+    while (((b + 16) * d * 5) * 2 <= l1_kb * 1024
+           and (b + 16) ** 2 * 6 + (b + 16) * d * 4 <= ub_kb * 1024):
         b += 16
     return b
 
@@ -47,5 +57,5 @@ def flash_block_stub(ub_kb, l1_kb, head_dim):
 CHECKER = "flashtile"
 REFERENCE = flash_block
 WRONG = [(flash_block_no_probabilities, 0, "probabilities left out"), (flash_block_ub_only, 5, "only UB checked"),
-         (flash_block_exact, 0, "multiple of 16")]
+         (flash_block_no_row_stats, 6, "running max and sum left out"), (flash_block_exact, 0, "multiple of 16")]
 STUB = flash_block_stub

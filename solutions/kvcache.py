@@ -1,4 +1,4 @@
-"""The exercise of notebook 11: the bytes of the KV cache one decode step reads."""
+"""The first exercise of notebook 11: the bytes of the KV cache one decode step reads."""
 
 
 def kv_cache_bytes(layers, heads, kv_heads, head_dim, context, dtype_bytes):

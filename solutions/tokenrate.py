@@ -30,6 +30,16 @@ def tokens_per_second_weights_per_request(cfg, context, batch, device):
     return batch / max(nbytes / chip.bandwidth, flops / chip.peak_flops("float16"))
 
 
+def tokens_per_second_cache_read_only(cfg, context, batch, device):
+    """WRONG: the weights once for the batch plus each request's cache read, the embedding row and the new K/V
+    each request writes left out (a reading of "each request reads its own cache" alone)."""
+    chip = device.one_chip()
+    b = dec.token_bytes(cfg, context, 1, dtype_bytes=2)
+    nbytes = b["weights"] + batch * b["KV cache read"]
+    flops = batch * dec.step_flops(cfg, context, 1)
+    return batch / max(nbytes / chip.bandwidth, flops / chip.peak_flops("float16"))
+
+
 def tokens_per_second_memory_only(cfg, context, batch, device):
     """WRONG: bytes over bandwidth alone, as if decoding were memory-bound at any batch."""
     b = dec.token_bytes(cfg, context, 1, dtype_bytes=2)
@@ -44,5 +54,6 @@ CHECKER = "tokenrate"
 REFERENCE = tokens_per_second
 WRONG = [(tokens_per_second_whole_card, 1, "whole card"),
          (tokens_per_second_weights_per_request, 3, "once per request"),
+         (tokens_per_second_cache_read_only, 0, "only the cache read"),
          (tokens_per_second_memory_only, 4, "memory time alone")]
 STUB = tokens_per_second_stub

@@ -62,6 +62,16 @@ def test_attnbytes_hints_name_elements_and_the_missing_ends():
     assert not v.ok and "Q, K and V read and O written count too" in v.hint
 
 
+def test_attnbytes_names_o_left_out_alone_and_with_the_scores_miscounted():
+    def no_o_scores_twice(seq, head_dim, item, block):
+        return (3 * seq * head_dim + 2 * seq * seq) * item, s_attnbytes.attention_traffic(seq, head_dim, item, block)[1]
+
+    v = attnbytes.check(s_attnbytes.attention_traffic_no_output)
+    assert not v.ok and v.passed == 0 and "O written left out" in v.hint and "counted" not in v.hint
+    v = attnbytes.check(no_o_scores_twice)
+    assert not v.ok and "O written left out" in v.hint and "counted 2 times" in v.hint
+
+
 def test_attnbytes_wrong_shapes_of_answer_fail_without_a_traceback():
     v = attnbytes.check(lambda *a: 5)
     assert not v.ok and "must return (unfused, tiled)" in v.hint
@@ -95,6 +105,18 @@ def test_flashtile_presets_follow_devices_json_and_one_case_is_bound_by_l1():
     bound_by_l1 = [c for c in flashtile.CASES
                    if R.flash_block(c.data.ub_kb * 1024, 1 << 40, c.data.head_dim) > flashtile.expected(c.data)]
     assert len(bound_by_l1) == 1 and "L1 is the tighter" in bound_by_l1[0].name
+
+
+def test_flashtile_one_case_is_decided_by_the_running_max_and_sum():
+    """Without the fp32 max and sum a tile one step larger fits the UB on exactly one case (the last), and on
+    none of the presets."""
+    without = [c for c in flashtile.CASES if s_flashtile.flash_block_no_row_stats(*vars(c.data).values())
+               != flashtile.expected(c.data)]
+    assert [c.name for c in without] == [flashtile.CASES[-1].name] and "running max and sum" in without[0].name
+    c = flashtile.CASES[-1].data
+    nxt = flashtile.expected(c) + 16
+    l1, ub = R.flash_buffers(nxt, c.head_dim)
+    assert l1 <= c.l1_kb * 1024 and ub - 2 * nxt * 4 <= c.ub_kb * 1024 < ub  # only the max and sum overflow
 
 
 def test_flashtile_one_step_either_side_fails_with_the_buffers_that_decide():

@@ -88,3 +88,30 @@ def test_tokenrate_names_fp32_and_one_token_per_step():
     assert v.status == core.FAIL and v.passed == 0 and "fp32 bytes" in v.hint
     v = tokenrate.check(per_step)
     assert v.status == core.FAIL and v.passed == 3 and "one token per step" in v.hint
+
+
+def test_tokenrate_names_each_per_request_count_left_out_and_prints_digits_that_differ():
+    def leaving_out(*keys):
+        def answer(cfg, context, batch, device):
+            chip, b = device.one_chip(), dec.token_bytes(cfg, context, 1, dtype_bytes=2)
+            nbytes = b["weights"] + batch * (b["total"] - b["weights"] - sum(b[k] for k in keys))
+            flops = batch * dec.step_flops(cfg, context, 1)
+            return batch / max(nbytes / chip.bandwidth, flops / chip.peak_flops("float16"))
+        return answer
+
+    for keys, words in ((("embedding rows", "KV cache written"), "only the cache read"),
+                        (("embedding rows",), "embedding row left out"),
+                        (("KV cache written",), "new K/V left out")):
+        v = tokenrate.check(leaving_out(*keys))
+        assert v.status == core.FAIL and words in v.hint, (keys, v.hint)
+        said, model = v.hint.split("you say ")[1].split(" tokens/s")[0], v.hint.split("the model says ")[1].split()[0]
+        assert said != model and "% too many" in v.hint
+        assert " 0 GFLOP" not in v.hint and " 0.0" not in v.hint.split("(")[1]
+
+
+def test_tokenrate_small_steps_print_their_flops_in_mflop():
+    def double(cfg, context, batch, device):
+        return 2 * s_tokenrate.tokens_per_second(cfg, context, batch, device)
+
+    hint = tokenrate._judge(double, tokenrate.CASES[2])
+    assert "MFLOP a step" in hint and "MiB" in hint and "100% too many" in hint

@@ -5,8 +5,8 @@ attention moves to and from memory when exported as MatMul, Mul (the scale), Sof
 FlashAttention with query tiles of `block` rows, for `item`-byte elements. `check(attention_traffic)` grades it on
 hidden shapes against `lessons.reductions.attention_bytes`, the model notebook 10 §2 tabulates (the block is the
 one that model chooses for the case's on-chip budget), and names the likely mistake: the N x N scores counted fewer
-than six times, Q, K, V and O left out, K and V read only once, the partial last query tile dropped (floor for
-ceiling), or elements for bytes.
+than six times, Q, K, V and O (or O alone) left out, K and V read only once, the partial last query tile dropped
+(floor for ceiling), or elements for bytes.
 """
 
 from __future__ import annotations
@@ -65,15 +65,20 @@ def expected(c: BytesCase) -> tuple[int, int]:
 
 def _unfused_mistake(c: BytesCase, got: int) -> str:
     n, d, item = c.seq, c.head_dim, c.item
-    ends = 4 * n * d * item  # Q, K, V read, O written
-    if got == 6 * n * n * item:
-        return " (that is the scores alone: Q, K and V read and O written count too)"
-    scores, rest = divmod(got - ends, n * n * item)
-    if rest == 0 and 0 < scores < 6:
-        return (f" (that counts the {n} x {n} scores {scores} time{'s' if scores != 1 else ''}: the first MatMul writes "
-                f"them, the scale and the softmax each read and write them, the second MatMul reads them: six)")
     if item > 1 and got * item == expected(c)[0]:
         return " (that is elements, not bytes: multiply by item)"
+    ends_said = {4: "", 3: "O written left out: the second MatMul writes an N x d output, as Q, K and V are read",
+                 0: "the scores alone: Q, K and V read and O written count too"}  # N x d tensors counted
+    for ends, left_out in ends_said.items():
+        scores, rest = divmod(got - ends * n * d * item, n * n * item)
+        if rest or not 0 < scores <= 6 or (ends == 4 and scores == 6):
+            continue
+        said = [left_out] if left_out else []
+        if scores != 6:
+            said.append(f"the {n} x {n} scores counted {scores} time{'s' if scores != 1 else ''}: the first MatMul "
+                        f"writes them, the scale and the softmax each read and write them, the second MatMul reads "
+                        f"them: six")
+        return f" (that is {'; and '.join(said)})"
     return ""
 
 

@@ -5,10 +5,10 @@ multiple of 16) whose buffers fit a core's L1 and its Unified Buffer, as noteboo
 fp16 Q tile and double-buffered fp16 K and V tiles; in UB the fp32 scores, the fp16 probabilities, the fp32 output
 accumulator and the fp32 running max and sum of each query row. `check(flash_block)` grades it against
 `lessons.reductions.flash_block`, the search `ascend_flash_tile` makes for the table of notebook 10 §4, on the L1 and
-UB sizes of the presets in data/devices.json at several head sizes, and on one hypothetical core whose L1 is the
-tighter. The hint says which buffer a too-large tile overflows, or shows a larger tile that still fits, and names
-the likely mistake: the probabilities or the accumulator left out of UB, K and V not double-buffered, L1 not
-checked, or KiB read as 1000 bytes.
+UB sizes of the presets in data/devices.json at several head sizes, and on two hypothetical cores: one whose L1 is
+the tighter, one whose UB the running max and sum decide. The hint says which buffer a too-large tile overflows,
+or shows a larger tile that still fits, and names the likely mistake: the probabilities, the accumulator or the
+running max and sum left out of UB, K and V not double-buffered, L1 not checked, or KiB read as 1000 bytes.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ CASES = (
     _preset("Atlas 800I A2 (Ascend 910B)", 80),
     Case("a hypothetical core whose L1 is the tighter (UB 256 KiB, L1 128 KiB), head size 128",
          TileCase(256, 128, 128)),
+    Case("a hypothetical core where the running max and sum decide (UB 231 KiB, L1 1024 KiB), head size 128",
+         TileCase(231, 1024, 128)),
 )
 
 
@@ -80,6 +82,8 @@ def _ub(b, d):
 _MISTAKES = (
     ("the fp16 probabilities left out of UB", _l1, lambda b, d: b * b * 4 + b * d * 4 + 2 * b * 4),
     ("the output accumulator left out of UB", _l1, lambda b, d: b * b * (4 + 2) + 2 * b * 4),
+    ("the fp32 running max and sum left out of UB (one of each per query row)", _l1,
+     lambda b, d: b * b * (4 + 2) + b * d * 4),
     ("K and V single-buffered in L1 (double buffering holds two tiles of each)", lambda b, d: 3 * b * d * 2, _ub),
     ("only UB checked: Q, K and V must fit L1 too", lambda b, d: 0, _ub),
 )

@@ -5,10 +5,13 @@ second one chip of `device` (a `fusionlab.cost.devices` preset; the Atlas 300I D
 `batch` requests decoded together, each with `context` tokens cached, for the decoder shape `cfg`
 (`lessons.decoding.LlamaConfig`) in fp16: a step's time is at least the larger of its bytes over the chip's
 bandwidth and its FLOPs over the chip's fp16 peak, where the batch shares one read of the weights and each request
-reads its own cache; the step makes `batch` tokens. `check(tokens_per_second)` grades it against
-``lessons.decoding.modelled_decode(cfg, context, device, batch=batch)``, the model notebook 12 §5 prints, and
-names the likely mistake: the whole card's bandwidth, the weights read once per request, the cache left out, the
-compute time ignored where the batch makes the step compute-bound, fp32 bytes, or one token per step.
+reads its own embedding row and cache and writes its new K/V (all of `token_bytes`'s total but the weights); the
+step makes `batch` tokens. `check(tokens_per_second)` grades it against
+``lessons.decoding.modelled_decode(cfg, context, device, batch=batch)``, the model notebook 12 §5 prints, prints
+the relative difference (the counts left out are small), and names the likely mistake: the whole card's
+bandwidth, the weights read once per request, the cache left out, only the cache read (or the embedding row or the
+new K/V left out), the compute time ignored where the batch makes the step compute-bound, fp32 bytes, or one token
+per step.
 """
 
 from __future__ import annotations
@@ -77,6 +80,10 @@ def _mistakes(s: Step) -> list[tuple[float, str]]:
                                              f"runs on one chip, {chip.mem_bandwidth_gbs:g} GB/s"),
         (rate(b * tb["total"]), "the weights read once per request: the batch shares one read of them"),
         (rate(tb["weights"] + b * (own - tb["KV cache read"])), "the KV cache left out: each request reads its own"),
+        (rate(tb["weights"] + b * tb["KV cache read"]), "only the cache read: each request also reads its embedding "
+                                                        "row and writes its new K/V"),
+        (rate(right - b * tb["embedding rows"]), "the embedding row left out: each request reads its token's row"),
+        (rate(right - b * tb["KV cache written"]), "the new K/V left out: each request writes its token's K and V"),
         (b / (right / chip.bandwidth), "the memory time alone: with a large batch the FLOPs take longer"),
         (rate(tb4["weights"] + b * (tb4["total"] - tb4["weights"])), "fp32 bytes: the model runs in fp16, 2 bytes"),
         (rate(right, tokens=1), "one token per step: the step makes one token for each request in the batch"),
@@ -95,12 +102,37 @@ def _judge(tokens_per_second, case: Case) -> str | None:
     want = m["tokens_per_s_bound"]
     if np.isfinite(got) and abs(got - want) <= RTOL * want:
         return None
-    said = [words for value, words in _mistakes(s)
+    near = [(abs(got - value), words) for value, words in _mistakes(s)
             if np.isclose(got, value, rtol=RTOL, atol=0.0) and not np.isclose(value, want, rtol=RTOL, atol=0.0)]
+    said = [words for gap, words in near if gap == min(g for g, _ in near)]  # the closest, where several are near
     bound = "memory" if m["t_memory_s"] >= m["t_compute_s"] else "compute"
-    return (f"you say {got:,.1f} tokens/s, {'too many' if got > want else 'too few'}; the model says {want:,.1f} "
-            f"({m['bytes'] / 2**30:.2f} GiB, {m['flops'] / 1e9:,.0f} GFLOP a step, {bound}-bound)"
+    return (f"you say {_digits(got, want)} tokens/s, {_off(got, want)}; the model says {_digits(want, got)} "
+            f"({_size(m['bytes'])}, {_size(m['flops'], 'FLOP')} a step, {bound}-bound)"
             + (f" (that is {' or '.join(said)})" if said else ""))
+
+
+def _digits(x: float, other: float) -> str:
+    """`x` with the fewest decimals (one at least, six at most) that tell it from `other`."""
+    for k in range(1, 7):
+        if f"{x:,.{k}f}" != f"{other:,.{k}f}":
+            break
+    return f"{x:,.{k}f}"
+
+
+def _off(got: float, want: float) -> str:
+    """'0.0123% too many' (or too few): how far off, relative to the model's figure."""
+    if not np.isfinite(got):
+        return "not a finite number"
+    return f"{100 * abs(got - want) / want:.3g}% {'too many' if got > want else 'too few'}"
+
+
+def _size(x: float, unit: str = "B") -> str:
+    """`x` bytes (binary prefixes) or FLOP (decimal prefixes) with three significant digits: 14.5 GiB, 21.4 MFLOP."""
+    base, prefixes = (1024, ("", "Ki", "Mi", "Gi", "Ti")) if unit == "B" else (1000, ("", "k", "M", "G", "T"))
+    k = 0
+    while k < len(prefixes) - 1 and x >= base ** (k + 1):
+        k += 1
+    return f"{x / base ** k:.3g} {prefixes[k]}{unit}"
 
 
 def check(tokens_per_second) -> Verdict:

@@ -74,11 +74,12 @@ _OPT_IN = ("skip_layernorm", "swiglu", "geglu")
 #:   off at 3x24x24x16 (the Mul then broadcasts along the last axis) and 1.04x at 1x56x56x96; `hard_swish`
 #:   1.44-1.86x, `hard_sigmoid` 1.77-2.76x (Conv + hard sigmoid as FusedConv 1.24x); `slice_split` 1.02-1.06x
 #:   off, 0.97-1.01x at EXTENDED (onnxruntime makes the same Split); `attention` (MultiHeadAttention) 1.18x
-#:   off on the corpus BERT's attention block (3x11x128), and 1.03-1.32x against the decomposed graph at
-#:   sequence 16-4096 (notebook 10); on whole BERT-base it measured 1.02x (0.96-1.06) vs onnxruntime EXTENDED;
-#:   `rotary` (RotaryEmbedding) on LLaMA's q, k: 1.96x off, 1.76x EXTENDED at the corpus size (3x4x11x16), 2.83x /
-#:   2.58x at LLaMA-7B heads (1x32x512x128); against slice_split's graph with the in-graph tables, heads handed to
-#:   attention, 1.24x off / 1.05x EXTENDED (1x4x128x16), 1.89x / 1.36x (1x32x512x128), with q @ k^T after it
+#:   off on the corpus BERT's attention block (3x11x128), and 1.07-1.35x against the decomposed graph at sequence
+#:   16-4096 (benchmarks/results/reductions.md; notebook 10 times 16-2048); on whole BERT-base it measured 1.02x
+#:   (0.96-1.06) vs onnxruntime EXTENDED; `rotary` (RotaryEmbedding) on LLaMA's q, k: 1.96x off, 1.76x EXTENDED at the
+#:   corpus size (3x4x11x16), 2.83x / 2.58x at LLaMA-7B heads (1x32x512x128); against slice_split's graph with the
+#:   in-graph tables, heads handed to attention, 1.24x off / 1.05x EXTENDED (1x4x128x16), 1.89x / 1.36x
+#:   (1x32x512x128), with q @ k^T after it
 #:   1.29x off / 0.97x (0.84-1.15) EXTENDED (1x32x256x128, the MatMul dominating); whole corpus LLaMA (tiny: rotary
 #:   a small share) 0.98-1.06x, within noise. Where the rotated heads are only transposed back, onnxruntime EXTENDED
 #:   cancels the Transpose pair around the written-out form and the fused op, opaque to it, measured 0.63x

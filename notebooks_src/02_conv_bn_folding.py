@@ -186,8 +186,8 @@ for label, f in (("scaled on axis 0 (wrong)", wrong), ("scaled on axis 1 (right)
 #
 # ## 4. Folding in fp16
 #
-# Inference on Ascend runs in fp16 (ATC converts fp32 models). fp16's largest value is 65504 and it keeps about
-# three significant decimal digits, so two questions arise:
+# Inference on Ascend runs in fp16 (ATC converts fp32 models). fp16's largest value is 65504 and it keeps 11
+# significant bits (about three significant decimal digits), so two questions arise:
 #
 # - **overflow**: $s = \gamma/\sqrt{\sigma^2+\varepsilon}$ is large when a channel's variance is tiny (a "dead"
 #   channel), and $s\cdot W$ can exceed 65504, turning into `inf`;
@@ -198,6 +198,8 @@ for label, f in (("scaled on axis 0 (wrong)", wrong), ("scaled on axis 1 (right)
 # computed in float64). First, the ordinary layer from above.
 
 # %%
+fp16 = np.finfo(np.float16)
+print(f"fp16: largest value {fp16.max:g}, {fp16.nmant + 1} significant bits (the leading one implied)")
 report = derive.fold_fp16_report(W, b, gamma, beta, mean, var, eps)
 print(report.summary())
 
@@ -382,7 +384,7 @@ print(seed_claims.claim("s21-40pct-instructions").summary())
 # max(FLOPs / peak, bytes / bandwidth) plus a launch. These are **predictions, not measurements**.
 #
 # One thing the model leaves out: Ascend's kernels take feature maps in the NC1HWC0 format
-# (`shared/reference/cann_facts.md` §1.4), channels in blocks of C0 that the cube unit works on whole. With C0 = 16
+# (`shared/reference/cann_facts.md` §1.6), channels in blocks of C0 that the cube unit works on whole. With C0 = 16
 # for fp16 (the usual value; our reference notes name the format, not C0) the stem's 3 input channels are padded to
 # 16. ATC is said to have a small-channel mode for exactly this layer (`--enable_small_channel`, the C04 layout: at
 # most 4 input channels, padded to 4). Our notes do not cover it, so the C04 figures below are **unverified here**,

@@ -146,7 +146,8 @@ r_copy = double_buffer.ratio_for_gain(0.18, side="copy")
 r_paths = double_buffer.ratio_for_gain(0.18, shared_bandwidth=False)
 print(f"+18%, compute-bound kernel: total copy time = {r_compute:.0%} of compute time")
 print(f"+18%, copy-bound kernel:    total copy time = {r_copy:.1f} x compute time")
-print(f"(with a memory path per copy queue it would need copy = {r_paths:.0%} of compute)")
+print(f"(with a memory path per copy queue it would need copy = {r_paths:.0%} of compute: a gain over BUFFER_NUM = 1,\n"
+      " which with a path each already overlaps copy-in and copy-out)")
 
 # %%
 def gain_over_serial(r, shared, n=256):
@@ -424,11 +425,12 @@ for name, r in (("page-cache loader", memcpy_result), ("emulated device", dma_re
 display(Markdown("\n\n".join(notes)))
 
 # %% [markdown]
-# Where the measured ratio falls short of the prediction, the last sentence of each paragraph above says where this
-# run's time went, and each answer breaks an assumption of the simulator: it gives the loader and the compute an
-# engine each, at their solo speed, and hands tiles over for free. An AI Core has separate MTE2 and Vector queues
-# synchronised in hardware; on a CPU the two threads share cores, caches and memory with every other process. It is
-# §1's lesson again: two engines that share one resource do not add up.
+# Where the whole interval falls below the prediction, the last sentence of that paragraph above says where this
+# run's time went (otherwise it says the prediction lies inside the interval, or below it), and each answer breaks
+# an assumption of the simulator: it gives the loader and the compute an engine each, at their solo speed, and hands
+# tiles over for free. An AI Core has separate MTE2 and Vector queues synchronised in hardware; on a CPU the two
+# threads share cores, caches and memory with every other process. It is §1's lesson again: two engines that share
+# one resource do not add up.
 #
 # ## Summary
 #

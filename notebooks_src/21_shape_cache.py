@@ -112,7 +112,9 @@ display(Markdown(
 #
 # 1. **A compilation costs many runs** (the table's last column). We have not measured ATC; generating kernels
 #    for every operator is far more work than an onnxruntime session build, so expect a larger ratio there.
-#    Compiling while requests wait, as the seed's cache does on every new length, is expensive.
+#    Compiling while requests wait, as the seed's cache does on every new length, is expensive. The column is not
+#    when compiling a length of its own pays, though: a compilation is paid back only by what padding costs each
+#    request, the run at the gear minus the run at the length (Exercise 2 counts the requests).
 # 2. **Padding costs real time.** Run time grows with the length, but not linearly (the time per token): at short
 #    lengths a fixed cost per run weighs more, at long ones attention's work grows with the square of the length.
 #    The line under the table sets the time of a 65-token request padded to gear 128 against its tokens. So

@@ -32,11 +32,17 @@ def best_gears_512(lengths, k):
     return min((tuple(c) + (512,) for c in combinations(distinct, k - 1)), key=computed)
 
 
+def best_gears_distinct(lengths, k):
+    """WRONG: searches as the reference does, but over the distinct lengths, each counted once (frequency ignored)."""
+    return best_gears(sorted(set(lengths)), k)
+
+
 def best_gears_stub(lengths, k):
     ...  # the notebook's stub
 
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "bestgears"
 REFERENCE = best_gears
-WRONG = [(best_gears_quantiles, 0, "quantiles"), (best_gears_512, 0, "lower it to 120")]
+WRONG = [(best_gears_quantiles, 0, "quantiles"), (best_gears_512, 0, "lower it to 120"),
+         (best_gears_distinct, 5, "each distinct length came once")]
 STUB = best_gears_stub

@@ -28,11 +28,19 @@ def break_even_strict(length, gears, run_seconds, build_seconds):
     return math.inf if saving <= 0 else math.floor(build_seconds / saving) + 1
 
 
+def break_even_floor(length, gears, run_seconds, build_seconds):
+    """WRONG: rounds build / saving down (math.floor, or int()), one request before compiling has paid."""
+    run_at = interpolate(run_seconds)
+    saving = run_at(min(g for g in gears if g >= length)) - run_at(length)
+    return math.inf if saving <= 0 else math.floor(build_seconds / saving)
+
+
 def break_even_stub(length, gears, run_seconds, build_seconds):
     ...  # the notebook's stub
 
 #: What tests/test_exercises.py grades (see solutions/__init__.py).
 CHECKER = "breakeven"
 REFERENCE = break_even
-WRONG = [(break_even_runs, 0, "1 build = N runs"), (break_even_strict, 1, "at a tie")]
+WRONG = [(break_even_runs, 0, "1 build = N runs"), (break_even_strict, 1, "at a tie"),
+         (break_even_floor, 0, "rounded down")]
 STUB = break_even_stub

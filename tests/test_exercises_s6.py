@@ -113,3 +113,46 @@ def test_verdicts_print_the_same_twice_within_110_characters(module, wrong):
     assert first == again
     assert all(len(line) <= 110 for text in (first, passed) for line in text.splitlines())
     assert not re.search(r"0x[0-9a-f]{6,}", first)  # no object addresses
+
+
+# -- hints that name a mistake only where the case can tell it (issue 21, a reader's findings) -----------------------
+
+def _search(lengths, k, key):
+    """The reference's search over request lengths (the top at the longest), minimising another sum."""
+    distinct = sorted(set(lengths))
+    return min((c + (distinct[-1],) for c in combinations(distinct[:-1], min(k, len(distinct)) - 1)), key=key)
+
+
+def test_bestgears_another_sum_over_request_lengths_is_told_to_count_every_request():
+    """Gears at request lengths with the top at the longest already sit where an optimum does: the hint says what
+    else is wrong; a greedy answer whose gears happen to be halvings (25/50/100) is not told 'halvings'."""
+    ratio = bestgears.check(lambda lengths, k: _search(lengths, k, lambda g: sum(
+        dynamic_shapes.gear_for(n, g) / n for n in lengths)))
+    assert ratio.status == core.FAIL and "count every request" in ratio.hint and "some request's" not in ratio.hint
+
+    def greedy(lengths, k):
+        distinct, chosen = sorted(set(lengths)), [max(lengths)]
+        while len(chosen) < min(k, len(distinct)):
+            chosen = min((sorted(chosen + [x]) for x in distinct if x not in chosen),
+                         key=lambda g: _computed(lengths, g))
+        return chosen
+
+    v = bestgears.check(greedy)
+    assert v.status == core.FAIL and "25/50/100" in v.hint and "halvings" not in v.hint
+    halvings = bestgears.check(lambda lengths, k: dynamic_shapes.gears(max(lengths), k))
+    assert halvings.status == core.FAIL and "halvings" in halvings.hint  # 60/120: 60 is no request's length
+
+
+def test_breakeven_a_count_two_mistakes_give_names_both():
+    """Rounding down and the nearest measured length both give 84 on case 1: the hint names both, not one."""
+    def nearest(length, gears, run_seconds, build_seconds):
+        runs = dict(run_seconds)
+        near = runs[min(runs, key=lambda x: (abs(x - length), x))]
+        saving = dynamic_shapes.interpolate(runs)(dynamic_shapes.gear_for(length, gears)) - near
+        return math.inf if saving <= 0 else math.ceil(build_seconds / saving)
+
+    v = breakeven.check(nearest)
+    assert v.status == core.FAIL and v.passed == 0
+    assert "rounded down" in v.hint and "nearest measured length" in v.hint
+    v = breakeven.check(s_breakeven.break_even_floor)
+    assert "rounded down" in v.hint and "nearest measured length" in v.hint

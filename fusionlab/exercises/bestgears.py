@@ -6,7 +6,9 @@ with gears that know the distribution, as §3 ends by suggesting). `check(best_g
 `fusionlab.lessons.dynamic_shapes.replay(lengths, "gears", gears=answer).waste`, against the waste of the optimum
 `dynamic_shapes.best_gears(lengths, k)` finds (a dynamic programme over the distinct lengths), so any optimal set
 passes. It refuses more than `k` gears and a longest request no gear holds, and names the likely mistake: a top gear
-above the longest request, gears at the quantiles of the lengths, equal steps or halvings of the longest.
+above the longest request, gears at the quantiles of the lengths, the optimum of the distinct lengths each counted
+once, equal steps or halvings of the longest (where they are not all request lengths, which a search might pick
+too), a gear at no request's length, or else another sum minimised than the tokens computed.
 """
 
 from __future__ import annotations
@@ -54,13 +56,18 @@ def expected(c: GearCase) -> float:
 
 
 def _mistakes(c: GearCase) -> list[tuple[tuple[int, ...], str]]:
-    top, k = max(c.lengths), c.k
+    top, k, lengths = max(c.lengths), c.k, set(c.lengths)
     out = [(tuple(sorted(set(int(np.quantile(c.lengths, (i + 1) / k, method="higher")) for i in range(k)))),
             "gears at the quantiles of the lengths: they split the requests evenly, not the padded tokens"),
-           (make_gears(top, k, "linear"), "equal steps up to the longest request: they ignore the distribution")]
-    if top % 2 ** (k - 1) == 0:
-        out.append((make_gears(top, k), "halvings of the longest request: they ignore the distribution"))
-    return out
+           (tuple(best_gears(sorted(lengths), k)),
+            "the best gears if each distinct length came once: count every request, as often as it comes")]
+    # equal steps and halvings that all land on request lengths are what a search over those lengths may find too
+    fixed = [(make_gears(top, k, "linear"), "equal steps up to the longest request: they ignore the distribution")]
+    if top % 2 ** (k - 1) == 0 and make_gears(top, k) != fixed[0][0]:
+        fixed.append((make_gears(top, k), "halvings of the longest request: they ignore the distribution"))
+    elif top % 2 ** (k - 1) == 0:  # two gears: the same set either way
+        fixed = [(fixed[0][0], "equal steps or halvings of the longest request: they ignore the distribution")]
+    return out + [(g, words) for g, words in fixed if not set(g) <= lengths]
 
 
 def _judge(answer, case: Case) -> str | None:
@@ -89,9 +96,12 @@ def _judge(answer, case: Case) -> str | None:
     said = [words for g, words in _mistakes(c) if tuple(gear_set) == g]
     if not said and gear_set[-1] > longest:
         said = [f"a top gear above the longest request pads for nothing: lower it to {longest}"]
+    if not said and not set(gear_set) <= set(c.lengths):
+        said = ["an optimal gear sits at some request's length"]
+    if not said:  # request lengths, the top at the longest: the sum minimised is not the tokens computed
+        said = ["another set of request lengths computes fewer tokens: count every request, minimise the total"]
     return (f"your gears {'/'.join(map(str, gear_set))} compute {waste:.4f}x the useful tokens; the best "
-            f"{c.k} reach {want:.4f}x" + (f": {said[0]}" if said else
-                                          " (an optimal gear sits at some request's length)"))
+            f"{c.k} reach {want:.4f}x: {said[0]}")
 
 
 def check(best_gears) -> Verdict:

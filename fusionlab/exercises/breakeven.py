@@ -8,7 +8,8 @@ is the fewest requests for which compiling costs no more in total than padding, 
 `build_seconds` the time of one compile. `check(break_even)` grades it against `fusionlab.lessons.dynamic_shapes.replay`
 of the same requests under the "exact" and the "gears" policy (the gear's build not charged), and names the likely
 mistake: the build counted in runs at the length (§1's "1 build = N runs"), a tie that does not pay yet, a count
-rounded down, the run time of the nearest measured length instead of the interpolated one.
+rounded down, the run time of the nearest measured length instead of the interpolated one (both, where a case's
+count cannot tell the two apart).
 """
 
 from __future__ import annotations
@@ -85,24 +86,27 @@ def expected(c: BreakEvenCase) -> float:
     return hi
 
 
-def _mistakes(c: BreakEvenCase, want: float) -> list[tuple[float, str]]:
+def _mistakes(c: BreakEvenCase, want: float) -> list[tuple[float, str, str]]:
+    """(the count a mistake gives, the mistake, what is right instead), the commonest first."""
     runs = dict(c.run_seconds)
     at = interpolate(runs)
     gear = gear_for(c.length, c.gears)
     nearest = runs[min(runs, key=lambda x: (abs(x - c.length), x))]
-    out = [(math.ceil(c.build_seconds / at(c.length)),
-            "the build in runs at the length (§1's '1 build = N runs'): a compilation pays back only what padding "
-            "costs per request, the run at the gear minus the run at the length")]
+    out = []
+    if math.isfinite(want):
+        out += [(want + 1, "one request too many", "at a tie compiling costs no more, so it already pays"),
+                (want - 1, "one request too few (a count rounded down?)",
+                 "with that many compiling still costs more, so round the count up")]
+    out.append((math.ceil(c.build_seconds / at(c.length)), "the build in runs at the length (§1's '1 build = N runs')",
+                "a compilation pays back only what padding costs per request, the run at the gear minus the run at "
+                "the length"))
     if at(gear) > nearest:
-        out.append((math.ceil(c.build_seconds / (at(gear) - nearest)),
-                    "the run time of the nearest measured length: interpolate between the measured points"))
+        out.append((math.ceil(c.build_seconds / (at(gear) - nearest)), "the run time of the nearest measured length",
+                    "interpolate between the measured points"))
     first_fit = next(g for g in c.gears if g >= c.length)
     if first_fit != gear and at(first_fit) > at(c.length):
         out.append((math.ceil(c.build_seconds / (at(first_fit) - at(c.length))),
-                    "the first gear that fits in the order given: a request runs on the smallest gear that holds it"))
-    if math.isfinite(want):
-        out += [(want + 1, "one request too many: at a tie compiling costs no more, so it already pays"),
-                (want - 1, "one request too few: with that many, compiling still costs more (rounded down?)")]
+                    "the first gear that fits in the order given", "a request runs on the smallest gear that holds it"))
     return out
 
 
@@ -124,9 +128,11 @@ def _judge(break_even, case: Case) -> str | None:
                 f"{gear_for(c.length, c.gears)} costs no time per request here, so compiling never pays: math.inf")
     if not math.isfinite(got):
         return f"you say never; compiling pays after {want} requests"
-    said = [words for value, words in _mistakes(c, want) if value != want and value == got]
+    said = [(mistake, fix) for value, mistake, fix in _mistakes(c, want) if value != want and value == got]
+    if len(said) > 1:  # two mistakes give this count here: name both, as the one this case cannot tell apart
+        said = [(" or ".join(m for m, _ in said), "; or ".join(f for _, f in said))]
     return (f"you say {int(got)} requests, {'too many' if got > want else 'too few'}; compiling pays after "
-            f"{want}" + (f": that is {said[0]}" if said else ""))
+            f"{want}" + (f": that is {said[0][0]}: {said[0][1]}" if said else ""))
 
 
 def check(break_even) -> Verdict:

@@ -34,6 +34,8 @@ np.set_printoptions(precision=4, suppress=True)
 #
 # The zoo's BERT with two layers (hidden 128, two heads, sequence 32, batch 4). Three ways to quantize it: every
 # operator the quantizer knows; only the `MatMul`s; only the `MatMul`s and without a quantize on their outputs.
+# Under the table, each one's *float islands* (`quant.float_islands`, notebook 13 §2): the ops that read a
+# dequantized tensor, so compute in float between the int8 kernels.
 #
 # **Predict:** onnxruntime fuses a float BERT's written-out LayerNorm and GELU into single kernels (notebook 04).
 # Will it still, once quantize/dequantize pairs sit between their ops?
@@ -56,15 +58,20 @@ print("op types onnxruntime runs at level ALL (a selection; 'nodes' counts all o
 print(quant.op_table(cols, [op for op in shown if any(c[op] for c in cols.values())]))
 for name, m in (("all ops", bert_all), ("MatMul only", bert_mm), ("MatMul, float out", bert_mm_float_out)):
     print(f"float islands, {name}: {dict(quant.float_islands(quant.optimized(m)))}")
+fusions = {"LayerNorm": ("LayerNormalization", "SkipLayerNormalization"), "GELU": ("Gelu", "BiasGelu"),
+           "scores' MatMul + scale": ("FusedMatMul",)}
+for name, c in cols.items():
+    print(f"float fusions that fire, {name}: {[f for f, ops in fusions.items() if any(c[op] for op in ops)]}")
 
 # %% [markdown]
 # - *All ops*: every `MatMul` is a `QLinearMatMul`, every `Add` a `QLinearAdd`, but the LayerNorms and GELUs are
 #   still written out (`ReduceMean`, `Pow`, `Sqrt`, `Erf`): their float fusions look for a chain of float ops,
 #   and a Q/DQ pair between every two of them breaks the chain. Quantization blocked fusion.
 # - *MatMul only*: the `MatMul`s are `QLinearMatMul` (an output quantize follows, so the result is requantised to
-#   uint8 inside the kernel) and the float fusions all fire: `LayerNormalization`, `SkipLayerNormalization`,
-#   `BiasGelu`. Only the bias `Add`s after the projections stay apart, as float islands: the float32 model
-#   folds them into its `Gemm`s, a `QLinearMatMul` has no bias input.
+#   uint8 inside the kernel); the LayerNorm and GELU fusions fire (`LayerNormalization`, `SkipLayerNormalization`,
+#   `BiasGelu`), but not the scores' MatMul + scale that float32 runs as one `FusedMatMul` (notebook 04): a Q/DQ
+#   pair now sits between the MatMul and the scaling `Div`, which stays a float island. So do the bias `Add`s
+#   after the projections: the float32 model folds them into its `Gemm`s, a `QLinearMatMul` has no bias input.
 # - *MatMul, float out*: with no quantize after a MatMul, `DQ, DQ → MatMul` becomes **`MatMulIntegerToFloat`**
 #   (integer product, int32 accumulation, scaled back to float inside). Not every time, though: there are
 #   `QGemm`s, two `QLinearMatMul`s, and the float islands show `Gemm`s reading two dequantizes. The next cell
@@ -146,8 +153,8 @@ display(Markdown("By the relative error: " + ", then ".join(f"{k} ({acc[k].rel:.
 # Notebook 13 §5 timed the int8 CNN against float32 and set the ratio beside the 4× of multiply-adds per
 # instruction that AVX-512 VNNI gives int8.
 #
-# **Predict:** the BERT with its MatMuls in int8 (the fastest-looking variant of §1, the float fusions intact),
-# both at full optimisations, one thread each: how close to 4× will it come?
+# **Predict:** the BERT with its MatMuls in int8 (the fastest-looking variant of §1, the LayerNorm and GELU
+# fusions intact), both at full optimisations, one thread each: how close to 4× will it come?
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -161,9 +168,9 @@ display(Markdown(bert_cmp.markdown("The BERT with int8 MatMuls") + f" The ratio,
 
 # %% [markdown]
 # Only the MatMuls' inner loops run in int8 instructions. The quantize of every MatMul input, the bias `Add`s
-# that §1 found left as float islands, and the LayerNorms, Softmaxes and GELUs run in float as before; how much
-# they weigh against the MatMuls depends on the shapes (hidden 128, sequence 32 here). Where the ratio lands is
-# the measurement's to say (the sentence above).
+# and scaling `Div`s that §1 found left as float islands, and the LayerNorms, Softmaxes and GELUs run in float as
+# before; how much they weigh against the MatMuls depends on the shapes (hidden 128, sequence 32 here). Where the
+# ratio lands is the measurement's to say (the sentence above).
 #
 # ## 4. Where fusion breaks quantization
 #
@@ -340,9 +347,10 @@ exercises.qkernels.check(runs_as)
 # %% [markdown]
 # **Exercise 2: add two differently scaled uint8 tensors.** Write `qlinear_add(qa, sa, za, qb, sb, zb, sy, zy)`:
 # the uint8 tensor a `QLinearAdd` writes for the uint8 inputs `qa` (scale `sa`, zero point `za`) and `qb`, onto
-# the output's grid (`sy`, `zy`), as §4.2 wrote it, without calling `quant.requantize_add`. `check` compares your
-# answer with onnxruntime's (`quant.run_qlinear_add`: DQ, DQ → Add → Q, fused into `QLinearAdd`); the hidden cases
-# include equal scales, inputs whose scales differ several times, exact ties and outputs that saturate.
+# the output's grid (`sy`, `zy`), as §4.2 wrote it, without calling `quant.requantize_add`,
+# `quant.quantize_array` or `quant.dequantize_array`. `check` compares your answer with onnxruntime's
+# (`quant.run_qlinear_add`: DQ, DQ → Add → Q, fused into `QLinearAdd`); the hidden cases include equal scales,
+# inputs whose scales differ several times, exact ties and outputs that saturate.
 
 # %%
 def qlinear_add(qa, sa, za, qb, sb, zb, sy, zy):

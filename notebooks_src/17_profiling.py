@@ -9,7 +9,7 @@
 # - find with `fusionlab blame` which of onnxruntime's graph transformers changed an answer, and what switching it
 #   off costs.
 #
-# Notebook 18 applies the seed's three fixes to the same two models. **What is measured here:** everything runs on
+# Notebook 18 applies the seed's three fixes, mostly to the same two models. **What is measured here:** everything runs on
 # this machine's CPU with onnxruntime; the seed's profiles come from msprof on Ascend hardware, which we do not
 # have, so §2 sets msprof's table beside ours. Cells whose output is a timing are marked `NBVAL_IGNORE_OUTPUT`:
 # timings differ from run to run, so the prose never quotes a number; the code prints them and the verdicts.
@@ -186,9 +186,9 @@ plt.close(fig)
 fig
 
 # %% [markdown]
-# Zoomed in, the white gaps between kernels show. In the original, every Conv is followed by three short kernels
-# (BatchNormalization, Sigmoid, Mul), each with a gap before it; in the fused model each Conv is followed by one
-# (`QuickGelu`, onnxruntime's x·sigmoid(αx) kernel, here with α = 1: SiLU).
+# Zoomed in, the white gaps between kernels show. In this block of the original, every Conv is followed by three
+# short kernels (BatchNormalization, Sigmoid, Mul), each with a gap before it; in the fused model's, each Conv is
+# followed by one (`QuickGelu`, onnxruntime's x·sigmoid(αx) kernel, here with α = 1: SiLU).
 
 # %% [markdown]
 # Zoom in further with a real trace viewer: `write_trace` writes both profiles into one Chrome-trace file, one process
@@ -307,11 +307,11 @@ print(f"repro: {shrunk.repro.name}, {shrunk.repro_nodes[0]} -> {shrunk.repro_nod
 # answers are in the repository's `solutions/` folder, outside the notebooks (try first).
 #
 # **Exercise 1: the time with no kernel running.** Write `idle_us(run_us, ops)`: the microseconds of a run of
-# `run_us` during which no kernel ran, given its kernels as `Profile.ops()` returns them (`start_us` from the run's
-# start, `dur_us`, `end_us`, `lane`, `wait_us`): the last figure of §2's op table (try it on `before`). The hidden
-# runs include back-to-back kernels, kernels overlapping on two lanes (parallel branches on two streams, the
-# seed's fix of notebook 18 §1), one kernel inside another, a long kernel outlasting the one that starts last, and a late
-# first kernel.
+# `run_us` during which no kernel ran, given its kernels as `Profile.ops()` returns them (`OpEvent`s with
+# `op_type`, `start_us` from the run's start, `dur_us`, `end_us`, `lane`, `wait_us`): the last figure of §2's op
+# table (try `idle_us(before.run_us, before.ops())`). The hidden runs include back-to-back kernels, kernels
+# overlapping on two lanes (parallel branches on two streams, the seed's fix of notebook 18 §1), one kernel inside
+# another, a long kernel outlasting the one that starts last, and a late first kernel.
 
 # %%
 def idle_us(run_us, ops):
@@ -326,8 +326,9 @@ exercises.idle.check(idle_us)
 # **Exercise 2: the op type where the time goes.** Write `top_op_type(ops)` returning `(op_type, share)`: the op
 # type whose kernels take the most time in one run, and that time as a fraction of the time in kernels (the sum of
 # every kernel's duration: §2's Share column, summed per type), given the run's kernels as `Profile.ops()` returns
-# them (try it on `before.ops()`; §5 prints medians over all runs, so expect close, not equal). The hidden runs
-# include many short kernels outweighing one long one, a frequent but cheap type, long gaps, and two lanes.
+# them (each `e` has `e.op_type` and `e.dur_us`; try it on `before.ops()`; §5 prints medians over all runs, so
+# expect close, not equal). The hidden runs include many short kernels outweighing one long one, a frequent but
+# cheap type, long gaps, and two lanes.
 
 # %%
 def top_op_type(ops):

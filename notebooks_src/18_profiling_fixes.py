@@ -12,11 +12,13 @@
 #
 # Notebook 17 profiled a YOLOv5-style detector and its fused twin and measured what the profiler itself costs;
 # notebook 07 built the cost model that §4 uses for the Atlas presets. **What is measured and what is modelled.**
-# Everything timed here runs on this machine's CPU with onnxruntime. The seed's numbers come from Ascend hardware
-# (msprof on Atlas cards), which we do not have: for those devices the figures below come from the cost model and
-# the devices' *published* specifications, and they are labelled "modelled". Cells whose output is a timing are
-# marked `NBVAL_IGNORE_OUTPUT`: timings differ from run to run, so the prose never quotes a number; the code prints
-# them and the verdicts.
+# Everything timed here runs on this machine's CPU with onnxruntime, with its graph optimisations off and one
+# intra-op thread unless a cell says otherwise (the defaults of `compare_models`, `profile.runner` and
+# `profile.profile_model`), so that a comparison measures the fix at hand, not onnxruntime's own fusions. The
+# seed's numbers come from Ascend hardware (msprof on Atlas cards), which we do not have: for those devices the
+# figures below come from the cost model and the devices' *published* specifications, and they are labelled
+# "modelled". Cells whose output is a timing are marked `NBVAL_IGNORE_OUTPUT`: timings differ from run to run, so
+# the prose never quotes a number; the code prints them and the verdicts.
 
 # %%
 from dataclasses import replace as with_field
@@ -162,7 +164,7 @@ print("outputs:", {name: tuple(a.shape) for name, a in bound_out.items()})
 # needs about as much at its peak; what it costs is a call to the allocator per tensor, every run.
 
 # %%
-run = exercises.workspace.run_of(model)  # the kernels in run order: what each reads, what it writes (bytes)
+run = cost.run_of(model)  # the kernels in run order: what each reads, what it writes (bytes)
 written = [nbytes for step in run.steps for nbytes in step.writes.values()]
 peak = cost.plan_cost(model, None, "this machine").peak_activation_bytes
 print(f"one run of the original: {len(written)} tensors written, {sum(written) / 1e6:.2f} MB in all; "
@@ -268,8 +270,9 @@ print("\n".join(rows))
 #   launch overhead (assumed, as the last cell shows, and most of each modelled time) and memory traffic
 #   dominate; the utilisation figures scale with that assumption. Utilisation is a property of the *workload*
 #   on the device, not of a fused op alone;
-# - the TOPS/W target cannot be met by the 300I Duo at its rated power even in theory, as the next cell computes
-#   (for the card, as the seed states it; one chip has half the peak and, derived, half the power: the same ratio).
+# - the TOPS/W target cannot be met by the 300I Duo at its rated power even in theory, as the cell after the
+#   ledger's entry below computes (for the card, as the seed states it; one chip has half the peak and, derived,
+#   half the power: the same ratio).
 
 # %%
 print(seed_claims.claim("s62-targets-300i-duo").summary())

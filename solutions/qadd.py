@@ -28,6 +28,12 @@ def qlinear_add_one_multiplier(qa, sa, za, qb, sb, zb, sy, zy):
     return np.clip(np.rint(v) + zy, 0, 255).astype(np.uint8)
 
 
+def qlinear_add_uint8_difference(qa, sa, za, qb, sb, zb, sy, zy):
+    """WRONG: subtracts the zero points from the uint8 arrays as they are: q - z wraps around below 0."""
+    v = (sa * (qa - za) + sb * (qb - zb)) / sy
+    return np.clip(np.rint(v) + zy, 0, 255).astype(np.uint8)
+
+
 def qlinear_add_round_half_up(qa, sa, za, qb, sb, zb, sy, zy):
     """WRONG: rounds a tie up (floor(v + 0.5)); QLinearAdd rounds it to even."""
     v = (sa * (qa.astype(np.float64) - za) + sb * (qb.astype(np.float64) - zb)) / sy
@@ -47,5 +53,6 @@ def qlinear_add_stub(qa, sa, za, qb, sb, zb, sy, zy):
 CHECKER = "qadd"
 REFERENCE = qlinear_add
 WRONG = [(qlinear_add_integers, 1, "integers added as they are"), (qlinear_add_one_multiplier, 1, "used for both"),
+         (qlinear_add_uint8_difference, 0, "computed in uint8 wraps around"),
          (qlinear_add_round_half_up, 3, "a tie rounded up"), (qlinear_add_no_clip, 0, "no saturation")]
 STUB = qlinear_add_stub

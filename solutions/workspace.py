@@ -46,6 +46,12 @@ def workspace_bytes_without_inputs(inputs, steps, outputs):
                                 for s in steps], outputs)
 
 
+def workspace_bytes_largest_kernel(inputs, steps, outputs):
+    """WRONG: the bytes the largest kernel reads and writes, as if nothing else were live while it runs."""
+    size = dict(inputs) | {name: nbytes for step in steps for name, nbytes in step.writes.items()}
+    return max(sum(size[t] for t in step.reads) + sum(step.writes.values()) for step in steps)
+
+
 def workspace_bytes_stub(inputs, steps, outputs):
     ...  # the notebook's stub
 
@@ -54,5 +60,6 @@ CHECKER = "workspace"
 REFERENCE = workspace_bytes
 WRONG = [(workspace_bytes_no_reuse, 0, "one slot per tensor"),
          (workspace_bytes_without_inputs, 4, "the graph inputs left out"),
-         (workspace_bytes_first_reader, 1, "freed after its first reader")]
+         (workspace_bytes_first_reader, 1, "freed after its first reader"),
+         (workspace_bytes_largest_kernel, 1, "the largest kernel's reads and writes")]
 STUB = workspace_bytes_stub

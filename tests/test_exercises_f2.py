@@ -59,3 +59,60 @@ def test_softmax_stub_is_the_notebooks():
     assert "def update(m, l, acc, scores, v):" in src
     assert src.split("def update(m, l, acc, scores, v):")[1].split("\n\n")[0].strip().endswith("...  # your code here")
     assert s_softmax.STUB(None, None, None, None, None) is None
+
+
+# -- expert reading of 13, 14, 17, 18 (issue 21) --------------------------------------------------------------------
+
+from itertools import combinations  # noqa: E402
+
+from fusionlab import cost  # noqa: E402
+from fusionlab.exercises import hotspot, idle, workspace  # noqa: E402
+from solutions import hotspot as s_hotspot  # noqa: E402
+from solutions import workspace as s_workspace  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_no_lesson_calls_an_exercise_module():
+    """Before its Exercises section a notebook uses only the library: the lessons do not depend on an exercise."""
+    for src in sorted((ROOT / "notebooks_src").glob("*.py")):
+        lesson = src.read_text().split("# ## Exercises")[0]
+        assert "exercises." not in lesson, src.name
+
+
+def test_workspace_run_of_is_the_cost_models():
+    assert workspace.run_of is cost.run_of and workspace.Step is cost.schedule.Step and workspace.Run is cost.schedule.Run
+
+
+def test_the_probes_tell_every_mistake_apart():
+    """On the probe runs each mistake the hints can name gives its own answer, none of them the right one."""
+    ops = idle.profile_of(hotspot.PROBE).ops()
+    want = hotspot.expected(hotspot.PROBE)
+    values = [v for v, words in hotspot._mistakes(ops, want)]
+    assert not any(hotspot._same(v, want) for v in values)
+    assert not any(hotspot._same(a, b) for a, b in combinations(values, 2))
+    p = workspace.PROBE
+    values = [v for v, _ in workspace._mistakes(p)]
+    assert len(set(values)) == len(values) and s_workspace.workspace_bytes(p.inputs, p.steps, p.outputs) not in values
+
+
+def test_a_hint_names_a_mistake_only_if_the_answer_follows_it_on_the_probe():
+    """Case 2 of hotspot: the longest kernel and the longest on average are the same MatMul; each answer gets its own
+    mistake named. An answer that matches a mistake only by chance gets none."""
+    assert "single longest kernel" in hotspot.check(s_hotspot.top_op_type_longest_kernel).hint
+    v = hotspot.check(s_hotspot.top_op_type_largest_mean)
+    assert "on average" in v.hint and "single longest" not in v.hint
+    run, _ = workspace._hidden("residual")
+    first_reader = s_workspace.workspace_bytes_first_reader(run.inputs, run.steps, run.outputs)
+    assert s_workspace.workspace_bytes_largest_kernel(run.inputs, run.steps, run.outputs) == first_reader
+    v = workspace.check(lambda i, s, o: first_reader if len(s) == len(run.steps)
+                        else s_workspace.workspace_bytes(i, s, o))
+    assert not v.ok and v.passed == 1 and "that is" not in v.hint
+
+
+def test_qadd_uint8_wrap_is_named_where_zero_points_are_subtracted():
+    from fusionlab.exercises import qadd
+    from solutions import qadd as s_qadd
+
+    v = qadd.check(s_qadd.qlinear_add_uint8_difference)
+    assert not v.ok and "cast to int first" in v.hint

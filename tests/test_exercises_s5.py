@@ -76,7 +76,7 @@ def test_workspace_truth_is_the_cost_models_peak():
 
 def test_workspace_answer_on_section_2s_run_gives_the_peak_it_prints():
     model = zoo.yolov5s(image_size=160, width_mult=0.25)
-    run = workspace.run_of(model)
+    run = cost.run_of(model)
     peak = cost.plan_cost(model, None, "this machine").peak_activation_bytes
     assert s_workspace.workspace_bytes(run.inputs, run.steps, run.outputs) == peak
     assert sum(b for s in run.steps for b in s.writes.values()) > 5 * peak  # one slot per tensor: far more

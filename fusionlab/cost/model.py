@@ -45,7 +45,8 @@ from . import schedule
 from .devices import Device, get as get_device, load_devices
 
 __all__ = ["NodeCost", "KernelCost", "PlanCost", "CostTable", "node_costs", "plan_cost", "compare",
-           "predicted_speedup", "as_launched", "one_kernel_per_group", "VIEW_OPS", "ELEMENTWISE_COST", "Analysis"]
+           "predicted_speedup", "as_launched", "one_kernel_per_group", "VIEW_OPS", "ELEMENTWISE_COST", "Analysis",
+           "schedule_of", "run_of"]
 
 #: ops that only relabel a tensor (no data moved by the kernel)
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size", "Dropout"})
@@ -581,3 +582,29 @@ def compare(graph, plans: dict[str, FusionPlan | None], devices: list | None = N
                          "speedup": base / c.latency_s, "MiB_moved": round(c.bytes_moved / 2**20, 3),
                          "peak_MiB": round(c.peak_memory_bytes / 2**20, 3)})
     return CostTable(rows)
+
+
+def schedule_of(model, plan: FusionPlan | None = None) -> tuple[Analysis, schedule.Kernels]:
+    """(the `Analysis` of `model` under `plan`, its kernels in order): fp32, batch 1, the cost model's schedule."""
+    a = Analysis(as_graph(model), None, None).for_plan(plan)
+    return a, schedule.kernels_of(a.order, plan or FusionPlan())
+
+
+def run_of(model, plan: FusionPlan | None = None) -> schedule.Run:
+    """`model` (fp32, batch 1) run unfused or under `plan`, as the cost model's schedule sees it: per kernel in
+    order, the tensors it reads from memory and those it writes, with their bytes (notebook 18 §2)."""
+    a, ks = schedule_of(model, plan)
+    steps = []
+    for k in ks.order:
+        reads: list[str] = []
+        writes: dict[str, int] = {}
+        for n in ks.members[k]:
+            for v in n.inputs:
+                if v is not None and not _is_const(v) and k in ks.readers(v) and v.name not in reads:
+                    reads.append(v.name)
+            for o in n.outputs:
+                if ks.written(k, o):
+                    writes[o.name] = a.nbytes(o) or 0
+        steps.append(schedule.Step(k, tuple(reads), writes))
+    return schedule.Run({v.name: a.nbytes(v) or 0 for v in a.graph.inputs()}, tuple(steps),
+                        tuple(v.name for v in a.graph.outputs()))

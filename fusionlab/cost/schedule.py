@@ -11,6 +11,9 @@ The cost model's bookkeeping, kept apart from its arithmetic:
 - `peak_live`: the largest total of live tensors (plus per-step workspace) over the order; a tensor lives
   from the kernel that writes it to the last kernel that reads it, graph inputs from the start, graph
   outputs to the end.
+- `Run`, `Step`: a model's run as that schedule sees it (graph inputs, kernels in order, graph outputs), what each
+  kernel reads and writes with the bytes; `fusionlab.cost.run_of` (in `model`, which knows the bytes) builds one,
+  the form notebook 18 §2 and its workspace exercise read.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import onnx_ir as ir
 
 from ..plan import FusionPlan
 
-__all__ = ["Kernels", "kernels_of", "peak_live"]
+__all__ = ["Kernels", "kernels_of", "peak_live", "Step", "Run"]
 
 
 @dataclass
@@ -157,3 +160,22 @@ def peak_live(kernels: Kernels, graph_inputs, nbytes, workspace: list[int]) -> t
         if running + workspace[step] > peak:
             peak, peak_step = running + workspace[step], step
     return peak, peak_step
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kernel of a run: the tensors it reads from memory, and those it writes with their bytes."""
+
+    kernel: str
+    reads: tuple[str, ...]
+    writes: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Run:
+    """A model's run as the cost model schedules it: graph inputs {name: bytes}, kernels in order, graph outputs."""
+
+    inputs: dict[str, int]
+    steps: tuple[Step, ...]
+    outputs: tuple[str, ...]
+

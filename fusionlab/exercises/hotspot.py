@@ -6,9 +6,10 @@ of the time in kernels (the sum of every kernel's duration: the op table's Share
 `check(top_op_type)` builds each hidden run as an onnxruntime Chrome trace (`idle.profile_of`), parses it with
 `fusionlab.profile.parse_events`, hands the learner the parsed ops, and grades the answer against that profile's
 ``by_op_type()``, the figures of §5's "time per op type". The hint names the likely mistake: the type of the single
-longest kernel (the top row of the op table sorted by duration), the most frequent type, the share of the span
-from the first kernel to the last or of the time some kernel ran instead of the time in kernels, the share of the
-kernels' count, or percent.
+longest kernel (the top row of the op table sorted by duration), the type with the longest kernels on average, the
+most frequent type, the share of the span from the first kernel to the last or of the time some kernel ran instead
+of the time in kernels, the share of the kernels' count, or percent. Several mistakes can give the same value on
+one run, so a mistake is named only if the answer also agrees with it on `PROBE`, a run where each gives its own.
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ CASES = (
     Case("a YOLOv5-sized run: 256 kernels of four types", IdleCase(*_YOLO)),
 )
 
+#: Not graded: a run on which every mistake of `_mistakes` gives its own answer (the longest kernel is a Conv, the
+#: longest on average a MatMul, the most frequent type Relu, the most time Add; gaps, and an overlap on two lanes).
+PROBE = IdleCase(700.0, ((10.0, 50.0, 0, "Conv"), (65.0, 1.0, 0, "Conv"), (70.0, 45.0, 0, "MatMul"),
+                         (120.0, 45.0, 0, "MatMul"))
+                 + tuple((170.0 + 5.0 * i, 3.0, 0, "Relu") for i in range(10))
+                 + tuple((230.0 + 40.0 * i, 30.0, 0, "Add") for i in range(4)) + ((240.0, 20.0, 1, "Add"),))
+
 
 def _mistakes(ops: list[OpEvent], want: tuple[str, float]) -> list[tuple[tuple[str, float], str]]:
     time: dict[str, float] = {}
@@ -74,6 +82,7 @@ def _mistakes(ops: list[OpEvent], want: tuple[str, float]) -> list[tuple[tuple[s
         count[e.op_type] = count.get(e.op_type, 0) + 1
     total = sum(time.values())
     longest = max(ops, key=lambda e: e.dur_us).op_type
+    mean = max(time, key=lambda t: (time[t] / count[t], t))
     frequent = max(count, key=lambda t: (count[t], t))
     top = want[0]
     span = max(e.end_us for e in ops) - min(e.start_us for e in ops)
@@ -82,6 +91,10 @@ def _mistakes(ops: list[OpEvent], want: tuple[str, float]) -> list[tuple[tuple[s
     return [
         ((longest, max(e.dur_us for e in ops) / total), by_kernel),
         ((longest, time[longest] / total), by_kernel),
+        ((mean, time[mean] / total), "the type with the longest kernels on average: add up each type's kernels, "
+                                     "do not average them"),
+        ((mean, time[mean] / count[mean] / total), "the type with the longest kernels on average: add up each "
+                                                   "type's kernels, do not average them"),
         ((frequent, time[frequent] / total), "the most frequent type: weigh each type by its time, not its count"),
         ((top, time[top] / span),
          "the share of the span from the first start to the last end: the gaps are not time in kernels"),
@@ -112,7 +125,17 @@ def _judge(top_op_type, case: Case) -> str | None:
     want = expected(c)
     if _same(pair, want):
         return None
-    said = [words for value, words in _mistakes(ops, want) if not _same(value, want) and _same(pair, value)]
+    said = [i for i, (value, _) in enumerate(_mistakes(ops, want)) if not _same(value, want) and _same(pair, value)]
+    if said:  # the same value as a mistake here: name it only if the answer follows that mistake on the probe too
+        probe_ops = profile_of(PROBE).ops()
+        probe = _mistakes(probe_ops, expected(PROBE))
+        try:
+            on_probe = attempt(top_op_type, list(probe_ops))
+            on_probe = (on_probe[0], float(on_probe[1]))
+        except Exception:  # noqa: BLE001 - whatever the answer does on the probe, it only decides the wording
+            on_probe = None
+        said = [probe[i][1] for i in said
+                if on_probe is not None and isinstance(on_probe[0], str) and _same(on_probe, probe[i][0])]
     return (f"you say {pair[0]} with {pair[1]:.4g}; this run spends most kernel time in {want[0]}, "
             f"{want[1]:.4g} of it" + (f": that is {said[0]}" if said else ""))
 

@@ -8,7 +8,7 @@ the answer with onnxruntime on the same integers and scales (`lessons.quantizati
 → Q at level ALL, which onnxruntime fuses into one ``QLinearAdd``). The cases include equal scales (where adding
 the integers is right), scales several times apart, exact ties, saturation at 0 and 255, and an output zero point
 of 0. The hint names adding the integers as they are, one multiplier for both inputs, a forgotten zero point,
-rounding a tie up and a missing clip.
+``q − z`` computed in uint8 (it wraps around below 0), rounding a tie up and a missing clip.
 
 The random cases leave out the elements whose exact sum lies within 1e-3 of a rounding boundary (k + 1/2 not hit
 exactly): there float32 arithmetic in another order, which onnxruntime's kernel may use, can round either way.
@@ -104,6 +104,8 @@ def _mistake(c: AddCase, got: np.ndarray) -> str:
         (np.clip(np.rint((c.sa * c.qa.astype(np.int64) + c.sb * c.qb.astype(np.int64)) / c.sy) + c.zy, 0, 255),
          "the inputs' zero points forgotten: subtract z_a and z_b first"),
         (np.clip(np.rint(v), 0, 255), "the output's zero point forgotten"),
+        (np.clip(np.rint((c.sa * (a % 256) + c.sb * (b % 256)) / c.sy) + c.zy, 0, 255),
+         "q - z computed in uint8 wraps around below 0: cast to int first"),
         (np.clip(np.floor(v + 0.5) + c.zy, 0, 255), "a tie rounded up: QLinearAdd rounds it to even (np.rint)"),
         ((np.rint(v) + c.zy).astype(np.int64) % 256, "no saturation: uint8 wraps around, clip to 0..255 first"))
         if value.shape == got.shape and np.array_equal(value.astype(np.int64), got)]

@@ -5,18 +5,19 @@ patterns: every intermediate gets an offset in one block, planned on the first r
 tensor while it is live: from the kernel that writes it to the last kernel that reads it, a graph input from the
 start, a graph output to the end of the run. The learner writes ``workspace_bytes(inputs, steps, outputs) -> int``:
 the peak of the live bytes over the run, given the graph inputs' sizes, the kernels in run order (`Step`: what each
-reads, what it writes and how many bytes) and the graph outputs' names. `run_of(model, plan)` describes any model
-that way, the notebook's YOLOv5 included. `check(workspace_bytes)` grades it on hidden models, built here and
-described by `run_of`, against `fusionlab.cost.schedule.peak_live` over the same kernels: the cost model's
+reads, what it writes and how many bytes) and the graph outputs' names. `fusionlab.cost.run_of(model, plan)`
+describes any model that way, the notebook's YOLOv5 included (the lesson's function; `Step`, `Run` and
+`run_of` are re-exported here). `check(workspace_bytes)` grades it on hidden models, built here and described by
+`run_of`, against `fusionlab.cost.schedule.peak_live` over the same kernels: the cost model's
 ``peak_activation_bytes`` (notebook 08 §1), exactly (a byte count is right or wrong). The hint names the likely
 mistake: one slot per tensor (no reuse), a kernel's inputs freed before its outputs are written, the graph inputs
-left out, graph outputs freed after their last reader, or a tensor freed after its first reader rather than its last
-(a skip connection).
+left out, graph outputs freed after their last reader, a tensor freed after its first reader rather than its last
+(a skip connection), or the largest kernel's reads and writes alone. Several mistakes can give the same bytes on
+one model, so a mistake is named only if the answer also agrees with it on `PROBE`, a run where each gives its own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -25,8 +26,8 @@ from onnx import helper
 from .. import zoo
 from ..build import make_model, tensor, value_info
 from ..cost import schedule
-from ..cost.model import Analysis, _is_const
-from ..graph import as_graph
+from ..cost.model import run_of, schedule_of
+from ..cost.schedule import Run, Step
 from ..passes import plan as make_plan
 from ..plan import FusionPlan
 from .core import AnswerRaised, Case, NotAnswered, Verdict, attempt, grade, is_stub
@@ -37,51 +38,9 @@ EXERCISE = "the workspace a memory plan preallocates"
 TASK = "workspace_bytes(inputs, steps, outputs)"
 
 
-@dataclass(frozen=True)
-class Step:
-    """One kernel of a run: the tensors it reads from memory, and those it writes with their bytes."""
-
-    kernel: str
-    reads: tuple[str, ...]
-    writes: dict[str, int]
-
-
-@dataclass(frozen=True)
-class Run:
-    """A model's run as the cost model schedules it: graph inputs {name: bytes}, kernels in order, graph outputs."""
-
-    inputs: dict[str, int]
-    steps: tuple[Step, ...]
-    outputs: tuple[str, ...]
-
-
-def _schedule(model, plan: FusionPlan | None):
-    a = Analysis(as_graph(model), None, None).for_plan(plan)
-    return a, schedule.kernels_of(a.order, plan or FusionPlan())
-
-
-def run_of(model, plan: FusionPlan | None = None) -> Run:
-    """`model` (fp32, batch 1) run unfused or under `plan`, as the cost model's schedule sees it."""
-    a, ks = _schedule(model, plan)
-    steps = []
-    for k in ks.order:
-        reads: list[str] = []
-        writes: dict[str, int] = {}
-        for n in ks.members[k]:
-            for v in n.inputs:
-                if v is not None and not _is_const(v) and k in ks.readers(v) and v.name not in reads:
-                    reads.append(v.name)
-            for o in n.outputs:
-                if ks.written(k, o):
-                    writes[o.name] = a.nbytes(o) or 0
-        steps.append(Step(k, tuple(reads), writes))
-    return Run({v.name: a.nbytes(v) or 0 for v in a.graph.inputs()}, tuple(steps),
-               tuple(v.name for v in a.graph.outputs()))
-
-
 def expected(model, plan: FusionPlan | None = None) -> int:
     """fusionlab's figure: `schedule.peak_live` over the plan's kernels, with no spill workspace."""
-    a, ks = _schedule(model, plan)
+    a, ks = schedule_of(model, plan)
     return schedule.peak_live(ks, a.graph.inputs(), a.nbytes, [0] * len(ks.order))[0]
 
 
@@ -192,6 +151,18 @@ def _peak(r: Run, *, inputs: bool = True, outputs_to_end: bool = True, hold_inpu
     return peak
 
 
+#: Not graded: a run on which every mistake of `_mistakes` gives its own byte count (two inputs, one read last; a
+#: graph output written first; a skip connection).
+PROBE = Run({"x": 100, "g": 7}, (Step("k0", ("x",), {"aux": 30}), Step("k1", ("aux",), {"a": 200}),
+                                 Step("k2", ("a",), {"b": 50}), Step("k3", ("b",), {"c": 400}),
+                                 Step("k4", ("c", "a"), {"d": 20}), Step("k5", ("d", "g"), {"y": 10})), ("aux", "y"))
+
+
+def _largest_kernel(r: Run) -> int:
+    size = dict(r.inputs) | {name: b for s in r.steps for name, b in s.writes.items()}
+    return max(sum(size.get(t, 0) for t in s.reads) + sum(s.writes.values()) for s in r.steps)
+
+
 def _mistakes(r: Run) -> list[tuple[int, str]]:
     everything = sum(r.inputs.values()) + sum(b for s in r.steps for b in s.writes.values())
     return [
@@ -202,6 +173,8 @@ def _mistakes(r: Run) -> list[tuple[int, str]]:
          "each tensor freed after its first reader: it lives until its LAST one (a skip connection)"),
         (_peak(r, hold_inputs=False),
          "a kernel's inputs freed before it writes its outputs: while it runs it holds both"),
+        (_largest_kernel(r), "the largest kernel's reads and writes alone: tensors written before it and read after "
+                             "it are live too"),
     ]
 
 
@@ -214,7 +187,15 @@ def _judge(workspace_bytes, case: Case) -> str | None:
         raise AnswerRaised(f"workspace_bytes must return a number of bytes, got {type(got).__name__}")
     if got == want:
         return None
-    said = [words for value, words in _mistakes(run) if value != want and value == got]
+    said = [i for i, (value, _) in enumerate(_mistakes(run)) if value != want and value == got]
+    if said:  # the same bytes as a mistake here: name it only if the answer follows that mistake on the probe too
+        probe = _mistakes(PROBE)
+        try:
+            on_probe = attempt(workspace_bytes, dict(PROBE.inputs), list(PROBE.steps), tuple(PROBE.outputs))
+        except Exception:  # noqa: BLE001 - whatever the answer does on the probe, it only decides the wording
+            on_probe = None
+        said = [probe[i][1] for i in said if on_probe is not None and not isinstance(on_probe, bool)
+                and on_probe == probe[i][0]]
     word = "too high" if got > want else "too low"
     return (f"you say {float(got):,.0f} bytes, {word}; the peak of live tensors is {want:,} bytes"
             + (f": that is {said[0]}" if said else ""))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import helper as h
 
 from fusionlab import load, verify
@@ -54,7 +55,25 @@ def test_select_measures_once_per_signature_and_records_the_ratio():
     kept = {x.id for x in chosen}
     assert kept == ({x.id for x in part} if trials[0].kept else set())
     if not trials[0].kept:
-        assert all("measured slower" in r.reason for r in chosen.refusals if r.rule == "bias_gelu")
+        assert all("measured slower" in r.reason or "no clear difference" in r.reason
+                   for r in chosen.refusals if r.rule == "bias_gelu")
+
+
+@pytest.mark.parametrize("ratio,lo,hi,words", [(0.98, 0.95, 1.02, "not measured faster here (no clear difference)"),
+                                               (0.91, 0.88, 0.94, "measured slower here")])
+def test_a_dropped_group_is_called_slower_only_when_its_interval_says_so(monkeypatch, ratio, lo, hi, words):
+    """select keeps a group when the median of its paired ratios is above 1; a dropped group's reason follows the
+    interval, as every verdict does (timing.ratio_verdict): a median of 0.98 inside the noise is not 'slower'."""
+    from types import SimpleNamespace
+
+    from fusionlab.passes import select as select_module
+    monkeypatch.setattr(select_module, "_measure",
+                        lambda *a, **k: SimpleNamespace(speedup=ratio, ci_low=lo, ci_high=hi))
+    g = load(_two_gelus())
+    prepare(g)
+    chosen, trials = select(g, plan(g, ("vertical",), prepare=False), min_time=0.05)
+    assert not len(chosen) and trials and not trials[0].kept
+    assert chosen.refusals and all(r.reason.startswith(words + ":") for r in chosen.refusals if r.rule == "bias_gelu")
 
 
 def test_fuse_select_measured_result_still_verifies():

@@ -20,7 +20,7 @@ from ..analysis.shape_values import ShapeValues
 from ..graph import Graph
 from ..plan import FusionGroup, FusionPlan, HORIZONTAL, MIXED, Refusal, VERTICAL
 from ..shapes import ShapeInfo, dim_value
-from ..timing import compare_models
+from ..timing import compare_models, ratio_verdict
 from . import horizontal, mixed, vertical
 from .engine import StaleGroup
 
@@ -163,7 +163,10 @@ def select(graph: Graph, part: FusionPlan, *, level: str = "disable", min_time: 
         if t.kept:
             keep.append(group)
         else:
-            part.refusals.append(Refusal(group.rule, group.anchor, f"measured slower here: {t.speedup:.2f}x "
+            # the interval decides the words (timing.ratio_verdict): a median below 1 inside the noise is not "slower"
+            said = ("measured slower here" if ratio_verdict(t.ci_low, t.ci_high) == "slower" else
+                    "not measured faster here (no clear difference)")
+            part.refusals.append(Refusal(group.rule, group.anchor, f"{said}: {t.speedup:.2f}x "
                                          f"(95% CI {t.ci_low:.2f}-{t.ci_high:.2f}) at onnxruntime level {level}"))
     chosen = FusionPlan(keep, model=part.model, notes=list(part.notes), options={**part.options},
                         refusals=list(part.refusals))

@@ -176,8 +176,9 @@ display(Markdown(
 # ## 3. Measured selection
 #
 # Rather than trust a rule's default, `fuse(..., select="measured")` cuts each group out
-# as a small model, times it fused and unfused on this machine, and keeps only what measured faster (groups with
-# the same rule and shapes share one measurement); a dropped group becomes a refusal with its ratio.
+# as a small model, times it fused and unfused on this machine, and keeps it when the median of its paired ratios
+# is above 1 (groups with the same rule and shapes share one measurement); a dropped group becomes a refusal with
+# its ratio.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -195,7 +196,7 @@ for note in chosen.plan.notes:
 # * A real export fuses too: each attention block of the dynamo export of BERT becomes one `MultiHeadAttention`,
 #   once the pass has proved the head views from the shape arithmetic.
 # * A fused kernel earns its place by measurement: `SkipLayerNormalization` is off by default, and
-#   `select="measured"` keeps only the groups that time faster on your machine.
+#   `select="measured"` keeps the groups whose paired ratios on your machine have a median above 1.
 
 # %% [markdown]
 # ## Exercises
@@ -240,3 +241,22 @@ def saved_bytes(batch, seq, hidden, dtype_bytes, bias, sum_read_again):
 
 # %%
 exercises.skipln.check(saved_bytes)
+
+
+# %% [markdown]
+# **Exercise 3: keep a rule only where it measures faster.** §3's `select` keeps a group when the median of its
+# paired ratios is above 1; the verdicts of `fusionlab.timing` call a fusion faster only when the whole 95 %
+# interval lies above 1. Write `keep(unfused, fused)` for that stricter rule: given the per-round times (seconds)
+# of a rule's groups unfused and fused, timed interleaved as in §2, return True only where the fused copy is
+# faster (`timing.Comparison.from_samples` builds the comparison from paired samples). `check(keep)` grades it
+# against that verdict on hidden sample sets, the corners included: a rule within the noise, five rounds only, a
+# machine that gets busy half-way, a stall in one round.
+
+# %%
+def keep(unfused, fused):
+    """True only where the paired ratios unfused / fused have a 95 % interval above 1."""
+    ...  # your code here
+
+
+# %%
+exercises.selection.check(keep)

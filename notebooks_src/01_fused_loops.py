@@ -275,3 +275,16 @@ hard_swish = ...  # your steps: a list like spec in §2
 
 # %%
 exercises.hardswish.check(hard_swish)
+
+# %% [markdown]
+# **Exercise 3: a tanh helper that survives overflow.** Write `tanh(x)` for a float32 array as §5's helpers are
+# written: whole-array `np.exp`, arithmetic and clamps (`np.clip`, `np.where`), no Python `if` on the array, and
+# no `np.tanh` or `math.tanh` (`check` refuses them). `check` compares it with onnxruntime's `Tanh` at §3's
+# tolerances; the hidden inputs include large arguments of both signs, NaN and infinities.
+
+# %%
+def tanh(x):
+    raise NotImplementedError  # your code here
+
+# %%
+exercises.tanhhelper.check(tanh)

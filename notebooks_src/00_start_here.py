@@ -58,7 +58,7 @@
 # | [11_decoding](11_decoding.ipynb) | LLM decoding: why one token at a time is bandwidth-bound, the KV cache, GQA, rotary, FlashDecoding |
 # | [12_llama_decoder](12_llama_decoder.ipynb) | a LLaMA-style decoder fused: the same outputs, tokens per second, CANN's decoding operators |
 # | [13_quantization](13_quantization.ipynb) | int8 models: QDQ pairs, what onnxruntime fuses them into on a CNN, why BN is folded first |
-# | [14_quantized_transformer](14_quantized_transformer.ipynb) | int8 in a transformer, where fusion breaks quantization, AMCT and ATC |
+# | [14_int8_transformer](14_int8_transformer.ipynb) | int8 in a transformer, where fusion breaks quantization, AMCT and ATC |
 # | [15_real_compilers](15_real_compilers.ipynb) | IREE runs the graphs fused, TVM's FuseOps checks the mixed pass, CANN ATC's fusion report |
 # | [16_custom_op](16_custom_op.ipynb) | a fused operator of your own: prototype, kernel, and registering it with onnxruntime |
 # | [17_profiling](17_profiling.ipynb) | profile a model: op tables, timelines, the profiler's own cost, before and after fusion, and `blame` for a fusion that changed an answer |

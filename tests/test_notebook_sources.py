@@ -116,6 +116,18 @@ def test_stored_as_jupyterlab_saves_it(src):
             assert not (a.output_type == b.output_type == "stream" and a.name == b.name), "unmerged streams"
 
 
+#: the longest notebook file name JupyterLab's file browser showed unclipped (the browser test measures the pixels:
+#: `14_quantized_transformer.ipynb`, 30 characters, was clipped at 210 px of text in 202 px)
+LONGEST_SHOWN_WHOLE = len("04_vertical_transformer.ipynb")
+
+
+def test_every_notebook_name_fits_the_file_browser():
+    """A learner finds notebooks by name in the lab's left panel; a name longer than the panel shows is clipped.
+    The browser test measures it in pixels, but only in `make test`: this catches a too-long name in `make check`."""
+    long = [p.name for p in (ROOT / "notebooks").glob("*.ipynb") if len(p.name) > LONGEST_SHOWN_WHOLE]
+    assert not long, f"notebook names the file browser would clip: {long}"
+
+
 def test_learner_sees_only_notebooks():
     """The lab's file browser shows notebooks/: sources and test config live elsewhere."""
     visible = sorted(p.name for p in (ROOT / "notebooks").iterdir() if not p.name.startswith("."))
